@@ -1,0 +1,38 @@
+# Two commands do all set-up on a fresh machine: `make check` and `make test`.
+# On an offline runner with its packages preinstalled: `make check PYTHON=python3 INSTALL=no`.
+PYTHON ?= .venv/bin/python
+INSTALL ?= yes
+TORCH ?= torch==2.13.0
+EXTRAS ?= hf,dev
+PROFILE ?=
+ARGS ?=
+
+ifeq ($(INSTALL),yes)
+SETUP := .venv/.installed
+else
+SETUP :=
+endif
+
+.PHONY: check test lint clean
+
+.venv/.installed: pyproject.toml
+	python3 -m venv .venv
+	.venv/bin/pip install -q $(TORCH)
+	.venv/bin/pip install -q -e '.[$(EXTRAS)]'
+	touch $@
+
+# The suite (cases/) over every backend available here, with the per-family summary table.
+check: $(SETUP)
+	$(PYTHON) -m harness check $(if $(PROFILE),--profile $(PROFILE)) $(ARGS)
+
+# The project's tests: self-tests (tests/) and the suite under the ci profile. pytest's exit
+# status 5 (nothing collected, e.g. every test deselected) is reported, not mistaken for success.
+test: $(SETUP)
+	@$(PYTHON) -m pytest -q tests cases $(ARGS); rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests (exit 5)"; fi; exit $$rc
+
+lint: $(SETUP)
+	$(PYTHON) -m ruff check .
+
+clean:
+	rm -rf .venv .hypothesis reports/*/ reports/latest

@@ -1,0 +1,63 @@
+"""The backend registry: built-in adapters, entry-point plugins, and `module:factory` specs.
+
+External backends plug in through the entry-point group `attn_harness.backends` (name -> factory)
+or on the command line as `--backend package.module:factory`; a factory returns a Backend.
+"""
+
+from __future__ import annotations
+
+import importlib
+from importlib.metadata import entry_points
+
+from harness.backends.base import Backend, BackendOutput, Capabilities
+
+__all__ = ["Backend", "BackendOutput", "Capabilities", "BackendError", "load", "names", "all_backends"]
+
+# name -> "module:attribute". Importing a module must not import its kernel library (that happens
+# lazily, so a missing library is a reason from `available`, not an ImportError here).
+BUILTIN: dict[str, str] = {
+    "torch_native": "harness.backends.torch_native:TorchNative",
+}
+
+ENTRY_POINT_GROUP = "attn_harness.backends"
+
+
+class BackendError(LookupError):
+    """An unknown or broken backend name; the message lists what is known."""
+
+
+def _plugins() -> dict[str, object]:
+    return {ep.name: ep for ep in entry_points(group=ENTRY_POINT_GROUP)}
+
+
+def names() -> list[str]:
+    """Built-in backend names, then plugin names."""
+    return list(BUILTIN) + sorted(n for n in _plugins() if n not in BUILTIN)
+
+
+def _from_spec(spec: str) -> Backend:
+    module, _, attr = spec.partition(":")
+    try:
+        obj = getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError) as e:
+        raise BackendError(f"cannot load backend {spec!r}: {e}") from None
+    backend = obj() if callable(obj) else obj
+    if not isinstance(backend, Backend):
+        raise BackendError(f"{spec!r} returned {type(backend).__name__}, not a harness Backend")
+    return backend
+
+
+def load(name: str) -> Backend:
+    """A backend by registry name, plugin name, or `module:factory`."""
+    if name in BUILTIN:
+        return _from_spec(BUILTIN[name])
+    plugins = _plugins()
+    if name in plugins:
+        return _from_spec(plugins[name].value)
+    if ":" in name:
+        return _from_spec(name)
+    raise BackendError(f"unknown backend {name!r}; known: {', '.join(names())} (or give module:factory)")
+
+
+def all_backends() -> list[Backend]:
+    return [load(n) for n in names()]

@@ -1,0 +1,94 @@
+"""The backend protocol: capability declarations (OpInfo-style) and the adapter base class.
+
+An adapter is the glue a serving engine writes around a kernel library. Keep it split into small
+methods (KV extent, slots, translation, window arguments, merge, split parameters) so that a mutant
+can override exactly one of them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from harness.batch import Batch
+from harness.case import Case
+from harness.modes import Mode
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What a backend supports. `why_not` gives the reason for each feature it lacks."""
+
+    modes: frozenset[Mode]
+    dtypes: frozenset[str] = frozenset({"bfloat16", "float16"})
+    head_dims: frozenset[int] | None = None  # None: any multiple of 8
+    page_sizes: frozenset[int] = frozenset({1, 16, 32, 64, 128})
+    kv_layouts: frozenset[str] = frozenset({"NHD"})
+    devices: frozenset[str] = frozenset({"cuda"})
+    window: bool = False
+    soft_cap: bool = False
+    sinks: bool = False
+    hybrid_pool: bool = False
+    deterministic: bool = False
+    returns_lse: bool = False
+    tree: bool = False  # TARGET_VERIFY trees with topk > 1 (chains need only the mode)
+    whole_page_loads: bool = False  # loads the tail rows of a request's last page (canary there)
+    why_not: dict[str, str] = field(default_factory=dict)
+
+    def reason(self, feature: str, default: str) -> str:
+        return self.why_not.get(feature, default)
+
+
+@dataclass
+class BackendOutput:
+    out: torch.Tensor  # [sum E, Hq, D]
+    lse: torch.Tensor | None = None  # [sum E, Hq], natural log
+
+
+class Backend:
+    """Base adapter. Subclasses set `name` and `capabilities` and implement `run`."""
+
+    name: str = "unnamed"
+    library: str = "torch"
+    capabilities: Capabilities
+
+    def available(self, device: str) -> str | None:
+        """None if the backend can run on `device` here, else why not (becomes a skip reason)."""
+        if device not in self.capabilities.devices:
+            return f"{self.name} does not run on {device}"
+        if device == "cuda" and not torch.cuda.is_available():
+            return "no CUDA device: torch.cuda.is_available() is False"
+        return None
+
+    def supports(self, case: Case) -> str | None:
+        """None if the backend handles this case, else the reason (the case is skipped, never passed)."""
+        c = self.capabilities
+        n = self.name
+        if case.mode not in c.modes:
+            return c.reason(str(case.mode), f"{n} does not implement {case.mode}")
+        if case.dtype not in c.dtypes:
+            return f"{n} does not support dtype {case.dtype}"
+        if c.head_dims is not None and case.head_dim not in c.head_dims:
+            return f"{n} does not support head_dim {case.head_dim} (supported: {sorted(c.head_dims)})"
+        if case.page_size not in c.page_sizes:
+            return f"{n} does not support page_size {case.page_size} (supported: {sorted(c.page_sizes)})"
+        if case.kv_layout not in c.kv_layouts:
+            return f"{n} does not support kv_layout {case.kv_layout}"
+        checks = (
+            ("window", case.window_left >= 0, "a sliding window"),
+            ("soft_cap", case.soft_cap > 0, "a logit soft cap"),
+            ("sinks", case.sinks, "attention sinks"),
+            ("hybrid_pool", case.hybrid_swa_pool, "the hybrid SWA pool"),
+            ("deterministic", case.deterministic, "a deterministic mode"),
+        )
+        for feature, used, words in checks:
+            if used and not getattr(c, feature):
+                return c.reason(feature, f"{n} does not support {words}")
+        if case.mode == Mode.TARGET_VERIFY and not c.tree:
+            if any(p != j - 1 for r in case.requests for j, p in enumerate(r.tree)):
+                return c.reason("tree", f"{n} verifies chains only, not trees with topk > 1")
+        return None
+
+    def run(self, batch: Batch) -> BackendOutput:
+        raise NotImplementedError

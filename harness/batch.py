@@ -1,0 +1,248 @@
+"""Case -> Batch: the logical inputs, the paged pool, and the engine metadata a kernel glue sees.
+
+`make_inputs` draws the logical Q/K/V/sinks from the Case's seed; the references compute from
+those alone. `build_batch` lays them out the way a serving engine would (pages, slots, metadata),
+leaving this forward's new K/V for the adapter to write, as engine glue does.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from harness import modes, pool
+from harness.case import Case
+from harness.modes import Mode
+
+TORCH_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+
+
+@dataclass
+class Inputs:
+    """The logical tensors of a case, in the case dtype, on the CPU. What the references read.
+
+    q[r]: [E, Hq, D]; k[r], v[r]: [T, Hkv, D] with T = P + E (encoder length in CROSS), keys in
+    position order (verify drafts in flattened order); sinks: [Hq] float32 logits, or None.
+    """
+
+    q: list[torch.Tensor]
+    k: list[torch.Tensor]
+    v: list[torch.Tensor]
+    sinks: torch.Tensor | None
+
+
+def kv_len(case: Case, r: int) -> int:
+    """Logical number of keys of request r (what the reference attends over)."""
+    req = case.requests[r]
+    return req.encoder_len if case.mode == Mode.CROSS else req.prefix_len + req.extend_len
+
+
+def make_inputs(case: Case) -> Inputs:
+    """Seeded logical inputs. Generated in float32 on the CPU, then rounded to the case dtype."""
+    gen = torch.Generator().manual_seed(case.seed)
+    dt = TORCH_DTYPES[case.dtype]
+    hq, hkv, d = case.num_q_heads, case.num_kv_heads, case.head_dim
+    qs, ks, vs = [], [], []
+    for r, req in enumerate(case.requests):
+        t = kv_len(case, r)
+        qs.append((torch.randn(req.extend_len, hq, d, generator=gen) * case.q_amplitude).to(dt))
+        ks.append(torch.randn(t, hkv, d, generator=gen).to(dt))
+        vs.append(torch.randn(t, hkv, d, generator=gen).to(dt))
+    sinks = (torch.randn(hq, generator=gen) * 2.0).float() if case.sinks else None
+    return Inputs(q=qs, k=ks, v=vs, sinks=sinks)
+
+
+@dataclass
+class Batch:
+    """What a backend adapter receives: engine metadata, queries, new K/V, and the layer's pool.
+
+    Metadata follows DESIGN.md and harness/modes.py (int32 on `device`):
+      seq_lens, prefix_lens, extend_lens, encoder_lens: [B]
+      qo_indptr: [B+1] offsets of each request's queries in q
+      positions: [sum E] absolute position of each query
+      req_to_token: [B, max_row] full-pool slot of each position (CROSS: encoder positions first,
+        then the decoder's); padding is slot 0
+      out_cache_loc: [sum E] full-pool slots of this forward's new tokens
+      tree_mask: [B, E, E] bool (TARGET_VERIFY): draft j may see draft i (ancestor or itself)
+    `pool` is the buffer this layer reads: on a sliding-window layer of a hybrid pool it is the SWA
+    pool, indexed through `full_to_swa` ([num full slots] -> SWA slot; freed tokens map to 0).
+    `inputs` belongs to the references; an adapter must not read it.
+    """
+
+    case: Case
+    device: torch.device
+    q: torch.Tensor
+    k_new: torch.Tensor
+    v_new: torch.Tensor
+    sinks: torch.Tensor | None
+    seq_lens: torch.Tensor
+    prefix_lens: torch.Tensor
+    extend_lens: torch.Tensor
+    encoder_lens: torch.Tensor
+    qo_indptr: torch.Tensor
+    positions: torch.Tensor
+    req_to_token: torch.Tensor
+    out_cache_loc: torch.Tensor
+    tree_mask: torch.Tensor | None
+    pool: pool.PagedPool
+    full_to_swa: torch.Tensor | None
+    num_draft: int
+    seq_lens_before_bump: torch.Tensor | None = None
+    inputs: Inputs | None = field(default=None, repr=False)
+
+    @property
+    def mode(self) -> Mode:
+        return self.case.mode
+
+    @property
+    def batch_size(self) -> int:
+        return self.case.batch_size
+
+    def cpu_list(self, name: str) -> list[int]:
+        """A metadata vector as Python ints (engines keep CPU copies for planning)."""
+        return [int(x) for x in getattr(self, name).tolist()]
+
+
+def _row_len(case: Case, r: int) -> int:
+    """Positions in request r's req_to_token row (CROSS: encoder then decoder tokens)."""
+    req = case.requests[r]
+    if case.mode == Mode.CROSS:
+        return req.encoder_len + req.prefix_len + req.extend_len
+    return req.prefix_len + req.extend_len
+
+
+def _first_kept_position(case: Case, r: int) -> int:
+    """The earliest key position any query of request r can see through its window."""
+    req = case.requests[r]
+    return max(0, req.prefix_len - case.window_left)
+
+
+def build_batch(
+    case: Case,
+    inputs: Inputs,
+    device: torch.device | str = "cpu",
+    whole_page_loads: bool = False,
+) -> Batch:
+    """Lay the case out as an engine would. `whole_page_loads`: the kernel declares it loads the
+    tail rows of each request's last page and the reserved page; those rows get a finite canary."""
+    device = torch.device(device)
+    gen = torch.Generator().manual_seed(case.seed ^ 0x5EED)
+    ps = case.page_size
+    dt = TORCH_DTYPES[case.dtype]
+    bsz = case.batch_size
+    reqs = case.requests
+    cross = case.mode == Mode.CROSS
+
+    rows = [_row_len(case, r) for r in range(bsz)]
+    pages_per = [-(-n // ps) for n in rows]
+    new_start = [(r.encoder_len if cross else 0) + r.prefix_len for r in reqs]
+    owned = sum(pages_per)
+
+    swa_plan = None
+    first_id = 1
+    if case.hybrid_swa_pool:
+        first_kept = [_first_kept_position(case, r) // ps for r in range(bsz)]
+        swa_plan = pool.plan_swa_pool(first_kept, pages_per, gen)
+        first_id = swa_plan.num_owned + 1
+    full_total = first_id + owned + pool.spare_pages(owned)
+
+    page_ids = pool.allocate_pages(
+        pages_per, [s // ps for s in new_start], case.page_layout, first_id, full_total, gen
+    )
+    slots = [pool.page_slots(page_ids[r], ps, rows[r]) for r in range(bsz)]
+
+    max_row = max(rows)
+    req_to_token = torch.zeros(bsz, max_row, dtype=torch.int32)
+    for r in range(bsz):
+        req_to_token[r, : rows[r]] = torch.tensor(slots[r], dtype=torch.int32)
+
+    full_to_swa = None
+    storage_pages = full_total
+    if swa_plan is not None:
+        full_to_swa = torch.zeros(full_total * ps, dtype=torch.int32)
+        for r in range(bsz):
+            for i, swa_page in swa_plan.swa_pages[r].items():
+                full_page = page_ids[r][i]
+                full_to_swa[full_page * ps : (full_page + 1) * ps] = torch.arange(
+                    swa_page * ps, (swa_page + 1) * ps, dtype=torch.int32
+                )
+        storage_pages = swa_plan.num_owned + 1 if case.swa_pool_exact else full_total
+
+    layer_pool = pool.empty_pool(storage_pages, ps, case.num_kv_heads, case.head_dim, dt, case.kv_layout)
+
+    def layer_slots(full: list[int]) -> torch.Tensor:
+        t = torch.tensor(full, dtype=torch.int64)
+        return pool.translate_slots(t, full_to_swa).long() if full_to_swa is not None else t
+
+    # Cached K/V (prefix, or the encoder's output in CROSS) is already in the pool.
+    for r, req in enumerate(reqs):
+        if cross:
+            cached = list(range(req.encoder_len))
+        else:
+            lo = _first_kept_position(case, r) // ps * ps if full_to_swa is not None else 0
+            cached = list(range(lo, req.prefix_len))
+        if cached:
+            idx = torch.tensor(cached)
+            layer_pool.write(layer_slots([slots[r][t] for t in cached]), inputs.k[r][idx], inputs.v[r][idx])
+        if whole_page_loads:
+            kv_end = req.encoder_len if cross else rows[r]
+            last_page_end = -(-kv_end // ps) * ps
+            tail = [page_ids[r][t // ps] * ps + t % ps for t in range(kv_end, last_page_end)]
+            if tail:
+                layer_pool.fill_slots(layer_slots(tail), pool.CANARY)
+    if whole_page_loads:
+        layer_pool.fill_slots(torch.arange(ps), pool.CANARY)
+
+    seq_lens = [modes.seq_len(case.mode, r.prefix_len, r.extend_len) for r in reqs]
+    extend = [r.extend_len for r in reqs]
+    qo_indptr = [0]
+    for e in extend:
+        qo_indptr.append(qo_indptr[-1] + e)
+    positions = []
+    out_cache_loc = []
+    for r, req in enumerate(reqs):
+        positions += modes.query_positions(case.mode, req.prefix_len, req.extend_len, req.tree)
+        out_cache_loc += slots[r][new_start[r] : new_start[r] + req.extend_len]
+
+    q = torch.cat(inputs.q)
+    if cross:
+        k_new = torch.empty(0, case.num_kv_heads, case.head_dim, dtype=dt)
+        v_new = k_new.clone()
+    else:
+        k_new = torch.cat([inputs.k[r][req.prefix_len :] for r, req in enumerate(reqs)])
+        v_new = torch.cat([inputs.v[r][req.prefix_len :] for r, req in enumerate(reqs)])
+
+    tree_mask = None
+    if case.mode == Mode.TARGET_VERIFY:
+        tree_mask = torch.tensor([modes.tree_ancestry(r.tree) for r in reqs], dtype=torch.bool)
+
+    def i32(x: list[int]) -> torch.Tensor:
+        return torch.tensor(x, dtype=torch.int32, device=device)
+
+    layer_pool.k = layer_pool.k.to(device)
+    layer_pool.v = layer_pool.v.to(device)
+    return Batch(
+        case=case,
+        device=device,
+        q=q.to(device),
+        k_new=k_new.to(device),
+        v_new=v_new.to(device),
+        sinks=inputs.sinks.to(device) if inputs.sinks is not None else None,
+        seq_lens=i32(seq_lens),
+        prefix_lens=i32([r.prefix_len for r in reqs]),
+        extend_lens=i32(extend),
+        encoder_lens=i32([r.encoder_len for r in reqs]),
+        qo_indptr=i32(qo_indptr),
+        positions=i32(positions),
+        req_to_token=req_to_token.to(device),
+        out_cache_loc=i32(out_cache_loc),
+        tree_mask=tree_mask.to(device) if tree_mask is not None else None,
+        pool=layer_pool,
+        full_to_swa=full_to_swa.to(device) if full_to_swa is not None else None,
+        num_draft=case.num_draft,
+        seq_lens_before_bump=(
+            i32([r.prefix_len for r in reqs]) if case.mode == Mode.DRAFT_EXTEND_V2 else None
+        ),
+        inputs=inputs,
+    )

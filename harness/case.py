@@ -1,0 +1,244 @@
+"""The Case: a plain, JSON-serialisable description of one batch, validated with clear errors.
+
+Everything else (tensors, pools, engine metadata, expected output) is derived from a Case, so a
+Case printed as JSON is a complete, replayable bug report.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from harness.modes import Mode, tree_depths
+
+DTYPES = ("bfloat16", "float16", "float32")
+PAGE_SIZES = (1, 16, 32, 64, 128)
+PAGE_LAYOUTS = ("contiguous", "shuffled", "interleaved", "nonmonotonic")
+KV_LAYOUTS = ("NHD", "HND")
+MAX_SEED = 2**63 - 1
+
+
+class CaseError(ValueError):
+    """A Case that cannot describe a real batch; the message names the field and its value."""
+
+
+@dataclass(frozen=True)
+class Request:
+    """One request: P cached tokens, E new query tokens, and mode-specific extras.
+
+    `tree` (TARGET_VERIFY only) holds the parent of each draft token in flattened order; -1 marks a
+    child of the last accepted token, which sits at depth 0. A chain is (-1, 0, 1, ...).
+    `encoder_len` (CROSS only) is the number of encoder keys the decoder queries attend to.
+    """
+
+    prefix_len: int = 0
+    extend_len: int = 1
+    encoder_len: int = 0
+    tree: tuple[int, ...] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"prefix_len": self.prefix_len, "extend_len": self.extend_len}
+        if self.encoder_len:
+            d["encoder_len"] = self.encoder_len
+        if self.tree is not None:
+            d["tree"] = list(self.tree)
+        return d
+
+
+@dataclass(frozen=True)
+class Case:
+    """One batch for one attention layer. See DESIGN.md "Conventions" for the semantics."""
+
+    mode: str
+    requests: tuple[Request, ...]
+    num_q_heads: int = 8
+    num_kv_heads: int = 2
+    head_dim: int = 64
+    dtype: str = "bfloat16"
+    window_left: int = -1
+    soft_cap: float = 0.0
+    sinks: bool = False
+    sm_scale: float | None = None
+    page_size: int = 16
+    page_layout: str = "shuffled"
+    kv_layout: str = "NHD"
+    hybrid_swa_pool: bool = False
+    swa_pool_exact: bool = False
+    deterministic: bool = False
+    q_amplitude: float = 1.0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "requests", tuple(self.requests))
+        validate(self)
+
+    @property
+    def scale(self) -> float:
+        """Softmax scale: sm_scale, or 1/sqrt(head_dim) when not given."""
+        return self.sm_scale if self.sm_scale is not None else 1.0 / math.sqrt(self.head_dim)
+
+    @property
+    def batch_size(self) -> int:
+        return len(self.requests)
+
+    @property
+    def num_draft(self) -> int:
+        """Draft tokens per request (DRAFT_EXTEND_V2, TARGET_VERIFY); 0 in other modes."""
+        if self.mode in (Mode.DRAFT_EXTEND_V2, Mode.TARGET_VERIFY):
+            return self.requests[0].extend_len
+        return 0
+
+    def replace(self, **changes: Any) -> Case:
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            d[f.name] = [r.to_dict() for r in value] if f.name == "requests" else value
+        return d
+
+    def to_json(self, indent: int | None = None) -> str:
+        return json.dumps(self.to_dict(), indent=indent, sort_keys=False)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Case:
+        if not isinstance(d, dict):
+            raise CaseError(f"a Case is a JSON object, got {type(d).__name__}")
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise CaseError(f"unknown Case field(s): {', '.join(unknown)}")
+        for name in ("mode", "requests"):
+            if name not in d:
+                raise CaseError(f"Case field '{name}' is missing")
+        if not isinstance(d["requests"], list):
+            raise CaseError(f"requests={d['requests']!r} must be a list of objects")
+        reqs = []
+        req_known = {f.name for f in dataclasses.fields(Request)}
+        for i, r in enumerate(d["requests"]):
+            if not isinstance(r, dict):
+                raise CaseError(f"requests[{i}]={r!r} must be an object")
+            bad = sorted(set(r) - req_known)
+            if bad:
+                raise CaseError(f"requests[{i}] has unknown field(s): {', '.join(bad)}")
+            tree = r.get("tree")
+            if tree is not None and not isinstance(tree, list):
+                raise CaseError(f"requests[{i}].tree={tree!r} must be a list of parent indices")
+            reqs.append(Request(**{**r, "tree": tuple(tree) if tree is not None else None}))
+        return cls(**{**d, "requests": tuple(reqs)})
+
+    @classmethod
+    def from_json(cls, text: str) -> Case:
+        try:
+            d = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise CaseError(f"malformed JSON: {e}") from None
+        return cls.from_dict(d)
+
+
+def _int(name: str, value: Any, lo: int, hi: int | None = None) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise CaseError(f"{name}={value!r} must be an integer")
+    if value < lo or (hi is not None and value > hi):
+        bound = f">= {lo}" if hi is None else f"in [{lo}, {hi}]"
+        raise CaseError(f"{name}={value!r} must be {bound}")
+
+
+def _choice(name: str, value: Any, options: tuple) -> None:
+    if value not in options:
+        raise CaseError(f"{name}={value!r} is not one of {', '.join(map(str, options))}")
+
+
+def _validate_request(case: Case, i: int, r: Request) -> None:
+    n = f"requests[{i}]"
+    if not isinstance(r, Request):
+        raise CaseError(f"{n}={r!r} is not a Request")
+    _int(f"{n}.prefix_len", r.prefix_len, 0)
+    _int(f"{n}.extend_len", r.extend_len, 1)
+    _int(f"{n}.encoder_len", r.encoder_len, 0)
+    mode = case.mode
+    if mode == Mode.DECODE and r.extend_len != 1:
+        raise CaseError(f"{n}.extend_len={r.extend_len} must be 1 in DECODE")
+    if mode == Mode.CROSS:
+        if r.encoder_len < 1:
+            raise CaseError(f"{n}.encoder_len={r.encoder_len} must be >= 1 in CROSS")
+    elif r.encoder_len:
+        raise CaseError(f"{n}.encoder_len={r.encoder_len} is only meaningful in CROSS, not {mode}")
+    if mode == Mode.TARGET_VERIFY:
+        if r.tree is None:
+            raise CaseError(f"{n}.tree is required in TARGET_VERIFY (a chain is [-1, 0, 1, ...])")
+        if len(r.tree) != r.extend_len:
+            raise CaseError(
+                f"{n}.tree has {len(r.tree)} nodes but extend_len={r.extend_len}: one query per draft"
+            )
+        for j, p in enumerate(r.tree):
+            if isinstance(p, bool) or not isinstance(p, int) or not -1 <= p < j:
+                raise CaseError(f"{n}.tree[{j}]={p!r} must be -1 or the index of an earlier node")
+        tree_depths(r.tree)
+    elif r.tree is not None:
+        raise CaseError(f"{n}.tree is only meaningful in TARGET_VERIFY, not {mode}")
+    if mode in (Mode.DRAFT_EXTEND_V2, Mode.TARGET_VERIFY):
+        first = case.requests[0].extend_len
+        if r.extend_len != first:
+            raise CaseError(
+                f"{n}.extend_len={r.extend_len} differs from requests[0].extend_len={first}: "
+                f"{mode} uses one num_draft for the whole batch"
+            )
+
+
+def validate(case: Case) -> None:
+    """Raise CaseError naming the first bad field; a valid Case describes a real batch."""
+    _choice("mode", case.mode, tuple(m.value for m in Mode))
+    object.__setattr__(case, "mode", Mode(case.mode))
+    if not case.requests:
+        raise CaseError("requests is empty: a batch needs at least one request")
+    _int("num_q_heads", case.num_q_heads, 1)
+    _int("num_kv_heads", case.num_kv_heads, 1)
+    if case.num_q_heads % case.num_kv_heads:
+        raise CaseError(
+            f"num_q_heads={case.num_q_heads} is not a multiple of num_kv_heads={case.num_kv_heads}"
+        )
+    _int("head_dim", case.head_dim, 8, 512)
+    if case.head_dim % 8:
+        raise CaseError(f"head_dim={case.head_dim} must be a multiple of 8")
+    _choice("dtype", case.dtype, DTYPES)
+    _int("window_left", case.window_left, -1)
+    if not isinstance(case.soft_cap, (int, float)) or isinstance(case.soft_cap, bool):
+        raise CaseError(f"soft_cap={case.soft_cap!r} must be a number")
+    if not case.soft_cap >= 0 or math.isinf(case.soft_cap):
+        raise CaseError(f"soft_cap={case.soft_cap!r} must be finite and >= 0 (0 means no cap)")
+    if case.sm_scale is not None and (
+        isinstance(case.sm_scale, bool)
+        or not isinstance(case.sm_scale, (int, float))
+        or not 0 < case.sm_scale < math.inf
+    ):
+        raise CaseError(f"sm_scale={case.sm_scale!r} must be a positive number or null")
+    _choice("page_size", case.page_size, PAGE_SIZES)
+    _choice("page_layout", case.page_layout, PAGE_LAYOUTS)
+    _choice("kv_layout", case.kv_layout, KV_LAYOUTS)
+    for name in ("sinks", "hybrid_swa_pool", "swa_pool_exact", "deterministic"):
+        if not isinstance(getattr(case, name), bool):
+            raise CaseError(f"{name}={getattr(case, name)!r} must be true or false")
+    if (
+        isinstance(case.q_amplitude, bool)
+        or not isinstance(case.q_amplitude, (int, float))
+        or not 0 < case.q_amplitude <= 1000
+    ):
+        raise CaseError(f"q_amplitude={case.q_amplitude!r} must be in (0, 1000]")
+    _int("seed", case.seed, 0, MAX_SEED)
+    if case.mode == Mode.CROSS and case.window_left != -1:
+        raise CaseError(
+            f"window_left={case.window_left} has no meaning in CROSS: cross-attention has no window"
+        )
+    if case.hybrid_swa_pool and case.window_left < 0:
+        raise CaseError(
+            "hybrid_swa_pool=true needs window_left >= 0: only sliding-window layers read the SWA pool"
+        )
+    if case.swa_pool_exact and not case.hybrid_swa_pool:
+        raise CaseError("swa_pool_exact=true needs hybrid_swa_pool=true")
+    for i, r in enumerate(case.requests):
+        _validate_request(case, i, r)

@@ -1,0 +1,1 @@
+"""Checks: numeric (reference vs backend), and the others that build on it."""

@@ -1,0 +1,132 @@
+"""The tolerance policy and error localisation: backend output vs reference -> Verdict.
+
+Rule (flash-attn's own): err = max|out - ref| over the whole output must satisfy
+    err <= k * err_same_precision + noise(dtype),   k = 2 (3 with a soft cap)
+where ref is the exact reference, err_same_precision is the distance of the same reference
+computed in the case dtype, and noise is twice the rounding of one add in that dtype at the
+output's magnitude. NaN or Inf in the output fails outright: unowned pool memory holds NaN.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import asdict, dataclass
+
+import torch
+
+from harness import modes
+from harness.case import Case
+
+# LSE is fp32 in every kernel; below this its differences are accumulation order, not bugs.
+LSE_FLOOR = 1e-5
+_DT = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+
+
+@dataclass
+class Verdict:
+    passed: bool
+    err: float
+    budget: float
+    ratio: float
+    worst: tuple[int, int, int] | None  # (request, token within request, q head)
+    frac_over: float  # fraction of output elements whose error exceeds the budget
+    nonfinite: int  # NaN/Inf elements in the output
+    reason: str
+    lse_err: float | None = None
+    lse_budget: float | None = None
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def noise(ref: torch.Tensor, dtype: str) -> float:
+    """Twice the rounding of one add in `dtype` at the values' magnitude: 2*max|(x+0.3)-0.3-x|."""
+    x = ref.to(_DT[dtype])
+    return 2.0 * float(((x + 0.3) - 0.3 - x).abs().max()) if x.numel() else 0.0
+
+
+def locate(flat_index: int, qo_indptr: list[int], heads: int, dim: int) -> tuple[int, int, int]:
+    """Flat index into a [sum E, Hq, D] output -> (request, token within the request, head)."""
+    token, rest = divmod(flat_index, heads * dim)
+    r = bisect.bisect_right(qo_indptr, token) - 1
+    return r, token - qo_indptr[r], rest // dim
+
+
+def where(case: Case, worst: tuple[int, int, int]) -> str:
+    r, j, h = worst
+    req = case.requests[r]
+    pos = modes.query_positions(case.mode, req.prefix_len, req.extend_len, req.tree)[j]
+    return f"request {r}, token {j} (position {pos}), head {h}"
+
+
+def compare(
+    case: Case,
+    out: torch.Tensor,
+    ref_exact: torch.Tensor,
+    ref_native: torch.Tensor,
+    lse: torch.Tensor | None = None,
+    lse_exact: torch.Tensor | None = None,
+    lse_native: torch.Tensor | None = None,
+) -> Verdict:
+    """Judge one backend output against the exact reference with the case's budget."""
+    qo = [0]
+    for r in case.requests:
+        qo.append(qo[-1] + r.extend_len)
+    heads, dim = case.num_q_heads, case.head_dim
+    if tuple(out.shape) != tuple(ref_exact.shape):
+        return Verdict(
+            False,
+            float("inf"),
+            0.0,
+            float("inf"),
+            None,
+            1.0,
+            0,
+            f"output shape {tuple(out.shape)} != expected {tuple(ref_exact.shape)}",
+        )
+    ref = ref_exact.to(out.device)
+    mult = 3.0 if case.soft_cap > 0 else 2.0
+    budget = mult * float((ref_native.to(ref) - ref).abs().max()) + noise(ref, case.dtype)
+    outd = out.to(ref.dtype)
+    bad = ~torch.isfinite(outd)
+    nonfinite = int(bad.sum())
+    if nonfinite:
+        first = locate(int(bad.flatten().nonzero()[0]), qo, heads, dim)
+        return Verdict(
+            False,
+            float("nan"),
+            budget,
+            float("inf"),
+            first,
+            nonfinite / out.numel(),
+            nonfinite,
+            f"output has {nonfinite} NaN/Inf values, first at {where(case, first)}: "
+            "poisoned (unowned) pool memory was read",
+        )
+    diff = (outd - ref).abs()
+    flat = int(diff.argmax()) if diff.numel() else 0
+    err = float(diff.flatten()[flat]) if diff.numel() else 0.0
+    ratio = err / budget if budget > 0 else (0.0 if err == 0 else float("inf"))
+    frac = float((diff > budget).float().mean()) if diff.numel() else 0.0
+    worst = locate(flat, qo, heads, dim) if diff.numel() else None
+    passed = err <= budget
+    reason = (
+        f"err {err:.3g} {'<=' if passed else '>'} budget {budget:.3g} (ratio {ratio:.2f}); "
+        f"worst at {where(case, worst) if worst else '-'}"
+    )
+    if not passed:
+        reason += f"; {frac:.1%} of elements over budget"
+    lse_err = lse_budget = None
+    if lse is not None and lse_exact is not None and lse_native is not None and not case.sinks:
+        le = lse_exact.to(lse.device, torch.float64)
+        finite = torch.isfinite(le)
+        lse_err = float((lse.double() - le)[finite].abs().max()) if finite.any() else 0.0
+        lse_budget = (
+            mult * float((lse_native.to(le) - le)[finite].abs().max()) + noise(le, "float32") + LSE_FLOOR
+        )
+        if not torch.isfinite(lse.double()[finite]).all():
+            passed, reason = False, reason + "; LSE has NaN/Inf where keys are visible"
+        elif lse_err > lse_budget:
+            passed = False
+            reason += f"; LSE err {lse_err:.3g} > budget {lse_budget:.3g} (natural log expected)"
+    return Verdict(passed, err, budget, ratio, worst, frac, 0, reason, lse_err, lse_budget)

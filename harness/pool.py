@@ -1,0 +1,175 @@
+"""Paged KV pools: page allocation by layout, the hybrid SWA pool and its translation, poisoning.
+
+Every slot the batch does not own holds NaN, so a kernel that reads memory that is not its own
+produces NaN, which the comparison reports as a poison read. Page (and slot) 0 is reserved.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+POISON = float("nan")
+# A large finite value for rows that a kernel loads legitimately but must mask out (FA4's whole-page
+# TMA loads): NaN there would turn a correct `0 * v` into NaN. Exact in bf16 and fp16.
+CANARY = 1024.0
+RESERVED_PAGE = 0
+
+
+@dataclass
+class PagedPool:
+    """One layer's K and V buffers, paged. Slot s lives in page s // page_size at offset s % page_size.
+
+    NHD storage is [num_pages, page_size, heads, dim]; HND is [num_pages, heads, page_size, dim].
+    """
+
+    k: torch.Tensor
+    v: torch.Tensor
+    page_size: int
+    kv_layout: str
+
+    @property
+    def num_pages(self) -> int:
+        return self.k.shape[0]
+
+    @property
+    def num_slots(self) -> int:
+        return self.num_pages * self.page_size
+
+    def _index(self, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        slots = slots.long()
+        return slots // self.page_size, slots % self.page_size
+
+    def read(self, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """K and V of the given slots as [n, heads, dim] (an out-of-range slot raises, as on a GPU)."""
+        page, off = self._index(slots)
+        if self.kv_layout == "NHD":
+            return self.k[page, off], self.v[page, off]
+        return self.k[page, :, off], self.v[page, :, off]
+
+    def write(self, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        page, off = self._index(slots)
+        if self.kv_layout == "NHD":
+            self.k[page, off] = k.to(self.k.dtype)
+            self.v[page, off] = v.to(self.v.dtype)
+        else:
+            self.k[page, :, off] = k.to(self.k.dtype)
+            self.v[page, :, off] = v.to(self.v.dtype)
+
+    def fill_slots(self, slots: torch.Tensor, value: float) -> None:
+        page, off = self._index(slots)
+        for buf in (self.k, self.v):
+            if self.kv_layout == "NHD":
+                buf[page, off] = value
+            else:
+                buf[page, :, off] = value
+
+
+def empty_pool(
+    num_pages: int, page_size: int, heads: int, dim: int, dtype: torch.dtype, kv_layout: str
+) -> PagedPool:
+    """A pool whose every slot is poison until the batch writes what it owns."""
+    shape = (num_pages, page_size, heads, dim) if kv_layout == "NHD" else (num_pages, heads, page_size, dim)
+    return PagedPool(
+        k=torch.full(shape, POISON, dtype=dtype),
+        v=torch.full(shape, POISON, dtype=dtype),
+        page_size=page_size,
+        kv_layout=kv_layout,
+    )
+
+
+def allocate_pages(
+    pages_per_request: list[int],
+    first_extend_page: list[int],
+    layout: str,
+    first_id: int,
+    total_pages: int,
+    gen: torch.Generator,
+) -> list[list[int]]:
+    """Page ids for each request's pages, in order, drawn from [first_id, total_pages).
+
+    contiguous: one run per request; shuffled: a random sample; interleaved: round robin across
+    requests; nonmonotonic: prefix pages ascending, the pages that receive this forward's new tokens
+    taken from the top of the free list downwards (so extend slots go backwards in memory).
+    """
+    need = sum(pages_per_request)
+    free = list(range(first_id, total_pages))
+    if need > len(free):
+        raise ValueError(f"pool of {total_pages} pages cannot hold {need} pages from id {first_id}")
+    out: list[list[int]] = [[] for _ in pages_per_request]
+    if layout == "contiguous":
+        it = iter(free)
+        for r, n in enumerate(pages_per_request):
+            out[r] = [next(it) for _ in range(n)]
+    elif layout == "shuffled":
+        perm = torch.randperm(len(free), generator=gen)[:need].tolist()
+        it = iter(free[i] for i in perm)
+        for r, n in enumerate(pages_per_request):
+            out[r] = [next(it) for _ in range(n)]
+    elif layout == "interleaved":
+        it = iter(free)
+        for i in range(max(pages_per_request, default=0)):
+            for r, n in enumerate(pages_per_request):
+                if i < n:
+                    out[r].append(next(it))
+    elif layout == "nonmonotonic":
+        low, high = 0, len(free) - 1
+        for r, n in enumerate(pages_per_request):
+            for i in range(n):
+                if i < first_extend_page[r]:
+                    out[r].append(free[low])
+                    low += 1
+                else:
+                    out[r].append(free[high])
+                    high -= 1
+    else:
+        raise ValueError(f"unknown page layout {layout!r}")
+    return out
+
+
+def spare_pages(owned: int) -> int:
+    """Unowned pages mixed into every pool, so that stray reads land on poison rather than data."""
+    return max(2, owned // 4)
+
+
+def page_slots(pages: list[int], page_size: int, length: int) -> list[int]:
+    """Slots of positions 0..length-1 for a request whose pages are `pages`."""
+    return [pages[t // page_size] * page_size + t % page_size for t in range(length)]
+
+
+def page_table_from_req_to_token(req_to_token: torch.Tensor, page_size: int) -> torch.Tensor:
+    """[batch, max_pages] page ids from token slots, as engine glue derives it (first slot of a page)."""
+    return req_to_token[:, ::page_size] // page_size
+
+
+def translate_slots(slots: torch.Tensor, full_to_swa: torch.Tensor | None) -> torch.Tensor:
+    """Full-pool slots -> SWA-pool slots on a sliding-window layer of a hybrid pool (identity otherwise)."""
+    if full_to_swa is None:
+        return slots
+    return full_to_swa[slots.long()].to(slots.dtype)
+
+
+@dataclass
+class SwaPlan:
+    """Where a hybrid SWA pool puts each request's kept pages; freed pages map to slot 0."""
+
+    swa_pages: list[dict[int, int]]  # per request: page index in the request -> SWA page id
+    num_owned: int  # SWA pages in use; their ids are 1..num_owned
+
+
+def plan_swa_pool(first_kept_page: list[int], pages_per_request: list[int], gen: torch.Generator) -> SwaPlan:
+    """Assign SWA pages to the pages each request still needs inside its window.
+
+    The assignment is a random permutation of 1..n, never the identity when n > 1. The caller
+    starts the full pool's ids above n, so a full-pool slot used on the SWA pool unchanged is always
+    an index the SWA pool does not own: poison in the default storage (as large as the full pool),
+    out of bounds in the exact-size storage (n + 1 pages) that production uses.
+    """
+    n_swa = sum(n - f for n, f in zip(pages_per_request, first_kept_page))
+    perm = (torch.randperm(n_swa, generator=gen) + 1).tolist()
+    if n_swa > 1 and perm == sorted(perm):
+        perm = perm[1:] + perm[:1]
+    it = iter(perm)
+    swa_pages = [{i: next(it) for i in range(f, n)} for n, f in zip(pages_per_request, first_kept_page)]
+    return SwaPlan(swa_pages=swa_pages, num_owned=n_swa)

@@ -1,0 +1,88 @@
+"""Hypothesis profiles and the case sizes each one draws.
+
+ci: CPU, small and fast, derandomized so CI replays exactly. dev: local bisection. gpu: the device
+runner (make check on a GPU): bf16, head_dim 128, few compile variants. thorough: nightly.
+Select with `--hypothesis-profile NAME` or ATTN_HARNESS_PROFILE; default `ci`.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from hypothesis import HealthCheck, Phase, settings
+
+
+@dataclass(frozen=True)
+class Sizes:
+    max_batch: int
+    max_prefix: int
+    max_extend: int
+    max_encoder: int
+    max_draft: int
+    max_window: int
+    head_dims: tuple[int, ...]
+    heads: tuple[tuple[int, int], ...]  # (q heads, kv heads): MHA, GQA, MQA
+    dtypes: tuple[str, ...]
+    long_kv: int = 0  # occasionally draw a prefix this long (0: never)
+
+
+SIZES = {
+    "ci": Sizes(4, 160, 48, 48, 6, 40, (32, 64), ((4, 4), (8, 2), (4, 1)), ("bfloat16", "float16")),
+    "dev": Sizes(6, 600, 128, 128, 8, 160, (64, 128), ((4, 4), (8, 2), (8, 1)), ("bfloat16", "float16")),
+    "gpu": Sizes(8, 2048, 512, 512, 8, 700, (128,), ((8, 8), (8, 2), (8, 1)), ("bfloat16",), long_kv=4096),
+    "thorough": Sizes(
+        16,
+        8192,
+        1024,
+        1024,
+        16,
+        3000,
+        (64, 128, 256),
+        ((4, 4), (8, 2), (16, 2), (8, 1)),
+        ("bfloat16", "float16"),
+        long_kv=16384,
+    ),
+}
+
+_COMMON = dict(
+    deadline=None,
+    print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much],
+)
+
+settings.register_profile("ci", max_examples=12, derandomize=True, database=None, **_COMMON)
+settings.register_profile("dev", max_examples=60, **_COMMON)
+settings.register_profile("gpu", max_examples=40, derandomize=True, database=None, **_COMMON)
+settings.register_profile("thorough", max_examples=1000, **_COMMON)
+# A mutant search stops at its first failure; shrinking is kept short so detection stays cheap.
+settings.register_profile(
+    "mutant",
+    max_examples=200,
+    derandomize=True,
+    database=None,
+    phases=[Phase.explicit, Phase.generate, Phase.shrink],
+    **_COMMON,
+)
+
+PROFILES = tuple(SIZES)
+
+
+def load(name: str | None = None) -> str:
+    """Activate a profile (argument, then ATTN_HARNESS_PROFILE, then 'ci'); returns its name."""
+    name = name or os.environ.get("ATTN_HARNESS_PROFILE") or "ci"
+    if name not in SIZES:
+        raise ValueError(f"unknown profile {name!r}; known: {', '.join(SIZES)}")
+    settings.load_profile(name)
+    return name
+
+
+def current() -> str:
+    """The active profile's name, if it is one of ours; 'ci' otherwise."""
+    getter = getattr(settings, "get_current_profile_name", None)
+    name = getter() if getter else os.environ.get("ATTN_HARNESS_PROFILE", "ci")
+    return name if name in SIZES else "ci"
+
+
+def sizes() -> Sizes:
+    return SIZES[current()]

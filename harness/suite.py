@@ -1,0 +1,110 @@
+"""How the suite in cases/ is generated: one property test per (backend, device, family, window).
+
+Test ids read `test_<family>[<backend>-<device>-<full|swa>]` and carry markers (the family, `swa`,
+`gpu`, the backend name), so `pytest -k swa` selects exactly the sliding-window tests and
+`pytest -k flashinfer_paged` one backend. No id contains a family keyword by accident: a self-test
+checks every keyword selects only its own family.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import pytest
+from hypothesis import assume, example, given, target
+
+from harness import backends, profiles
+from harness.backends.base import Backend
+from harness.case import Case
+from harness.checks.numeric import check_case
+from harness.modes import FAMILY_MODE, Mode
+from harness.results import CaseResult
+from harness.strategies import cases
+
+WINDOWS = ("full", "swa")
+
+
+@dataclass(frozen=True)
+class Target:
+    backend_name: str
+    device: str
+    family: str
+    window: str  # "full" or "swa"
+
+    @property
+    def id(self) -> str:
+        return f"{self.backend_name}-{self.device}-{self.window}"
+
+    def backend(self) -> Backend:
+        return backends.load(self.backend_name)
+
+
+def family_params(family: str) -> list:
+    """pytest params for a family over every registered backend and device it declares."""
+    out = []
+    windows = ("full",) if FAMILY_MODE[family] == Mode.CROSS else WINDOWS
+    for name in backends.names():
+        b = backends.load(name)
+        for device in sorted(b.capabilities.devices):
+            for w in windows:
+                marks = [getattr(pytest.mark, family), getattr(pytest.mark, name)]
+                if w == "swa":
+                    marks.append(pytest.mark.swa)
+                if device == "cuda":
+                    marks.append(pytest.mark.gpu)
+                t = Target(name, device, family, w)
+                out.append(pytest.param(t, id=t.id, marks=marks))
+    return out
+
+
+def _probe_reason(backend: Backend, t: Target) -> str | None:
+    """Why the whole family cannot run on this backend here (unavailable, mode or window missing)."""
+    why = backend.available(t.device)
+    if why:
+        return why
+    caps = backend.capabilities
+    mode = FAMILY_MODE[t.family]
+    if mode not in caps.modes:
+        return caps.reason(str(mode), f"{backend.name} does not implement {mode}")
+    if t.window == "swa" and not caps.window:
+        return caps.reason("window", f"{backend.name} does not support a sliding window")
+    return None
+
+
+def pinned_examples(family: str) -> list[Case]:
+    """Cases pinned in cases/pinned.py for this family (every bug ever found is one)."""
+    try:
+        from cases.pinned import PINNED
+    except ImportError:
+        return []
+    return [Case.from_dict(d) for d in PINNED.get(family, [])]
+
+
+def run_family(t: Target, record: Callable[[CaseResult], None] | None = None) -> None:
+    """Search the family with hypothesis; fail with the shrunk Case and its repro command."""
+    backend = t.backend()
+    why = _probe_reason(backend, t)
+    if why:
+        pytest.skip(why)
+    strategy = cases(t.family, t.window == "swa", backend.capabilities, profiles.sizes())
+    pins = [
+        c
+        for c in pinned_examples(t.family)
+        if (c.window_left >= 0) == (t.window == "swa") and backend.supports(c) is None
+    ]
+
+    def check(case: Case) -> None:
+        res = check_case(backend, case, t.device)
+        if record:
+            record(res)
+        if res.status == "skip":
+            assume(False)
+        if res.verdict is not None and res.verdict.ratio == res.verdict.ratio:
+            target(min(res.verdict.ratio, 1e6), label="err/budget")
+        assert res.status == "pass", res.failure_text()
+
+    test = given(strategy)(check)
+    for c in pins:
+        test = example(c)(test)
+    test()

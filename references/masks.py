@@ -1,0 +1,136 @@
+"""Who may attend to whom: the ONE definition of visibility, used by the references only.
+
+Per request: P cached tokens, E queries. Query j sits at position P + j (TARGET_VERIFY: P + depth(j)).
+Keys are the logical K/V in order: positions 0 .. P+E-1 (verify drafts: prefix keys 0 .. P-1, then
+draft i at position P + depth(i)). A key at position k is visible to a query at position p iff
+  causal:   k <= p
+  window:   k >= p - W           (window_left W >= 0; W = -1 means no window): W + 1 keys in all
+  verify:   a draft key is visible iff it is the query itself or one of its ancestors (and in window)
+  cross:    every encoder key is visible; no causal mask, no window
+This file is deliberately independent of harness/ (backends build their own masks).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+def _depths(parents: tuple[int, ...]) -> list[int]:
+    out: list[int] = []
+    for p in parents:
+        out.append(0 if p == -1 else out[p] + 1)
+    return out
+
+
+def _ancestors_or_self(parents: tuple[int, ...]) -> torch.Tensor:
+    n = len(parents)
+    m = torch.zeros(n, n, dtype=torch.bool)
+    for j in range(n):
+        m[j, j] = True
+        if parents[j] >= 0:
+            m[j] |= m[parents[j]]
+    return m
+
+
+@dataclass(frozen=True)
+class RequestMask:
+    """Visibility for one request, evaluated block by block so no [E, T] matrix need exist."""
+
+    query_pos: torch.Tensor  # [E] int64
+    key_pos: torch.Tensor  # [T] int64
+    window_left: int
+    causal: bool
+    num_prefix: int  # keys before this index are cached context; after it, tree drafts (verify)
+    draft_visible: torch.Tensor | None  # [E, E] bool (verify): query j may see draft i
+
+    @property
+    def num_queries(self) -> int:
+        return self.query_pos.numel()
+
+    @property
+    def num_keys(self) -> int:
+        return self.key_pos.numel()
+
+    def block(self, q0: int, q1: int, k0: int, k1: int) -> torch.Tensor:
+        """[q1-q0, k1-k0] bool: may query j (q0 <= j < q1) see key i (k0 <= i < k1)?"""
+        qp = self.query_pos[q0:q1, None]
+        kp = self.key_pos[None, k0:k1]
+        if not self.causal:
+            return torch.ones(q1 - q0, k1 - k0, dtype=torch.bool)
+        vis = kp <= qp
+        if self.window_left >= 0:
+            vis &= kp >= qp - self.window_left
+        if self.draft_visible is not None and k1 > self.num_prefix:
+            d0 = max(k0, self.num_prefix)
+            vis[:, d0 - k0 :] &= self.draft_visible[q0:q1, d0 - self.num_prefix : k1 - self.num_prefix]
+        return vis
+
+    def dense(self) -> torch.Tensor:
+        return self.block(0, self.num_queries, 0, self.num_keys)
+
+    def key_range(self, q0: int, q1: int) -> tuple[int, int]:
+        """Keys outside [lo, hi) are invisible to every query in q0..q1-1 (lets a loop skip them)."""
+        if not self.causal:
+            return 0, self.num_keys
+        pmin = int(self.query_pos[q0:q1].min())
+        pmax = int(self.query_pos[q0:q1].max())
+        if self.draft_visible is not None:
+            hi = self.num_keys
+        else:
+            hi = min(self.num_keys, pmax + 1)
+        lo = 0 if self.window_left < 0 else max(0, pmin - self.window_left)
+        return min(lo, hi), hi
+
+
+def request_mask(
+    mode: str,
+    prefix_len: int,
+    extend_len: int,
+    window_left: int,
+    encoder_len: int = 0,
+    tree: tuple[int, ...] | None = None,
+) -> RequestMask:
+    """The visibility rule for one request of a case, from the case's numbers alone."""
+    p, e = prefix_len, extend_len
+    if mode == "CROSS":
+        return RequestMask(
+            query_pos=torch.arange(p, p + e),
+            key_pos=torch.arange(encoder_len),
+            window_left=-1,
+            causal=False,
+            num_prefix=encoder_len,
+            draft_visible=None,
+        )
+    if mode == "TARGET_VERIFY":
+        depths = torch.tensor(_depths(tree), dtype=torch.int64)
+        return RequestMask(
+            query_pos=p + depths,
+            key_pos=torch.cat([torch.arange(p), p + depths]),
+            window_left=window_left,
+            causal=True,
+            num_prefix=p,
+            draft_visible=_ancestors_or_self(tree),
+        )
+    return RequestMask(
+        query_pos=torch.arange(p, p + e),
+        key_pos=torch.arange(p + e),
+        window_left=window_left,
+        causal=True,
+        num_prefix=p + e,
+        draft_visible=None,
+    )
+
+
+def case_masks(case) -> list[RequestMask]:  # noqa: ANN001 - any object with the Case's fields
+    """One RequestMask per request of a Case (duck-typed so this module imports nothing of harness)."""
+    return [
+        request_mask(str(case.mode), r.prefix_len, r.extend_len, case.window_left, r.encoder_len, r.tree)
+        for r in case.requests
+    ]
+
+
+def hf_window_left(sliding_window: int | None) -> int:
+    """Hugging Face `config.sliding_window = S` admits S keys (itself included): W = S - 1."""
+    return -1 if sliding_window is None else sliding_window - 1

@@ -1,0 +1,151 @@
+"""The pure-PyTorch reference: explicit masks from references/masks.py, chunked over keys.
+
+`reference(case, inputs, precision="exact")` computes in float64 on the CPU (float32 on a GPU) with
+an online softmax over key blocks, so memory stays bounded by the block size: no [T, T] matrix.
+Key blocks that no query of a query block can see (window, causality) are skipped, so a windowed
+request costs O(T * W).
+
+`precision="native"` is the same computation rounded like a low-precision implementation (scaled
+q, scores, soft-capped scores and probabilities rounded to the case dtype, output rounded at the
+end, fp32 accumulation): its distance from the exact result is the noise floor for the tolerance.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from references.masks import RequestMask, case_masks
+
+_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+
+
+@dataclass
+class RefOutput:
+    out: torch.Tensor  # [sum E, Hq, D]
+    lse: torch.Tensor  # [sum E, Hq], natural log over the visible keys (sinks excluded); -inf if none
+
+
+def block_sizes(device: torch.device) -> tuple[int, int]:
+    """(queries, keys) per block: small on the CPU (float64), larger on a GPU to cut launches."""
+    return (1024, 4096) if device.type == "cuda" else (256, 1024)
+
+
+def _scores(q, k, scale, cap, round_to):  # noqa: ANN001, ANN202 - hot inner helper
+    """[Hkv, G, nq, D] x [Hkv, nk, D] -> [Hkv, G, nq, nk], capped, optionally rounded like dtype."""
+    if round_to is None:
+        s = torch.matmul(q, k.unsqueeze(1).transpose(-1, -2)) * scale
+        return cap * torch.tanh(s / cap) if cap > 0 else s
+    qs = (q * scale).to(round_to).float()
+    s = torch.matmul(qs, k.unsqueeze(1).transpose(-1, -2)).to(round_to).float()
+    if cap > 0:
+        s = (cap * torch.tanh(s / cap)).to(round_to).float()
+    return s
+
+
+def _request(
+    mask: RequestMask,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    sinks: torch.Tensor | None,
+    scale: float,
+    cap: float,
+    acc: torch.dtype,
+    round_to: torch.dtype | None,
+    device: torch.device,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    e, hq, d = q.shape
+    hkv = k.shape[1]
+    g = hq // hkv
+    qh = q.to(device=device, dtype=acc).permute(1, 0, 2).reshape(hkv, g, e, d)
+    kh = k.to(device=device, dtype=acc).permute(1, 0, 2)
+    vh = v.to(device=device, dtype=acc).permute(1, 0, 2)
+    sink = None if sinks is None else sinks.to(device=device, dtype=acc).reshape(hkv, g, 1)
+    bq, bk = block_sizes(device)
+    out = torch.zeros(hkv, g, e, d, dtype=acc, device=device)
+    lse = torch.full((hkv, g, e), -torch.inf, dtype=acc, device=device)
+    neg_inf = torch.tensor(-torch.inf, dtype=acc, device=device)
+    for q0 in range(0, e, bq):
+        q1 = min(e, q0 + bq)
+        lo, hi = mask.key_range(q0, q1)
+        qb = qh[:, :, q0:q1]
+        m = torch.full((hkv, g, q1 - q0), -torch.inf, dtype=acc, device=device)
+        l_sum = torch.zeros_like(m)
+        o = torch.zeros(hkv, g, q1 - q0, d, dtype=acc, device=device)
+        blocks = []
+        for k0 in range(lo, hi, bk):
+            k1 = min(hi, k0 + bk)
+            s = _scores(qb, kh[:, k0:k1], scale, cap, round_to)
+            vis = mask.block(q0, q1, k0, k1).to(device)
+            s = torch.where(vis, s, neg_inf)
+            blocks.append((k0, k1, vis))
+            m_new = torch.maximum(m, s.amax(-1))
+            base = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)
+            alpha = torch.exp(m - base)
+            p = torch.exp(s - base.unsqueeze(-1))
+            l_sum = l_sum * alpha + p.sum(-1)
+            if round_to is None:
+                o = o * alpha.unsqueeze(-1) + torch.matmul(p, vh[:, k0:k1].unsqueeze(1))
+            m = m_new
+        if sink is not None:
+            top = torch.maximum(m, sink)
+            denom = l_sum * torch.exp(m - top) + torch.exp(sink - top)
+            rescale = torch.exp(m - top)
+        else:
+            top, denom, rescale = m, l_sum, torch.ones_like(m)
+        has_keys = l_sum > 0
+        safe = torch.where(denom > 0, denom, torch.ones_like(denom))
+        if round_to is None:
+            ob = o * (rescale / safe).unsqueeze(-1)
+        else:
+            # Second pass: normalised probabilities rounded to the dtype, as a low-precision P @ V.
+            ob = torch.zeros_like(o)
+            base = torch.where(torch.isinf(top), torch.zeros_like(top), top)
+            for k0, k1, vis in blocks:
+                s = _scores(qb, kh[:, k0:k1], scale, cap, round_to)
+                s = torch.where(vis, s, neg_inf)
+                p = (torch.exp(s - base.unsqueeze(-1)) / safe.unsqueeze(-1)).to(round_to).float()
+                ob = ob + torch.matmul(p, vh[:, k0:k1].unsqueeze(1))
+            ob = ob.to(round_to).to(acc)
+        out[:, :, q0:q1] = torch.where(has_keys.unsqueeze(-1), ob, torch.zeros_like(ob))
+        base_m = torch.where(has_keys, m, torch.zeros_like(m))
+        lse[:, :, q0:q1] = torch.where(
+            has_keys, base_m + torch.log(torch.where(has_keys, l_sum, 1.0)), neg_inf
+        )
+    return out.reshape(hq, e, d).permute(1, 0, 2), lse.reshape(hq, e).permute(1, 0)
+
+
+def reference(
+    case,  # noqa: ANN001 - a harness Case (duck-typed: references import nothing of harness)
+    inputs,  # noqa: ANN001 - harness.batch.Inputs
+    precision: str = "exact",
+    device: torch.device | str = "cpu",
+) -> RefOutput:
+    """Expected output of every query of the case, concatenated in request order.
+
+    exact: float64 on the CPU, float32 accumulation on a GPU. native: rounded like the case dtype.
+    """
+    device = torch.device(device)
+    if precision not in ("exact", "native"):
+        raise ValueError(f"precision={precision!r} is not 'exact' or 'native'")
+    acc = torch.float64 if device.type == "cpu" and precision == "exact" else torch.float32
+    round_to = _DTYPES[case.dtype] if precision == "native" else None
+    outs, lses = [], []
+    for r, mask in enumerate(case_masks(case)):
+        o, lse = _request(
+            mask,
+            inputs.q[r],
+            inputs.k[r],
+            inputs.v[r],
+            inputs.sinks,
+            case.scale,
+            float(case.soft_cap),
+            acc,
+            round_to,
+            device,
+        )
+        outs.append(o)
+        lses.append(lse)
+    return RefOutput(out=torch.cat(outs), lse=torch.cat(lses))

@@ -1,0 +1,86 @@
+"""The tolerance rule, localisation, and the poison verdict."""
+
+import pytest
+import torch
+
+from harness.batch import make_inputs
+from harness.compare import compare, locate, noise
+from references.torch_ref import reference
+from tests.helpers import case
+
+
+def refs(c):
+    inputs = make_inputs(c)
+    return reference(c, inputs), reference(c, inputs, "native")
+
+
+def test_the_reference_itself_passes_with_ratio_zero():
+    c = case("EXTEND", ((4, 5), (0, 3)))
+    ex, na = refs(c)
+    v = compare(c, ex.out.to(torch.bfloat16), ex.out, na.out)
+    assert v.passed and v.nonfinite == 0
+    assert v.budget > 0 and v.ratio < 1
+
+
+def test_budget_follows_the_rule():
+    c = case("EXTEND", ((4, 5),))
+    ex, na = refs(c)
+    v = compare(c, ex.out, ex.out, na.out)
+    expected = 2 * float((na.out.double() - ex.out).abs().max()) + noise(ex.out, "bfloat16")
+    assert v.budget == pytest.approx(expected)
+    capped = case("EXTEND", ((4, 5),), soft_cap=5.0)
+    ex2, na2 = refs(capped)
+    v2 = compare(capped, ex2.out, ex2.out, na2.out)
+    expected2 = 3 * float((na2.out.double() - ex2.out).abs().max()) + noise(ex2.out, "bfloat16")
+    assert v2.budget == pytest.approx(expected2)
+
+
+def test_noise_is_twice_one_rounding():
+    x = torch.tensor([1.0], dtype=torch.float64)
+    # bf16 near 1.3: spacing 2**-7; (1+0.3)-0.3 loses at most one rounding
+    assert 0 < noise(x, "bfloat16") <= 2 * 2**-7
+    assert noise(x, "float32") < 1e-6
+
+
+def test_worst_location_and_fraction_over_budget():
+    c = case("EXTEND", ((4, 5), (0, 3)), num_q_heads=4, num_kv_heads=2, head_dim=16)
+    ex, na = refs(c)
+    out = ex.out.clone()
+    out[5 + 2, 3, 7] += 1.0  # request 1, token 2, head 3
+    v = compare(c, out, ex.out, na.out)
+    assert not v.passed
+    assert v.worst == (1, 2, 3)
+    assert v.frac_over == pytest.approx(1 / out.numel())
+    assert "request 1, token 2 (position 2), head 3" in v.reason
+
+
+def test_nan_fails_and_says_poison_was_read():
+    c = case("EXTEND", ((4, 5),))
+    ex, na = refs(c)
+    out = ex.out.clone()
+    out[3, 1, 0] = float("nan")
+    v = compare(c, out, ex.out, na.out)
+    assert not v.passed and v.nonfinite == 1 and v.worst == (0, 3, 1)
+    assert "poisoned (unowned) pool memory was read" in v.reason
+
+
+def test_shape_mismatch_fails():
+    c = case("EXTEND", ((4, 5),))
+    ex, na = refs(c)
+    v = compare(c, ex.out[:-1], ex.out, na.out)
+    assert not v.passed and "shape" in v.reason
+
+
+def test_base2_lse_fails_where_natural_log_passes():
+    c = case("EXTEND", ((4, 5),))
+    ex, na = refs(c)
+    good = compare(c, ex.out, ex.out, na.out, ex.lse.float(), ex.lse, na.lse)
+    assert good.passed and good.lse_err is not None
+    base2 = ex.lse / torch.log(torch.tensor(2.0, dtype=torch.float64))
+    bad = compare(c, ex.out, ex.out, na.out, base2.float(), ex.lse, na.lse)
+    assert not bad.passed and "LSE err" in bad.reason
+
+
+def test_locate():
+    assert locate(0, [0, 3, 5], 2, 4) == (0, 0, 0)
+    assert locate(3 * 8 + 5, [0, 3, 5], 2, 4) == (1, 0, 1)

@@ -1,0 +1,78 @@
+"""references/masks.py against hand-computed tables."""
+
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from references.masks import hf_window_left, request_mask
+
+
+def rows(mask):
+    return ["".join("x" if v else "." for v in row) for row in mask.dense().tolist()]
+
+
+def test_causal_with_prefix():
+    # P=2, E=3: queries at positions 2, 3, 4 over keys 0..4
+    assert rows(request_mask("EXTEND", 2, 3, -1)) == ["xxx..", "xxxx.", "xxxxx"]
+
+
+def test_window_keeps_w_plus_one_keys():
+    # W=1: itself and one before
+    assert rows(request_mask("EXTEND", 2, 3, 1)) == [".xx..", "..xx.", "...xx"]
+    assert rows(request_mask("EXTEND", 0, 4, 1)) == ["x...", "xx..", ".xx.", "..xx"]
+    assert rows(request_mask("EXTEND", 0, 4, 0)) == ["x...", ".x..", "..x.", "...x"]
+
+
+def test_window_binding_on_the_prefix_only():
+    # P=6, E=2, W=2: query at 6 sees 4..6, query at 7 sees 5..7
+    assert rows(request_mask("EXTEND", 6, 2, 2)) == ["....xxx.", ".....xxx"]
+
+
+def test_decode_is_one_query_at_the_end():
+    assert rows(request_mask("DECODE", 4, 1, 2)) == ["..xxx"]
+
+
+def test_tree_verify_by_ancestry_and_depth():
+    # P=2, tree: 0 root; 1,2 children of 0; 3 child of 1. depths 0,1,1,2 -> positions 2,3,3,4
+    tree = (-1, 0, 0, 1)
+    m = request_mask("TARGET_VERIFY", 2, 4, -1, tree=tree)
+    assert m.query_pos.tolist() == [2, 3, 3, 4]
+    assert rows(m) == ["xxx...", "xxxx..", "xxx.x.", "xxxx.x"]
+    # W=1 by depth: node 3 (position 4) keeps positions 3..4: its parent (node 1) and itself only
+    m = request_mask("TARGET_VERIFY", 2, 4, 1, tree=tree)
+    assert rows(m) == [".xx...", "..xx..", "..x.x.", "...x.x"]
+
+
+def test_tree_window_uses_depth_not_flattened_index():
+    # A wide tree: 5 children of the root. Flattened index 5 sits at depth 1 (position P+1).
+    tree = (-1, 0, 0, 0, 0, 0)
+    m = request_mask("TARGET_VERIFY", 3, 6, 1, tree=tree)
+    # node 5 at position 4 keeps positions 3..4 = the root (key 3) and itself (key 8)
+    assert rows(m)[5] == "...x....x"
+
+
+def test_cross_sees_every_encoder_key():
+    m = request_mask("CROSS", 4, 2, -1, encoder_len=3)
+    assert rows(m) == ["xxx", "xxx"]
+
+
+def test_hf_sliding_window_admits_s_keys():
+    assert hf_window_left(4) == 3
+    assert hf_window_left(None) == -1
+
+
+@given(
+    p=st.integers(0, 60),
+    e=st.integers(1, 40),
+    w=st.integers(-1, 30),
+    q0=st.integers(0, 39),
+    n=st.integers(1, 40),
+)
+def test_key_range_contains_every_visible_key(p, e, w, q0, n):
+    m = request_mask("EXTEND", p, e, w)
+    q0 = min(q0, e - 1)
+    q1 = min(e, q0 + n)
+    lo, hi = m.key_range(q0, q1)
+    vis = m.block(q0, q1, 0, m.num_keys)
+    cols = torch.nonzero(vis.any(0)).flatten()
+    assert cols.numel() > 0 and int(cols.min()) >= lo and int(cols.max()) < hi

@@ -1,0 +1,81 @@
+"""Each mode's engine metadata, exactly as DESIGN.md defines it."""
+
+import torch
+
+from harness import modes
+from harness.modes import Mode
+from tests.helpers import batch_of, case
+
+
+def test_extend_metadata():
+    b = batch_of(case("EXTEND", ((5, 3), (0, 2))))
+    assert b.seq_lens.tolist() == [8, 2]
+    assert b.prefix_lens.tolist() == [5, 0]
+    assert b.extend_lens.tolist() == [3, 2]
+    assert b.qo_indptr.tolist() == [0, 3, 5]
+    assert b.positions.tolist() == [5, 6, 7, 0, 1]
+    assert b.out_cache_loc.tolist() == b.req_to_token[0, 5:8].tolist() + b.req_to_token[1, 0:2].tolist()
+
+
+def test_decode_seq_lens_include_the_new_token():
+    b = batch_of(case("DECODE", ((9, 1), (0, 1))))
+    assert b.seq_lens.tolist() == [10, 1]
+    assert b.positions.tolist() == [9, 0]
+
+
+def test_draft_extend_v2_seq_lens_are_bumped_to_prefix_plus_num_draft():
+    """Pinned: a test fixture once used seq_lens = P here, and a 'fix' based on it was reverted."""
+    b = batch_of(case("DRAFT_EXTEND_V2", ((7, 4), (2, 4))))
+    assert b.num_draft == 4
+    assert b.seq_lens_before_bump.tolist() == [7, 2]
+    assert b.seq_lens.tolist() == [11, 6]
+    extents = [modes.kv_extent(Mode.DRAFT_EXTEND_V2, s, 4, 0) for s in b.seq_lens.tolist()]
+    assert extents == [11, 6]
+    assert b.positions.tolist() == [7, 8, 9, 10, 2, 3, 4, 5]
+
+
+def test_target_verify_seq_lens_exclude_drafts_and_positions_follow_depth():
+    b = batch_of(case("TARGET_VERIFY", ((6, 4, 0, (-1, 0, 0, 1)),)))
+    assert b.seq_lens.tolist() == [6]
+    assert modes.kv_extent(Mode.TARGET_VERIFY, 6, 4, 0) == 10
+    assert b.positions.tolist() == [6, 7, 7, 8]
+    assert b.tree_mask[0].tolist() == [
+        [True, False, False, False],
+        [True, True, False, False],
+        [True, False, True, False],
+        [True, True, False, True],
+    ]
+
+
+def test_cross_reads_encoder_keys_that_lead_the_row():
+    b = batch_of(case("CROSS", ((3, 1, 5), (0, 2, 4))))
+    assert b.encoder_lens.tolist() == [5, 4]
+    assert b.seq_lens.tolist() == [4, 2]
+    assert modes.kv_extent(Mode.CROSS, 4, 0, 5) == 5
+    # encoder K sits in the first encoder_len slots of the row, decoder slots follow
+    k, _ = b.pool.read(b.req_to_token[0, :5])
+    assert torch.equal(k, b.inputs.k[0])
+    k_dec, _ = b.pool.read(b.req_to_token[0, 5:9])
+    assert torch.isnan(k_dec.float()).all()
+
+
+def test_new_tokens_are_not_in_the_pool_until_the_adapter_writes_them():
+    b = batch_of(case("EXTEND", ((5, 3),)))
+    k_new, _ = b.pool.read(b.out_cache_loc)
+    assert torch.isnan(k_new.float()).all()
+    k_pre, _ = b.pool.read(b.req_to_token[0, :5])
+    assert torch.equal(k_pre, b.inputs.k[0][:5])
+    assert torch.equal(b.k_new, b.inputs.k[0][5:])
+
+
+def test_family_of():
+    assert modes.family_of(Mode.EXTEND, [0, 0]) == "prefill"
+    assert modes.family_of(Mode.EXTEND, [0, 3]) == "prefix"
+    assert modes.family_of(Mode.TARGET_VERIFY, [3]) == "verify"
+    assert modes.family_of(Mode.CROSS, [0]) == "cross"
+
+
+def test_tree_depths_and_ancestry():
+    assert modes.tree_depths((-1, 0, 1, 1, -1)) == [0, 1, 2, 2, 0]
+    anc = modes.tree_ancestry((-1, 0, 1, 1))
+    assert anc[3] == [True, True, False, True]

@@ -1,0 +1,183 @@
+"""The reference against a naive float64 loop, its chunking, and its memory bound."""
+
+import math
+import subprocess
+import sys
+
+import pytest
+import torch
+from hypothesis import given, settings
+
+from harness.backends import load
+from harness.batch import make_inputs
+from harness.profiles import SIZES
+from harness.strategies import cases
+from references import torch_ref
+from references.torch_ref import reference
+from tests.helpers import case
+
+
+def naive(c, inputs):
+    """One query, one head, one key at a time, straight from DESIGN.md's conventions."""
+    outs, lses = [], []
+    g = c.num_q_heads // c.num_kv_heads
+    for r, req in enumerate(c.requests):
+        q, k, v = (t.double() for t in (inputs.q[r], inputs.k[r], inputs.v[r]))
+        p = req.prefix_len
+        if c.mode == "TARGET_VERIFY":
+            depth = []
+            for par in req.tree:
+                depth.append(0 if par < 0 else depth[par] + 1)
+            qpos = [p + d for d in depth]
+            kpos = list(range(p)) + qpos
+        elif c.mode == "CROSS":
+            qpos, kpos = list(range(p, p + req.extend_len)), list(range(req.encoder_len))
+        else:
+            qpos, kpos = list(range(p, p + req.extend_len)), list(range(p + req.extend_len))
+        o = torch.zeros(req.extend_len, c.num_q_heads, c.head_dim, dtype=torch.float64)
+        lse = torch.full((req.extend_len, c.num_q_heads), -math.inf, dtype=torch.float64)
+        for j in range(req.extend_len):
+            for h in range(c.num_q_heads):
+                scores, vals = [], []
+                for i in range(len(kpos)):
+                    if c.mode != "CROSS":
+                        if kpos[i] > qpos[j]:
+                            continue
+                        if c.window_left >= 0 and kpos[i] < qpos[j] - c.window_left:
+                            continue
+                        if c.mode == "TARGET_VERIFY" and i >= p:
+                            a, d = j, i - p
+                            while a != d and a >= 0:
+                                a = req.tree[a]
+                            if a != d:
+                                continue
+                    s = float(q[j, h] @ k[i, h // g]) * c.scale
+                    if c.soft_cap > 0:
+                        s = c.soft_cap * math.tanh(s / c.soft_cap)
+                    scores.append(s)
+                    vals.append(v[i, h // g])
+                if not scores:
+                    continue
+                top = max(scores)
+                if inputs.sinks is not None:
+                    top = max(top, float(inputs.sinks[h]))
+                w = [math.exp(s - top) for s in scores]
+                denom = sum(w) + (math.exp(float(inputs.sinks[h]) - top) if inputs.sinks is not None else 0)
+                o[j, h] = sum(wi * vi for wi, vi in zip(w, vals)) / denom
+                lse[j, h] = top + math.log(sum(w))
+        outs.append(o)
+        lses.append(lse)
+    return torch.cat(outs), torch.cat(lses)
+
+
+CAPS = load("torch_native").capabilities
+
+
+@pytest.mark.parametrize("family", ["decode", "prefill", "prefix", "draft_extend_v2", "verify", "cross"])
+def test_reference_matches_the_naive_loop(family):
+    tiny = SIZES["ci"].__class__(
+        **{
+            **SIZES["ci"].__dict__,
+            "max_prefix": 24,
+            "max_extend": 8,
+            "max_encoder": 10,
+            "max_batch": 2,
+            "max_window": 6,
+        }
+    )
+
+    @settings(max_examples=8, derandomize=True, database=None, deadline=None)
+    @given(cases(family, family != "cross", CAPS, tiny))
+    def check(c):
+        inputs = make_inputs(c)
+        ref = reference(c, inputs)
+        out, lse = naive(c, inputs)
+        assert torch.allclose(ref.out, out, atol=1e-10, rtol=0)
+        assert torch.allclose(ref.lse, lse, atol=1e-10, rtol=0)
+
+    check()
+
+
+def test_soft_cap_and_sinks_match_the_naive_loop():
+    c = case("EXTEND", ((5, 6), (0, 3)), window_left=3, soft_cap=4.0, sinks=True, q_amplitude=8.0)
+    inputs = make_inputs(c)
+    ref = reference(c, inputs)
+    out, lse = naive(c, inputs)
+    assert torch.allclose(ref.out, out, atol=1e-10, rtol=0)
+    assert torch.allclose(ref.lse, lse, atol=1e-10, rtol=0)
+
+
+def test_chunking_gives_the_same_answer(monkeypatch):
+    c = case("EXTEND", ((70, 45),), window_left=20, sinks=True)
+    inputs = make_inputs(c)
+    whole = reference(c, inputs)
+    monkeypatch.setattr(torch_ref, "block_sizes", lambda device: (7, 11))
+    chunked = reference(c, inputs)
+    assert torch.allclose(whole.out, chunked.out, atol=1e-12, rtol=0)
+    assert torch.allclose(whole.lse, chunked.lse, atol=1e-12, rtol=0)
+
+
+def test_blocks_stay_bounded_and_windowed_blocks_are_skipped(monkeypatch):
+    """No score block is larger than the block size, and a window limits the keys visited."""
+    from references import masks
+
+    seen = []
+    orig = masks.RequestMask.block
+
+    def spy(self, q0, q1, k0, k1):
+        seen.append((q1 - q0, k1 - k0, k0))
+        return orig(self, q0, q1, k0, k1)
+
+    monkeypatch.setattr(masks.RequestMask, "block", spy)
+    monkeypatch.setattr(torch_ref, "block_sizes", lambda device: (64, 128))
+    c = case("EXTEND", ((0, 2048),), window_left=100, num_q_heads=2, num_kv_heads=1)
+    reference(c, make_inputs(c))
+    assert max(q for q, _, _ in seen) <= 64 and max(k for _, k, _ in seen) <= 128
+    visited = sum(k for _, k, _ in seen)
+    assert visited < 2048 / 64 * (164 + 128)  # O(T * W), not O(T^2) = 32 * 2048
+
+
+def test_native_precision_is_close_but_not_exact():
+    c = case("EXTEND", ((30, 20),), dtype="bfloat16")
+    inputs = make_inputs(c)
+    exact, native = reference(c, inputs), reference(c, inputs, "native")
+    d = (exact.out - native.out.double()).abs().max()
+    assert 0 < d < 0.05
+
+
+def test_a_row_with_no_visible_key_is_zero_with_lse_minus_inf():
+    from references.masks import RequestMask
+
+    m = RequestMask(torch.tensor([0]), torch.tensor([1, 2]), -1, True, 2, None)
+    q = torch.randn(1, 2, 8)
+    kv = torch.randn(2, 1, 8)
+    out, lse = torch_ref._request(m, q, kv, kv, None, 0.3, 0.0, torch.float64, None, torch.device("cpu"))
+    assert (out == 0).all() and torch.isinf(lse).all() and (lse < 0).all()
+
+
+def test_unknown_precision_is_rejected():
+    c = case()
+    with pytest.raises(ValueError, match="precision='half'"):
+        reference(c, make_inputs(c), "half")
+
+
+MEMORY_PROBE = """
+import resource, sys, time, torch
+from harness.batch import make_inputs
+from tests.helpers import case
+from references.torch_ref import reference
+c = case("EXTEND", ((0, 32768),), window_left=1023, num_q_heads=4, num_kv_heads=1, head_dim=64)
+inputs = make_inputs(c)
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+t = time.perf_counter()
+reference(c, inputs)
+after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+print((after - before) / 1024, time.perf_counter() - t)
+"""
+
+
+def test_a_32k_request_never_materialises_its_score_matrix():
+    """32k queries x 32k keys in float64 would be 32 GiB for 4 heads; the reference stays small."""
+    res = subprocess.run([sys.executable, "-c", MEMORY_PROBE], capture_output=True, text=True, check=True)
+    extra_mib, seconds = map(float, res.stdout.split())
+    assert extra_mib < 512, f"peak grew by {extra_mib:.0f} MiB"
