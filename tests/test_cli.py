@@ -23,7 +23,7 @@ def test_repro_passes_from_a_literal_and_a_file(tmp_path, capsys):
 
 
 def test_repro_of_a_mutant_spec_fails(capsys):
-    spec = "harness.mutants:_WindowShort"
+    spec = "harness.mutants.torch_native:_WindowShort"
     assert main(["repro", GOOD, "--backend", spec]) == 1
     assert "FAIL" in capsys.readouterr().out
 

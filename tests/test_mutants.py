@@ -3,9 +3,9 @@
 import pytest
 
 from harness import profiles
-from harness.mutants import CATALOGUE, hunt
+from harness.mutants import catalogue, hunt
 
-CPU = [(m, f) for m in CATALOGUE if m.device == "cpu" for f in m.families]
+CPU = [(m, f) for m in catalogue() if m.device == "cpu" for f in m.families]
 
 
 @pytest.mark.parametrize("mutant,family", CPU, ids=[f"{m.name.split('~')[1]}@{f}" for m, f in CPU])

@@ -1,23 +1,25 @@
 """The backend registry: built-in adapters, entry-point plugins, and `module:factory` specs.
 
-External backends plug in through the entry-point group `attn_harness.backends` (name -> factory)
-or on the command line as `--backend package.module:factory`; a factory returns a Backend.
+Built-in: every module in this package (but base) exports `BACKENDS`, a dict of name -> factory.
+Importing such a module must not import its kernel library (that happens lazily, so a missing
+library is a reason from `available`, not an ImportError). External backends plug in through the
+entry-point group `attn_harness.backends` (name -> factory) or on the command line as
+`--backend package.module:factory`; a factory returns a Backend.
 """
 
 from __future__ import annotations
 
 import importlib
+import pkgutil
+from collections.abc import Callable
+from functools import cache
 from importlib.metadata import entry_points
 
 from harness.backends.base import Backend, BackendOutput, Capabilities
 
 __all__ = ["Backend", "BackendOutput", "Capabilities", "BackendError", "load", "names", "all_backends"]
 
-# name -> "module:attribute". Importing a module must not import its kernel library (that happens
-# lazily, so a missing library is a reason from `available`, not an ImportError here).
-BUILTIN: dict[str, str] = {
-    "torch_native": "harness.backends.torch_native:TorchNative",
-}
+FIRST = "torch_native"  # listed first: the backend every machine has
 
 ENTRY_POINT_GROUP = "attn_harness.backends"
 
@@ -26,13 +28,29 @@ class BackendError(LookupError):
     """An unknown or broken backend name; the message lists what is known."""
 
 
+@cache
+def builtin() -> dict[str, Callable[[], Backend]]:
+    """name -> factory, from every adapter module of this package."""
+    found: dict[str, Callable[[], Backend]] = {}
+    for info in pkgutil.iter_modules(__path__):
+        if info.name == "base":
+            continue
+        module = importlib.import_module(f"{__name__}.{info.name}")
+        for name, factory in getattr(module, "BACKENDS", {}).items():
+            if name in found:
+                raise BackendError(f"backend name {name!r} is declared twice ({info.name})")
+            found[name] = factory
+    return dict(sorted(found.items(), key=lambda kv: (kv[0] != FIRST, kv[0])))
+
+
 def _plugins() -> dict[str, object]:
     return {ep.name: ep for ep in entry_points(group=ENTRY_POINT_GROUP)}
 
 
 def names() -> list[str]:
     """Built-in backend names, then plugin names."""
-    return list(BUILTIN) + sorted(n for n in _plugins() if n not in BUILTIN)
+    known = builtin()
+    return list(known) + sorted(n for n in _plugins() if n not in known)
 
 
 def _from_spec(spec: str) -> Backend:
@@ -49,8 +67,9 @@ def _from_spec(spec: str) -> Backend:
 
 def load(name: str) -> Backend:
     """A backend by registry name, plugin name, or `module:factory`."""
-    if name in BUILTIN:
-        return _from_spec(BUILTIN[name])
+    known = builtin()
+    if name in known:
+        return known[name]()
     plugins = _plugins()
     if name in plugins:
         return _from_spec(plugins[name].value)

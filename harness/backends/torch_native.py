@@ -147,3 +147,6 @@ class TorchNative(Backend):
             k, v = batch.pool.read(self.layer_slots(batch, self.kv_slots(batch, r, lo, n)))
             outs.append(self.attend(batch.q[q0:q1], k, v, self.build_mask(batch, r, lo, n), batch))
         return BackendOutput(out=torch.cat(outs))
+
+
+BACKENDS = {"torch_native": TorchNative}

@@ -1,0 +1,64 @@
+"""The batch-invariance check passes on a batch-invariant backend and fails on one that is not."""
+
+import pytest
+
+from harness.backends.base import BackendOutput
+from harness.backends.torch_native import TorchNative
+from harness.checks.invariance import check_invariance, compositions
+from tests.helpers import case
+
+
+class _BatchSizeLeaks(TorchNative):
+    """Adds a rounding-level term that depends on the batch size (as a split-KV choice would)."""
+
+    def run(self, batch):
+        out = super().run(batch).out
+        return BackendOutput(out=out + out.abs().mul(2**-5) * (batch.batch_size > 4))
+
+
+DET = dict(deterministic=True, window_left=20)
+
+
+@pytest.mark.parametrize(
+    "mode,reqs",
+    [
+        ("EXTEND", ((30, 9), (3, 4))),
+        ("DECODE", ((300, 1), (5, 1))),
+        ("TARGET_VERIFY", ((40, 4, 0, (-1, 0, 0, 1)),)),
+        ("DRAFT_EXTEND_V2", ((12, 3), (0, 3))),
+    ],
+)
+def test_torch_native_is_batch_invariant(mode, reqs):
+    res = check_invariance(TorchNative(), case(mode, reqs, **DET), long_kv=300)
+    assert res.passed, res.reason
+    assert res.compositions == len(compositions(case(mode, reqs, **DET), long_kv=300))
+
+
+def test_cross_is_batch_invariant():
+    res = check_invariance(TorchNative(), case("CROSS", ((0, 5, 9),), deterministic=True), long_kv=200)
+    assert res.passed, res.reason
+
+
+def test_a_batch_dependent_backend_is_caught():
+    res = check_invariance(_BatchSizeLeaks(), case("EXTEND", ((30, 9),), **DET), long_kv=300)
+    assert not res.passed
+    assert res.failing == "between very different lengths" and res.max_diff > 0
+    assert "request 0's output changed in 'between very different lengths' (batch of 5" in res.reason
+
+
+def test_compositions_cover_alone_permuted_long_neighbours_and_1_to_64():
+    comps = compositions(case("EXTEND", ((30, 9), (2, 2)), **DET), long_kv=5000)
+    names = [n for n, _, _ in comps]
+    assert names[0] == "alone" and "permuted" in names and "as given, again" in names
+    long_batch = dict((n, r) for n, r, _ in comps)["between very different lengths"]
+    assert len(long_batch) == 5
+    sizes = {len(r) for n, r, _ in comps if n.startswith("batch of")}
+    assert sizes == {1, 2, 3, 8, 16, 32, 64}
+    assert max(r.prefix_len for _, reqs, _ in comps for r in reqs) > 4096
+    for _, reqs, at in comps:
+        assert reqs[at] == case("EXTEND", ((30, 9),)).requests[0]
+
+
+def test_only_promised_in_deterministic_mode():
+    with pytest.raises(ValueError, match="deterministic=true"):
+        check_invariance(TorchNative(), case("EXTEND", ((3, 4),)))
