@@ -13,7 +13,7 @@ else
 SETUP :=
 endif
 
-.PHONY: check test lint clean
+.PHONY: check test lint clean mutants
 
 .venv/.installed: pyproject.toml
 	python3 -m venv .venv
@@ -30,6 +30,11 @@ check: $(SETUP)
 test: $(SETUP)
 	@$(PYTHON) -m pytest -q tests cases $(ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests (exit 5)"; fi; exit $$rc
+
+# The mutation catalogue: hunt every mutant with the suite's strategies (CPU here, CUDA too on a GPU);
+# fails if one survives. Narrow it with ARGS, e.g. ARGS="--backend torch_split --json m.json".
+mutants: $(SETUP)
+	$(PYTHON) -m harness mutants $(ARGS)
 
 lint: $(SETUP)
 	$(PYTHON) -m ruff check .

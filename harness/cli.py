@@ -1,7 +1,8 @@
-"""python -m harness {list, check, repro}: the command line.
+"""python -m harness {list, check, repro, report}: the command line.
 
-Bad input (unknown backend, malformed JSON, an invalid Case) exits 2 with one line naming the
-problem; a failing check exits 1.
+Bad input (unknown backend, malformed JSON, an invalid Case or results file) exits 2 with one line
+naming the problem; a failing check or repro exits 1. Each subcommand is a pair of functions,
+`add_<name>` (its arguments) and `cmd_<name>` (what it does), registered in COMMANDS.
 """
 
 from __future__ import annotations
@@ -9,10 +10,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import NamedTuple
 
 ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_REPORTS = ROOT / "reports"
 
 
 class UsageError(Exception):
@@ -52,11 +57,17 @@ def load_backend(name: str):  # noqa: ANN201 - returns a Backend
         raise UsageError(str(e)) from None
 
 
+# --- list -------------------------------------------------------------------------------------
+
+
+def add_list(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--backend", action="append", help="describe this backend or module:factory spec")
+
+
 def cmd_list(args: argparse.Namespace) -> int:
     from harness import backends
 
-    names = backends.names()
-    for name in names:
+    for name in args.backend or backends.names():
         b = load_backend(name)
         c = b.capabilities
         feats = [
@@ -66,8 +77,9 @@ def cmd_list(args: argparse.Namespace) -> int:
         ]
         print(f"{name}  ({b.library})")
         print(f"  modes: {', '.join(sorted(str(m) for m in c.modes))}")
+        dims = ", ".join(map(str, sorted(c.head_dims))) if c.head_dims else "any multiple of 8"
         print(
-            f"  dtypes: {', '.join(sorted(c.dtypes))}; page sizes: "
+            f"  dtypes: {', '.join(sorted(c.dtypes))}; head dims: {dims}; page sizes: "
             f"{', '.join(map(str, sorted(c.page_sizes)))}; kv layouts: {', '.join(sorted(c.kv_layouts))}"
         )
         print(f"  features: {', '.join(feats) or '-'}")
@@ -79,83 +91,267 @@ def cmd_list(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_check(args: argparse.Namespace) -> int:
-    import pytest
+# --- check ------------------------------------------------------------------------------------
 
-    from harness import profiles
-    from harness.modes import FAMILIES
+
+def add_check(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--backend", action="append", help="only this backend: a name or module:factory (repeatable)"
+    )
+    p.add_argument(
+        "--family",
+        action="append",
+        help="only this family: decode, prefill, prefix, draft_extend_v2, verify, cross (repeatable)",
+    )
+    p.add_argument(
+        "--mode",
+        action="append",
+        help="only this forward mode, e.g. EXTEND (= prefill + prefix) (repeatable)",
+    )
+    p.add_argument("-k", help="a pytest -k expression, e.g. swa")
+    p.add_argument("-m", "--marker", help="a pytest marker expression, e.g. 'swa and not gpu'")
+    p.add_argument("--device", choices=("cpu", "cuda"), help="only backends on this device")
+    p.add_argument("--profile", help="hypothesis profile: ci, dev, gpu, thorough")
+    p.add_argument(
+        "--reports",
+        default=str(DEFAULT_REPORTS),
+        help="write the report to REPORTS/<run-id>/ and point REPORTS/latest at it (default: reports/)",
+    )
+    p.add_argument("--results", help="also write results.json here")
+    p.add_argument("--no-progress", action="store_true", help="no progress line")
+    p.add_argument("--no-probe", action="store_true", help="do not rerun failures through the mask probe")
+
+
+def _families(args: argparse.Namespace) -> list[str]:
+    from harness.modes import FAMILIES, FAMILY_MODE
+
+    bad = [f for f in args.family or [] if f not in FAMILIES]
+    if bad:
+        raise UsageError(f"unknown family {bad[0]!r}; known: {', '.join(FAMILIES)}")
+    out = list(args.family or [])
+    modes = sorted({str(m) for m in FAMILY_MODE.values()})
+    for mode in args.mode or []:
+        if mode.upper() not in modes:
+            raise UsageError(f"unknown mode {mode!r}; known: {', '.join(modes)}")
+        out += [f for f, m in FAMILY_MODE.items() if str(m) == mode.upper() and f not in out]
+    return out
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    from harness import profiles, report
+    from harness.suite import BACKENDS_ENV
 
     profile = args.profile or ("gpu" if _default_device() == "cuda" else "ci")
     if profile not in profiles.SIZES:
         raise UsageError(f"unknown profile {profile!r}; known: {', '.join(profiles.SIZES)}")
     for name in args.backend or []:
         load_backend(name)
-    os.environ["ATTN_HARNESS_PROFILE"] = profile
     marks = []  # markers are exact names ("-k extend" would also match draft_extend_v2)
-    if args.backend:
-        marks.append("(" + " or ".join(args.backend) + ")")
-    if args.family:
-        bad = [f for f in args.family if f not in FAMILIES]
-        if bad:
-            raise UsageError(f"unknown family {bad[0]!r}; known: {', '.join(FAMILIES)}")
-        marks.append("(" + " or ".join(args.family) + ")")
+    families = _families(args)
+    if families:
+        marks.append("(" + " or ".join(families) + ")")
     if args.device:
         marks.append("gpu" if args.device == "cuda" else "not gpu")
-    cmd = [str(ROOT / "cases"), "-q", "-p", "no:cacheprovider", f"--rootdir={ROOT}"]
+    if args.marker:
+        marks.append(f"({args.marker})")
+    root = Path(args.reports).resolve()
+    try:
+        run_dir = report.new_run_dir(root, report.new_run_id())
+    except OSError as e:
+        raise UsageError(f"cannot create a report directory under {args.reports}: {e}") from None
+    cmd = [sys.executable, "-m", "pytest", str(ROOT / "cases"), "-q", "-p", "no:cacheprovider"]
+    cmd += [f"--rootdir={ROOT}", "--harness-report", str(run_dir), "--harness-run-id", run_dir.name]
     if marks:
         cmd += ["-m", " and ".join(marks)]
     if args.k:
         cmd += ["-k", args.k]
     if args.results:
-        cmd += ["--harness-results", args.results]
-    print(f"attn-harness check: profile {profile}; pytest {' '.join(cmd[1:])}", flush=True)
-    code = pytest.main(cmd)
+        cmd += ["--harness-results", str(Path(args.results).resolve())]
+    if not args.no_progress:
+        cmd.append("--harness-progress")
+    if args.no_probe:
+        cmd.append("--harness-no-probe")
+    env = {k: v for k, v in os.environ.items() if k != BACKENDS_ENV}
+    env["ATTN_HARNESS_PROFILE"] = profile
+    if args.backend:
+        env[BACKENDS_ENV] = ",".join(args.backend)
+    print(f"attn-harness check: profile {profile}; {' '.join(cmd[1:])}", flush=True)
+    code = subprocess.run(cmd, cwd=ROOT, env=env).returncode
+    if (run_dir / report.INDEX).is_file():
+        report.point_latest(root, run_dir)
+        print(f"report: {run_dir / report.INDEX}  (also {root / report.LATEST})")
     if code == 5:
         print("no tests matched the filters", file=sys.stderr)
         return 2
     return int(code)
 
 
+# --- repro ------------------------------------------------------------------------------------
+
+
+def add_repro(p: argparse.ArgumentParser) -> None:
+    p.add_argument("case", help="a Case as a JSON file or a JSON literal")
+    p.add_argument("--backend", default="torch_native", help="a backend name or module:factory")
+    p.add_argument("--device", choices=("cpu", "cuda"))
+    p.add_argument("--json", action="store_true", help="also print the full result as JSON")
+    p.add_argument("--probe", action="store_true", help="also run the mask probe and print its picture")
+    p.add_argument("--sanitize", action="store_true", help="rerun it under compute-sanitizer memcheck (CUDA)")
+
+
+def cmd_repro_sanitized(args: argparse.Namespace) -> int:
+    """The repro under compute-sanitizer memcheck; exit 2 saying so where the tool is not installed."""
+    from harness import sanitizer
+
+    read_case(args.case)
+    load_backend(args.backend)
+    if args.device == "cpu":
+        raise UsageError("--sanitize checks CUDA memory accesses: use it with --device cuda")
+    if sanitizer.find() is None:
+        raise UsageError(sanitizer.not_installed())
+    code = sanitizer.run(args.case, args.backend)
+    print(f"compute-sanitizer memcheck: exit {code}" + (" (memory errors found)" if code == 86 else ""))
+    return code
+
+
 def cmd_repro(args: argparse.Namespace) -> int:
     from harness.checks.numeric import check_case
+    from harness.checks.probe import THRESHOLD_RULE, picture_text, probe
 
+    if args.sanitize:
+        return cmd_repro_sanitized(args)
     case = read_case(args.case)
     backend = load_backend(args.backend)
     device = args.device or _default_device()
     res = check_case(backend, case, device)
     print(f"{backend.name} on {device}: {res.status.upper()}: {res.reason}")
+    if args.probe:
+        pr = probe(backend, case, device)
+        res.probe = pr.to_dict()
+        print("mask probe: " + (pr.error or f"{pr.runs} backend runs; {THRESHOLD_RULE}"))
+        for line in pr.lines:
+            print(f"  {line}")
+        if pr.requests:
+            print(picture_text(pr))
     if args.json:
         print(json.dumps(res.to_dict(), indent=1))
     return 0 if res.status in ("pass", "skip") else 1
 
 
+# --- mutants ----------------------------------------------------------------------------------
+
+
+def add_mutants(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--mutant", action="append", help="only mutants whose name contains this (repeatable)")
+    p.add_argument("--backend", action="append", help="only mutants of this backend (repeatable)")
+    p.add_argument("--family", action="append", help="only hunt in this family (repeatable)")
+    p.add_argument("--first-family", action="store_true", help="hunt each mutant in its first family only")
+    p.add_argument(
+        "--device", action="append", choices=("cpu", "cuda"), help="default: cpu, and cuda where available"
+    )
+    p.add_argument("--exact-pool", action="store_true", help="add exact-size SWA pool variants (crashes)")
+    p.add_argument("--max-examples", type=int, default=200, help="examples per hunt (default 200)")
+    p.add_argument("--shrink-runs", type=int, help="at most this many new cases while shrinking")
+    p.add_argument(
+        "--invariance-shrink-runs", type=int, help="the same for the determinism mutants (default: as above)"
+    )
+    p.add_argument("--profile", help="case sizes: default ci on the CPU, gpu on CUDA")
+    p.add_argument("--isolate", action="store_true", help="run CPU cases in worker processes too")
+    p.add_argument("--timeout", type=float, help="seconds per case in a worker (default 120)")
+    p.add_argument("--json", help="write the rows (with each shrunk case) to this file")
+    p.add_argument("--list", action="store_true", help="list the selected mutants and exit")
+
+
+def cmd_mutants(args: argparse.Namespace) -> int:
+    import time
+
+    from harness import isolation, mutation, profiles
+    from harness.report.environment import collect
+
+    if args.profile and args.profile not in profiles.SIZES:
+        raise UsageError(f"unknown profile {args.profile!r}; known: {', '.join(profiles.SIZES)}")
+    every = mutation.every_mutant(args.exact_pool)
+    pairs = mutation.select(every, args.mutant, args.backend, args.family, args.first_family)
+    if not pairs:
+        raise UsageError("no mutant matches the filters (see --list)")
+    if args.list:
+        for m in {m.name: m for m, _ in pairs}.values():
+            print(f"{m.name:44} {m.check:10} {m.method:24} {', '.join(m.families)}\n    {m.bug}")
+        return 0
+    if args.isolate:
+        os.environ[isolation.ISOLATE_ENV] = "1"
+    if args.timeout:
+        os.environ[isolation.TIMEOUT_ENV] = str(args.timeout)
+    devices = args.device or (["cpu", "cuda"] if _default_device() == "cuda" else ["cpu"])
+
+    meta = {"time": time.strftime("%Y-%m-%dT%H:%M:%S"), **collect()}
+    done: list = []
+
+    def progress(row) -> None:  # noqa: ANN001 - a mutation.Row
+        where = f"{row.device}/{row.family}"
+        print(f"  {row.outcome:8} {row.mutant} on {where} ({row.hunt_seconds:.1f}s)", flush=True)
+        done.append(row)
+        if args.json:  # rewritten after every hunt: a run stopped early keeps what it found
+            mutation.write_json(args.json, done, meta)
+
+    print(f"attn-harness mutants: {len(pairs)} hunts on {', '.join(devices)}", flush=True)
+    shrink = (args.shrink_runs, args.invariance_shrink_runs)
+    rows = mutation.run(pairs, devices, args.max_examples, shrink[0], args.profile, progress, shrink[1])
+    print(mutation.table(rows))
+    if args.json:
+        print(f"json: {args.json}")
+    return 0 if mutation.passed(rows) else 1
+
+
+# --- report -----------------------------------------------------------------------------------
+
+
+def add_report(p: argparse.ArgumentParser) -> None:
+    p.add_argument("results", help="a results.json written by `check`")
+    p.add_argument("--out", help="directory for index.html and junit.xml (default: next to results.json)")
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from harness.report import render_views, results_json
+
+    try:
+        data = results_json.load(args.results)
+    except results_json.ResultsError as e:
+        raise UsageError(f"{args.results}: {e}") from None
+    page = render_views(data, args.out or Path(args.results).parent)
+    print(f"report: {page}")
+    return 0
+
+
+# --- dispatch ---------------------------------------------------------------------------------
+
+
+class Command(NamedTuple):
+    help: str
+    add: Callable[[argparse.ArgumentParser], None]
+    run: Callable[[argparse.Namespace], int]
+
+
+COMMANDS: dict[str, Command] = {
+    "list": Command("backends, their capabilities, and availability here", add_list, cmd_list),
+    "check": Command("run the suite (cases/) and write a report", add_check, cmd_check),
+    "repro": Command("replay one case (a JSON file or a JSON literal)", add_repro, cmd_repro),
+    "report": Command("re-render index.html and junit.xml from a results.json", add_report, cmd_report),
+    "mutants": Command("hunt the mutation catalogue with the suite's strategies", add_mutants, cmd_mutants),
+}
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m harness", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True)
-    sub.add_parser("list", help="backends, their capabilities, and availability here")
-    c = sub.add_parser("check", help="run the suite (cases/) and print the summary")
-    c.add_argument("--backend", action="append", help="only this backend (repeatable)")
-    c.add_argument(
-        "--family",
-        action="append",
-        help="only this family: decode, prefill, prefix, draft_extend_v2, verify, cross",
-    )
-    c.add_argument("-k", help="a pytest -k expression, e.g. swa")
-    c.add_argument("--device", choices=("cpu", "cuda"), help="only backends on this device")
-    c.add_argument("--profile", help="hypothesis profile: ci, dev, gpu, thorough")
-    c.add_argument("--results", help="write results.json here")
-    r = sub.add_parser("repro", help="replay one case (a JSON file or a JSON literal)")
-    r.add_argument("case")
-    r.add_argument("--backend", default="torch_native")
-    r.add_argument("--device", choices=("cpu", "cuda"))
-    r.add_argument("--json", action="store_true", help="also print the full result as JSON")
+    for name, command in COMMANDS.items():
+        command.add(sub.add_parser(name, help=command.help))
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
-        return {"list": cmd_list, "check": cmd_check, "repro": cmd_repro}[args.command](args)
+        return COMMANDS[args.command].run(args)
     except UsageError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -1,33 +1,48 @@
-"""pytest plugin: records every checked case, prints the per-family summary, writes results.json.
+"""pytest plugin: records every checked case, prints the per-family summary, writes the reports.
 
-Registered by the root conftest.py. `--harness-results PATH` writes the records; the summary table
-is printed at the end of any run that checked cases. Examples hypothesis tried while shrinking a
-failure are dropped except the final (minimal) one, so a failure counts once.
+Registered by the root conftest.py. `--harness-results PATH` writes results.json; `--harness-report
+DIR` writes results.json, index.html and junit.xml into DIR (docs/reports.md); `--harness-progress`
+prints a progress line while the suite runs. The summary table is printed at the end of any run
+that checked cases. Examples hypothesis tried while shrinking a failure (or crash, or hang) are
+dropped except the final (minimal) one, so a failure counts once; a failing one is rerun through
+the mask probe.
 """
 
 from __future__ import annotations
 
-import platform
 import time
 
 import pytest
-import torch
 
 from harness import profiles
-from harness.results import CaseResult, summary_table, write_json
+from harness.checks.probe import ProbeResult, probe
+from harness.report import environment, results_json, write_run
+from harness.report.progress import Progress
+from harness.results import CaseResult, summary_table
 from harness.suite import Target
 
 _RESULTS_KEY = pytest.StashKey[list]()
 _ITEM_KEY = pytest.StashKey[list]()
+_PROGRESS_KEY = pytest.StashKey[Progress]()
+_STARTED_KEY = pytest.StashKey[tuple]()
+PROGRESS_EVERY_S = 5.0  # while a test runs; a line is also printed when a test ends (at most 1/s)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("attn-harness")
     group.addoption("--harness-results", default=None, help="write results.json here")
+    group.addoption("--harness-report", default=None, help="write results.json, index.html, junit.xml here")
+    group.addoption("--harness-run-id", default=None, help="the run id recorded in the report")
+    group.addoption("--harness-progress", action="store_true", help="print a progress line as cases run")
+    group.addoption(
+        "--harness-no-probe", action="store_true", help="do not rerun failures through the mask probe"
+    )
 
 
 def pytest_configure(config: pytest.Config) -> None:
     config.stash[_RESULTS_KEY] = []
+    config.stash[_PROGRESS_KEY] = Progress()
+    config.stash[_STARTED_KEY] = (time.time(), time.strftime("%Y-%m-%dT%H:%M:%S%z"))
     from harness import backends
 
     for line in (
@@ -51,7 +66,41 @@ def record(request: pytest.FixtureRequest):  # noqa: ANN201 - a callable fixture
     """Append a CaseResult of the running test to the session's records."""
     items: list[CaseResult] = []
     request.node.stash[_ITEM_KEY] = items
-    return items.append
+    config = request.config
+    progress = config.stash[_PROGRESS_KEY]
+
+    def record(result: CaseResult) -> None:
+        items.append(result)
+        progress.case(result.status, request.node.nodeid)
+        if config.getoption("--harness-progress") and progress.due(PROGRESS_EVERY_S):
+            _print_progress(config, progress)
+
+    return record
+
+
+def _print_progress(config: pytest.Config, progress: Progress) -> None:
+    """One progress line on the terminal, past pytest's output capture."""
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    capture = config.pluginmanager.get_plugin("capturemanager")
+    if reporter is None:
+        return
+    if capture is None:
+        reporter.write_line(progress.line())
+        return
+    with capture.global_and_fixture_disabled():
+        reporter.write_line(progress.line())
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    session.config.stash[_PROGRESS_KEY].total_tests = len(session.items)
+
+
+def probe_failure(result: CaseResult, target: Target) -> dict:
+    """The mask probe of a failing case (its error, not an exception, if the probe cannot run)."""
+    try:
+        return probe(target.backend(), result.case, target.device).to_dict()
+    except Exception as e:  # a probe that breaks must not hide the failure it was asked to explain
+        return ProbeResult(result.backend, target.device, 0, [], error=f"{type(e).__name__}: {e}").to_dict()
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -61,16 +110,23 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):  # noqa
     if report.when != "call" and not (report.when == "setup" and report.skipped):
         return
     items: list[CaseResult] = item.stash.get(_ITEM_KEY, [])
-    kept = [r for r in items if r.status != "fail"]
-    fails = [r for r in items if r.status == "fail"]
+    kept = [r for r in items if r.status in ("pass", "skip")]
+    fails = [r for r in items if r.status not in ("pass", "skip")]  # fail, crash, hang
+    t = item.callspec.params.get("target") if hasattr(item, "callspec") else None
     if report.failed and fails:
         kept.append(fails[-1])
+        probing = isinstance(t, Target) and not item.config.getoption("--harness-no-probe")
+        if probing and fails[-1].status == "fail":
+            fails[-1].probe = probe_failure(fails[-1], t)
     out = item.config.stash[_RESULTS_KEY]
     for r in kept:
         d = r.to_dict()
         d["test_id"] = item.nodeid
         out.append(d)
-    t = item.callspec.params.get("target") if hasattr(item, "callspec") else None
+    progress = item.config.stash[_PROGRESS_KEY]
+    progress.test_done(item.nodeid, report.failed)
+    if item.config.getoption("--harness-progress") and progress.due(1.0):
+        _print_progress(item.config, progress)
     if report.skipped and isinstance(t, Target) and not kept:
         reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
         out.append(
@@ -87,31 +143,41 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):  # noqa
                 "seconds": 0.0,
                 "test_id": item.nodeid,
                 "repro": None,
+                "error_map": None,
+                "probe": None,
             }
         )
 
 
-def run_meta() -> dict:
+def run_info(config: pytest.Config, exitstatus: int) -> dict:
+    """The `run` object of results.json."""
+    start, started = config.stash[_STARTED_KEY]
     return {
-        "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "id": config.getoption("--harness-run-id") or time.strftime("%Y%m%d-%H%M%S", time.localtime(start)),
+        "started": started,
+        "elapsed_s": round(time.time() - start, 3),
         "profile": profiles.current(),
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "cuda": torch.version.cuda,
-        "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+        "command": " ".join(["pytest", *config.invocation_params.args]),
+        "exit_status": int(exitstatus),
     }
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config) -> None:  # noqa: ANN001
     results = config.stash.get(_RESULTS_KEY, [])
-    if not results:
+    if config.getoption("--harness-progress"):
+        terminalreporter.write_line(config.stash[_PROGRESS_KEY].line())
+    if results:
+        terminalreporter.write_sep("=", "attn-harness summary (examples per backend and family)")
+        terminalreporter.write_line(summary_table(results))
+    path, report_dir = config.getoption("--harness-results"), config.getoption("--harness-report")
+    if not (path or report_dir):
         return
-    terminalreporter.write_sep("=", "attn-harness summary (examples per backend and family)")
-    terminalreporter.write_line(summary_table(results))
-    path = config.getoption("--harness-results")
+    data = results_json.build(results, run_info(config, exitstatus), environment.collect())
     if path:
-        write_json(path, results, run_meta())
+        results_json.dump(path, data)
         terminalreporter.write_line(f"results: {path}")
+    if report_dir:
+        terminalreporter.write_line(f"report: {write_run(report_dir, data)}")
 
 
 def session_results(config: pytest.Config) -> list[dict]:

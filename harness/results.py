@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import shlex
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -46,6 +45,8 @@ class CaseResult:
     seconds: float = 0.0
     test_id: str = ""
     extra: dict = field(default_factory=dict)
+    error_map: dict | None = None  # failures: harness.checks.errormap.error_map
+    probe: dict | None = None  # failures: harness.checks.probe.ProbeResult.to_dict()
 
     @property
     def family(self) -> str:
@@ -65,6 +66,8 @@ class CaseResult:
             "seconds": round(self.seconds, 6),
             "test_id": self.test_id,
             "repro": repro_command(self.case, self.backend, self.device),
+            "error_map": self.error_map,
+            "probe": self.probe,
             **({"extra": self.extra} if self.extra else {}),
         }
 
@@ -95,8 +98,3 @@ def summary_table(results: list[dict]) -> str:
             f"{row['crash']:>5} {row['hang']:>5} {row['worst']:>7.2f}"
         )
     return "\n".join(lines)
-
-
-def write_json(path: str, results: list[dict], meta: dict) -> None:
-    with open(path, "w") as f:
-        json.dump({"schema": 1, "meta": meta, "results": results}, f, indent=1)

@@ -8,21 +8,23 @@ checks every keyword selects only its own family.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import pytest
 from hypothesis import assume, example, given, target
 
-from harness import backends, profiles
+from harness import backends, isolation, profiles
 from harness.backends.base import Backend
 from harness.case import Case
-from harness.checks.numeric import check_case
 from harness.modes import FAMILY_MODE, Mode
 from harness.results import CaseResult
 from harness.strategies import cases
 
 WINDOWS = ("full", "swa")
+# Comma-separated backend names or module:factory specs; set by `python -m harness check --backend`.
+BACKENDS_ENV = "ATTN_HARNESS_BACKENDS"
 
 
 @dataclass(frozen=True)
@@ -40,15 +42,23 @@ class Target:
         return backends.load(self.backend_name)
 
 
+def selected_backends() -> list[str]:
+    """The backends the suite runs: those named in ATTN_HARNESS_BACKENDS, else every registered one."""
+    chosen = [n.strip() for n in os.environ.get(BACKENDS_ENV, "").split(",") if n.strip()]
+    return chosen or backends.names()
+
+
 def family_params(family: str) -> list:
-    """pytest params for a family over every registered backend and device it declares."""
+    """pytest params for a family over every selected backend and device it declares."""
     out = []
     windows = ("full",) if FAMILY_MODE[family] == Mode.CROSS else WINDOWS
-    for name in backends.names():
+    for name in selected_backends():
         b = backends.load(name)
         for device in sorted(b.capabilities.devices):
             for w in windows:
-                marks = [getattr(pytest.mark, family), getattr(pytest.mark, name)]
+                marks = [getattr(pytest.mark, family)]
+                if name.isidentifier():  # a module:factory spec is no marker name
+                    marks.append(getattr(pytest.mark, name))
                 if w == "swa":
                     marks.append(pytest.mark.swa)
                 if device == "cuda":
@@ -94,8 +104,12 @@ def run_family(t: Target, record: Callable[[CaseResult], None] | None = None) ->
         if (c.window_left >= 0) == (t.window == "swa") and backend.supports(c) is None
     ]
 
+    search = isolation.Search(backend, t.device)  # a worker per case on CUDA: a crash is a result
+
     def check(case: Case) -> None:
-        res = check_case(backend, case, t.device)
+        res = search(case)
+        if res is None:
+            assume(False)  # a CRASH or HANG already ended this search (isolation.Search)
         if record:
             record(res)
         if res.status == "skip":

@@ -1,9 +1,15 @@
 """The command line: exit codes and one-line errors for bad input."""
 
+import html
 import json
+import shlex
 
 from harness.cli import main
+from harness.report import results_json
+from tests.report_helpers import PINNED_QUERY_LINE, WINDOW_IGNORED, mutant_run
 
+SHORT = "harness.mutants.torch_native:_WindowShort"
+IGNORED = WINDOW_IGNORED
 GOOD = json.dumps({"mode": "EXTEND", "requests": [{"prefix_len": 3, "extend_len": 4}], "window_left": 2})
 
 
@@ -23,8 +29,7 @@ def test_repro_passes_from_a_literal_and_a_file(tmp_path, capsys):
 
 
 def test_repro_of_a_mutant_spec_fails(capsys):
-    spec = "harness.mutants.torch_native:_WindowShort"
-    assert main(["repro", GOOD, "--backend", spec]) == 1
+    assert main(["repro", GOOD, "--backend", SHORT]) == 1
     assert "FAIL" in capsys.readouterr().out
 
 
@@ -49,7 +54,88 @@ def test_bad_input_is_one_line_exit_2(capsys, tmp_path):
     one_line_error(capsys, ["check", "--profile", "fast"], "unknown profile 'fast'")
 
 
-def test_check_runs_a_family_and_prints_the_summary(capsys):
-    assert main(["check", "--family", "cross", "--device", "cpu", "--profile", "ci"]) == 0
-    out = capsys.readouterr().out
+def test_check_runs_a_family_and_prints_the_summary(capfd, tmp_path):
+    assert (
+        main(
+            [
+                "check",
+                "--backend",
+                "torch_native",
+                "--family",
+                "cross",
+                "--device",
+                "cpu",
+                "--reports",
+                str(tmp_path),
+            ]
+        )
+        == 0
+    )
+    out = capfd.readouterr().out
     assert "torch_native@cpu" in out and "cross" in out
+    assert "1/1 tests |" in out and "0 failing" in out  # the progress line
+    run = (tmp_path / "latest").resolve()
+    assert run.parent == tmp_path and {p.name for p in run.iterdir()} == {
+        "index.html",
+        "results.json",
+        "junit.xml",
+    }
+    doc = results_json.load(run / "results.json")
+    assert doc["run"]["id"] == run.name and doc["run"]["profile"] == "ci" and doc["run"]["exit_status"] == 0
+    assert doc["results"] and {r["family"] for r in doc["results"]} == {"cross"}
+    assert all(r["status"] == "pass" for r in doc["results"])
+
+
+def test_list_describes_a_module_factory_spec(capsys):
+    assert main(["list", "--backend", SHORT]) == 0
+    assert capsys.readouterr().out.startswith(f"{SHORT}  (torch)")
+
+
+def test_repro_probe_names_the_wrongly_attended_keys(capsys):
+    assert main(["repro", GOOD, "--backend", IGNORED, "--probe"]) == 1
+    out = capsys.readouterr().out
+    assert "request 0, query 0 (position 3) attended key 0, outside its window [1, 3] (all 8 heads)" in out
+    assert "  +###" in out  # the picture: key 0 wrongly attended, keys 1..3 in the window
+
+
+def test_bad_check_and_report_input_is_one_line_exit_2(capsys, tmp_path):
+    one_line_error(capsys, ["check", "--mode", "prefill"], "unknown mode 'prefill'")
+    one_line_error(capsys, ["report", str(tmp_path / "nope.json")], "no such results file")
+    bad = tmp_path / "bad.json"
+    bad.write_text("{")
+    one_line_error(capsys, ["report", str(bad)], "malformed JSON")
+    bad.write_text('{"format": "something else"}')
+    one_line_error(capsys, ["report", str(bad)], "not an attn-harness results file")
+
+
+def test_a_window_bug_run_reports_the_probe_picture_and_a_replayable_repro(capsys):
+    """It must show: an injected window bug, run through `check`, gives a report whose failure
+    section shows the probe's picture of the wrongly attended keys and whose repro replays it."""
+    run, proc = mutant_run()
+    assert proc.returncode == 1, proc.stdout[-2000:]
+    doc = results_json.load(run / "results.json")
+    (fail,) = [r for r in doc["results"] if r["status"] == "fail"]
+    assert fail["backend"] == IGNORED and "window" in fail["features"]
+    assert PINNED_QUERY_LINE + " (all 8 heads)" in fail["probe"]["lines"]
+    assert any("+" in row for rp in fail["probe"]["requests"] for row in rp["grid"])
+    assert fail["error_map"]["tokens"] == sum(r["extend_len"] for r in fail["case"]["requests"])
+    page = (run / "index.html").read_text()
+    section = page[page.index('id="failure-1"') :]
+    section = section[: section.index("</section>")]
+    assert PINNED_QUERY_LINE in section and 'class="picture probe"' in section
+    assert 'class="picture heatmap"' in section and html.escape(fail["repro"]) in section
+    argv = shlex.split(fail["repro"])
+    assert argv[:4] == ["python", "-m", "harness", "repro"]
+    capsys.readouterr()
+    assert main(argv[3:] + ["--json"]) == 1
+    out = capsys.readouterr().out
+    replayed = json.loads(out[out.index("{") :])
+    assert replayed["status"] == "fail" and replayed["verdict"] == fail["verdict"]
+
+
+def test_report_rerenders_a_run_byte_for_byte(tmp_path, capsys):
+    run, _ = mutant_run()
+    assert main(["report", str(run / "results.json"), "--out", str(tmp_path)]) == 0
+    assert str(tmp_path / "index.html") in capsys.readouterr().out
+    for name in ("index.html", "junit.xml"):
+        assert (tmp_path / name).read_bytes() == (run / name).read_bytes()

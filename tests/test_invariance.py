@@ -62,3 +62,28 @@ def test_compositions_cover_alone_permuted_long_neighbours_and_1_to_64():
 def test_only_promised_in_deterministic_mode():
     with pytest.raises(ValueError, match="deterministic=true"):
         check_invariance(TorchNative(), case("EXTEND", ((3, 4),)))
+
+
+def test_deterministic_keyword_selects_exactly_the_invariance_suite():
+    from tests.test_suite_keywords import FAMILY_TEST, collect
+
+    ids = collect("deterministic")
+    assert ids and all("::test_deterministic[" in i for i in ids)
+    assert set(ids) == {i for i in collect(None) if "::test_deterministic[" in i}
+    assert any("[torch_split-cpu-swa]" in i for i in ids) and any("[torch_native-cpu-full]" in i for i in ids)
+    for keyword in FAMILY_TEST:  # no family keyword hides in these ids
+        assert not any(keyword in i for i in ids), keyword
+
+
+def test_a_backend_that_raises_is_a_crash_result_not_an_exception():
+    from harness.checks.invariance import invariance_result
+
+    class Raises(TorchNative):
+        def run(self, batch):
+            if batch.batch_size > 1:
+                raise RuntimeError("CUDA error: an illegal memory access was encountered")
+            return super().run(batch)
+
+    res = invariance_result(Raises(), case("EXTEND", ((30, 9), (2, 2)), **DET), long_kv=300)
+    assert res.status == "crash" and "illegal memory access" in res.reason
+    assert res.extra["failing"] == "as given" and "Traceback" in res.extra["traceback"]

@@ -74,7 +74,9 @@ def load(name: str) -> Backend:
     if name in plugins:
         return _from_spec(plugins[name].value)
     if ":" in name:
-        return _from_spec(name)
+        backend = _from_spec(name)
+        backend.name = name  # named by its spec, so a report's repro command loads this very backend
+        return backend
     raise BackendError(f"unknown backend {name!r}; known: {', '.join(names())} (or give module:factory)")
 
 

@@ -19,6 +19,15 @@ from harness.modes import Mode
 from harness.pool import translate_slots
 
 
+def row_slots(batch: Batch, r: int, lo: int, hi: int) -> torch.Tensor:
+    """Slots lo..hi-1 of request r's `req_to_token` row. An engine's row is as wide as the longest
+    context, with slot 0 (reserved, poisoned) past the request's tokens: reading beyond the batch's
+    widest row gives slot 0 here too, so an over-long KV extent reads poison instead of failing."""
+    row = batch.req_to_token[r, lo:hi]
+    short = (hi - lo) - row.numel()
+    return torch.cat([row, row.new_zeros(short)]) if short > 0 else row
+
+
 class TorchNative(Backend):
     name = "torch_native"
     library = "torch"
@@ -65,7 +74,7 @@ class TorchNative(Backend):
 
     def kv_slots(self, batch: Batch, r: int, lo: int, hi: int) -> torch.Tensor:
         """Full-pool slots of request r's positions lo..hi-1 (CROSS: its encoder tokens)."""
-        return batch.req_to_token[r, lo:hi]
+        return row_slots(batch, r, lo, hi)
 
     def layer_slots(self, batch: Batch, slots: torch.Tensor) -> torch.Tensor:
         """Translate full-pool slots into this layer's pool (the SWA pool on a hybrid SWA layer)."""
@@ -74,6 +83,11 @@ class TorchNative(Backend):
     def in_window(self, key_pos: torch.Tensor, query_pos: torch.Tensor, window_left: int) -> torch.Tensor:
         """Sliding window: a query at p keeps keys p - W .. p (W + 1 keys)."""
         return key_pos >= query_pos - window_left
+
+    def query_positions(self, batch: Batch, r: int) -> torch.Tensor:
+        """Absolute position of request r's queries, from the engine's `positions` (verify: P + depth)."""
+        q0, q1 = int(batch.qo_indptr[r]), int(batch.qo_indptr[r + 1])
+        return batch.positions[q0:q1].long()
 
     def key_positions(self, batch: Batch, lo: int, hi: int, query_pos: torch.Tensor) -> torch.Tensor:
         """Absolute position of keys lo..hi-1: their index, but verify drafts sit at their depth."""
@@ -87,7 +101,7 @@ class TorchNative(Backend):
         q0, q1 = int(batch.qo_indptr[r]), int(batch.qo_indptr[r + 1])
         if batch.mode == Mode.CROSS:
             return torch.ones(q1 - q0, hi - lo, dtype=torch.bool, device=batch.device)
-        qpos = batch.positions[q0:q1].long()
+        qpos = self.query_positions(batch, r)
         kpos = self.key_positions(batch, lo, hi, qpos)
         mask = kpos[None, :] <= qpos[:, None]
         w = self.window_left(batch)
@@ -96,6 +110,25 @@ class TorchNative(Backend):
         if batch.mode == Mode.TARGET_VERIFY:
             mask[:, hi - lo - batch.num_draft :] &= batch.tree_mask[r]
         return mask
+
+    def softmax_scale(self, batch: Batch) -> float:
+        """The scale applied to q.k: the case's sm_scale, or 1/sqrt(head_dim) when it gives none."""
+        return batch.case.scale
+
+    def soft_cap(self, batch: Batch) -> float:
+        """The logit soft cap passed to the kernel (0: none)."""
+        return batch.case.soft_cap
+
+    def expand_kv_heads(self, t: torch.Tensor, groups: int) -> torch.Tensor:
+        """[1, Hkv, n, D] -> [1, Hq, n, D]: query head h reads kv head h // groups (GQA)."""
+        return t.repeat_interleave(groups, dim=1) if groups > 1 else t
+
+    def logits(self, qh: torch.Tensor, kh: torch.Tensor, mask: torch.Tensor, batch: Batch) -> torch.Tensor:
+        """Float32 scores for the soft-cap path: scale, then cap, then mask (-inf where not visible)."""
+        s = torch.matmul(qh.float(), kh.float().transpose(-1, -2)) * self.softmax_scale(batch)
+        cap = self.soft_cap(batch)
+        s = cap * torch.tanh(s / cap)
+        return s.masked_fill(~mask, float("-inf"))
 
     def attend(
         self,
@@ -109,13 +142,10 @@ class TorchNative(Backend):
         case = batch.case
         qh, kh, vh = (t.transpose(0, 1).unsqueeze(0) for t in (q, k, v))
         groups = case.num_q_heads // case.num_kv_heads
-        if groups > 1:
-            kh = kh.repeat_interleave(groups, dim=1)
-            vh = vh.repeat_interleave(groups, dim=1)
-        if case.soft_cap > 0:
-            s = torch.matmul(qh.float(), kh.float().transpose(-1, -2)) * case.scale
-            s = case.soft_cap * torch.tanh(s / case.soft_cap)
-            s = s.masked_fill(~mask, float("-inf"))
+        kh, vh = self.expand_kv_heads(kh, groups), self.expand_kv_heads(vh, groups)
+        scale = self.softmax_scale(batch)
+        if self.soft_cap(batch) > 0:
+            s = self.logits(qh, kh, mask, batch)
             if batch.sinks is not None:
                 sink = batch.sinks.float().view(1, -1, 1, 1).expand(1, -1, s.shape[2], 1)
                 p = torch.softmax(torch.cat([s, sink], dim=-1), dim=-1)[..., :-1]
@@ -130,10 +160,10 @@ class TorchNative(Backend):
             bias = bias.unsqueeze(0).expand(case.num_q_heads, -1, -1)
             sink = batch.sinks.to(q.dtype).view(-1, 1, 1).expand(-1, mask.shape[0], 1)
             o = F.scaled_dot_product_attention(
-                qh, kh, vh, attn_mask=torch.cat([bias, sink], dim=-1).unsqueeze(0), scale=case.scale
+                qh, kh, vh, attn_mask=torch.cat([bias, sink], dim=-1).unsqueeze(0), scale=scale
             )
         else:
-            o = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask, scale=case.scale)
+            o = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask, scale=scale)
         return o.squeeze(0).transpose(0, 1)
 
     # --- the forward --------------------------------------------------------------------------

@@ -9,6 +9,8 @@ are spliced in unchanged, so any bit that moves is the kernel's (or the glue's) 
 from __future__ import annotations
 
 import random
+import time
+import traceback
 from dataclasses import dataclass
 
 import torch
@@ -17,6 +19,8 @@ from harness.backends.base import Backend
 from harness.batch import Inputs, build_batch, make_inputs
 from harness.case import Case, Request
 from harness.modes import Mode
+from harness.profiles import Sizes
+from harness.results import CaseResult
 
 BATCH_SIZES = (1, 2, 3, 8, 16, 32, 64)
 
@@ -28,9 +32,10 @@ class InvarianceResult:
     reason: str
     failing: str | None = None  # the first composition whose target output moved
     max_diff: float = 0.0
+    crash: str | None = None  # the traceback, when the backend raised in `failing`
 
 
-def _neighbour(case: Case, rng: random.Random, long_kv: int) -> Request:
+def _neighbour(case: Case, rng: random.Random, long_kv: int, long_q: int) -> Request:
     """A request of the same mode with a very different length (sometimes long)."""
     target = case.requests[0]
     prefix = rng.choice([0, 1, rng.randint(2, 64), rng.randint(65, max(66, long_kv))])
@@ -43,12 +48,12 @@ def _neighbour(case: Case, rng: random.Random, long_kv: int) -> Request:
     if case.mode == Mode.CROSS:  # same phase as the target: a prefill batch or one decoder step
         enc = rng.choice([1, rng.randint(2, 64), rng.randint(65, max(66, long_kv))])
         if target.prefix_len == 0:
-            return Request(0, rng.randint(1, 48), enc)
+            return Request(0, rng.randint(1, min(48, long_q)), enc)
         return Request(max(1, prefix), 1, enc)
-    return Request(prefix, rng.choice([1, rng.randint(2, 48), rng.randint(49, 512)]))
+    return Request(prefix, rng.choice([1, rng.randint(2, 48), rng.randint(49, max(50, long_q))]))
 
 
-def compositions(case: Case, long_kv: int = 4096) -> list[tuple[str, list[Request], int]]:
+def compositions(case: Case, long_kv: int = 4096, long_q: int = 512) -> list[tuple[str, list[Request], int]]:
     """(name, requests, index of the target) for every batch the target is checked in."""
     rng = random.Random(case.seed)
     target = case.requests[0]
@@ -60,10 +65,10 @@ def compositions(case: Case, long_kv: int = 4096) -> list[tuple[str, list[Reques
     ]
     if rest:
         out.append(("permuted", rest[::-1] + [target], len(rest)))
-    long_ones = [_neighbour(case, rng, long_kv) for _ in range(4)]
+    long_ones = [_neighbour(case, rng, long_kv, long_q) for _ in range(4)]
     out.append(("between very different lengths", long_ones[:2] + [target] + long_ones[2:], 2))
     for n in BATCH_SIZES:
-        others = [_neighbour(case, rng, long_kv) for _ in range(n - 1)]
+        others = [_neighbour(case, rng, long_kv, long_q) for _ in range(n - 1)]
         at = rng.randint(0, n - 1)
         out.append((f"batch of {n}", others[:at] + [target] + others[at:], at))
     return out
@@ -78,30 +83,40 @@ def _splice(case: Case, base: Inputs, reqs: list[Request], at: int) -> tuple[Cas
     return comp, inputs
 
 
-def target_output(backend: Backend, case: Case, inputs: Inputs, at: int, device: str) -> torch.Tensor:
-    batch = build_batch(case, inputs, device, backend.capabilities.whole_page_loads)
-    out = backend.run(batch).out
+def target_slice(out: torch.Tensor, case: Case, at: int) -> torch.Tensor:
+    """The rows of request `at` in a batch output, copied to the CPU."""
     lo = sum(r.extend_len for r in case.requests[:at])
-    return out[lo : lo + case.requests[at].extend_len].detach().cpu()
+    return out[lo : lo + case.requests[at].extend_len].detach().cpu().contiguous()
 
 
 def check_invariance(
-    backend: Backend, case: Case, device: str = "cpu", long_kv: int = 4096
+    backend: Backend, case: Case, device: str = "cpu", long_kv: int = 4096, long_q: int = 512
 ) -> InvarianceResult:
-    """Run the target in every composition; it must match the alone run bit for bit."""
+    """Run the target in every composition; it must match the alone run bit for bit. Neighbours
+    reach `long_kv` keys and (EXTEND) `long_q` new tokens."""
     if not case.deterministic:
         raise ValueError("batch invariance is only promised in deterministic mode (deterministic=true)")
     base = make_inputs(case)
     alone = None
     ran = 0
     skipped: list[str] = []
-    for name, reqs, at in compositions(case, long_kv):
+    for name, reqs, at in compositions(case, long_kv, long_q):
         comp, inputs = _splice(case, base, reqs, at)
         why = backend.supports(comp)
         if why:
             skipped.append(f"{name}: {why}")
             continue
-        out = target_output(backend, comp, inputs, at, device).contiguous()
+        batch = build_batch(comp, inputs, device, backend.capabilities.whole_page_loads)
+        try:
+            out = target_slice(backend.run(batch).out, comp, at)  # the copy waits for the device
+        except Exception as e:  # the backend failed: a CRASH result, not the end of the run
+            return InvarianceResult(
+                False,
+                ran,
+                f"backend raised {type(e).__name__} in '{name}': {e}",
+                name,
+                crash=traceback.format_exc(),
+            )
         ran += 1
         if alone is None:
             alone = out
@@ -119,3 +134,36 @@ def check_invariance(
     if ran < 2:
         return InvarianceResult(False, ran, "fewer than two batches could run" + note)
     return InvarianceResult(True, ran, f"bitwise identical across {ran} batches{note}")
+
+
+def invariance_result(
+    backend: Backend, case: Case, device: str = "cpu", long_kv: int = 4096, long_q: int = 512
+) -> CaseResult:
+    """check_invariance as a suite result: pass, fail (a bit moved) or crash (the backend raised);
+    a skip with the reason when the backend cannot run the case here."""
+    why = backend.available(device) or backend.supports(case)
+    if why:
+        return CaseResult("skip", backend.name, device, case, reason=why)
+    start = time.perf_counter()
+    res = check_invariance(backend, case, device, long_kv, long_q)
+    status = "pass" if res.passed else ("crash" if res.crash else "fail")
+    extra = {"check": "batch_invariance", "compositions": res.compositions, "failing": res.failing}
+    if res.max_diff:
+        extra["max_diff"] = res.max_diff
+    if res.crash:
+        extra["traceback"] = res.crash
+    return CaseResult(
+        status,
+        backend.name,
+        device,
+        case,
+        reason=res.reason,
+        seconds=time.perf_counter() - start,
+        extra=extra,
+    )
+
+
+def neighbour_sizes(sizes: Sizes) -> tuple[int, int]:
+    """(long_kv, long_q) for the invariance check under a profile: its long KV (or twice its longest
+    prefix) and twice its longest extend, at most 512."""
+    return sizes.long_kv or 2 * sizes.max_prefix, min(512, 2 * sizes.max_extend)

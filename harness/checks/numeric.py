@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import time
+import traceback
 
 import torch
 
 from harness.backends.base import Backend
 from harness.batch import build_batch, make_inputs
 from harness.case import Case
+from harness.checks import crossref
+from harness.checks.errormap import error_map
 from harness.compare import compare
 from harness.results import CaseResult
 from references.torch_ref import reference
@@ -27,14 +30,28 @@ def check_case(backend: Backend, case: Case, device: str = "cpu") -> CaseResult:
     start = time.perf_counter()
     inputs = make_inputs(case)
     batch = build_batch(case, inputs, device, backend.capabilities.whole_page_loads)
-    result = backend.run(batch)
-    if device == "cuda":
-        torch.cuda.synchronize()
+    try:
+        result = backend.run(batch)
+        if device == "cuda":
+            torch.cuda.synchronize()
+    except Exception as e:  # the backend failed: a CRASH result (harness/isolation.py), not the end
+        frame = traceback.extract_tb(e.__traceback__)[-1]
+        where = f"{frame.filename.rsplit('/', 1)[-1]}:{frame.lineno} in {frame.name}"
+        reason = f"backend raised {type(e).__name__}: {e} (at {where})"
+        extra = {"traceback": traceback.format_exc()}
+        return CaseResult(
+            "crash", backend.name, device, case, None, reason, time.perf_counter() - start, extra=extra
+        )
     ref_dev = reference_device(device)
     exact = reference(case, inputs, "exact", ref_dev)
     native = reference(case, inputs, "native", ref_dev)
     verdict = compare(case, result.out, exact.out, native.out, result.lse, exact.lse, native.lse)
     status = "pass" if verdict.passed else "fail"
-    return CaseResult(
-        status, backend.name, device, case, verdict, verdict.reason, time.perf_counter() - start
-    )
+    res = CaseResult(status, backend.name, device, case, verdict, verdict.reason, time.perf_counter() - start)
+    if status == "fail" and result.out.shape == exact.out.shape:
+        res.error_map = error_map(case, result.out, exact.out, verdict.budget)
+    if device == "cpu" and crossref.hf_available():  # the two references must agree on every CPU case
+        disagree = crossref.disagreement(case, inputs, exact.out)
+        if disagree:
+            res.status, res.reason = "fail", f"{disagree}; backend: {res.reason}"
+    return res

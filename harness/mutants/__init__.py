@@ -2,8 +2,10 @@
 
 Each mutant is a backend with exactly one adapter method overridden to reintroduce a known bug
 class. Each backend's mutants live in a module of this package (harness/mutants/<backend>.py)
-exporting `MUTANTS`. `hunt` searches the suite's own strategies for a case that fails the numeric
-check and reports how many examples and seconds it took, and the shrunk counterexample.
+exporting `MUTANTS`. `hunt` searches the suite's own strategies for a case that the mutant's check
+fails (the numeric check, or batch invariance for the determinism mutants) and reports how many
+examples and seconds it took, and the shrunk counterexample. On CUDA (or with
+ATTN_HARNESS_ISOLATE=1) every case runs in an isolated worker, so a crash is a result.
 """
 
 from __future__ import annotations
@@ -17,23 +19,32 @@ from dataclasses import dataclass
 from hypothesis import find, settings
 from hypothesis.errors import NoSuchExample, Unsatisfiable
 
-from harness import profiles
+from harness import isolation, profiles
 from harness.backends.base import Backend
 from harness.case import Case
-from harness.checks.numeric import check_case
+from harness.checks.invariance import neighbour_sizes
 from harness.strategies import cases
+
+CHECKS = ("numeric", "invariance")
 
 
 @dataclass(frozen=True)
 class Mutant:
-    name: str
+    name: str  # "<backend>~<bug>"
     bug: str  # the bug class, in a sentence
     method: str  # the one adapter method overridden
     families: tuple[str, ...]  # suite families the hunt searches
     windowed: bool
     make: Callable[[], Backend]
-    device: str = "cpu"
+    device: str = "cpu"  # "cpu": shown in CI (its backend may also run on CUDA); "cuda": GPU only
     force: dict | None = None  # Case fields the hunt fixes (e.g. the hybrid pool), None: as drawn
+    check: str = "numeric"  # "numeric": against the references; "invariance": batch invariance
+    expect: str | None = None  # the status a catch must have ("crash"); None: any failure
+
+    @property
+    def backend(self) -> str:
+        """The backend the mutant breaks (its name before '~')."""
+        return self.name.split("~")[0]
 
 
 def named(cls: type[Backend], name: str) -> Callable[[], Backend]:
@@ -72,27 +83,50 @@ class Detection:
     seconds: float  # wall time to the first failure
     shrunk: Case | None
     reason: str
+    device: str = "cpu"
+    status: str = ""  # the shrunk case's status when caught: fail, crash or hang
+    skipped: str | None = None  # why the hunt could not run here (then caught is False)
 
 
-def hunt(mutant: Mutant, family: str, max_examples: int = 200) -> Detection:
-    """Search `family` with the suite's strategy until the mutant fails; shrink the failure."""
+def hunt(
+    mutant: Mutant,
+    family: str,
+    max_examples: int = 200,
+    device: str | None = None,
+    shrink_runs: int | None = None,
+) -> Detection:
+    """Search `family` with the suite's strategy until the mutant fails its check; shrink the failure,
+    running at most `shrink_runs` new cases while shrinking (None: until hypothesis is done)."""
+    device = device or mutant.device
     backend = mutant.make()
-    strategy = cases(family, mutant.windowed, backend.capabilities, profiles.sizes())
-    if mutant.force:
-        strategy = strategy.map(lambda c: c.replace(**mutant.force))
-    state = {"n": 0, "first": None, "reason": ""}
+    why = backend.available(device)
+    if why:
+        return Detection(mutant.name, family, False, 0, 0.0, None, why, device, skipped=why)
+    sizes = profiles.sizes()
+    strategy = cases(family, mutant.windowed, backend.capabilities, sizes)
+    force = dict(mutant.force or {})
+    if mutant.check == "invariance":
+        force["deterministic"] = True
+    if force:
+        strategy = strategy.map(lambda c: c.replace(**force))
+    search = isolation.Search(backend, device, mutant.check, neighbour_sizes(sizes))
+    state: dict = {"n": 0, "first": None, "shrinks": 0}
     start = time.perf_counter()
 
     def fails(case: Case) -> bool:
-        res = check_case(backend, case, mutant.device)
-        if res.status == "skip":
+        shrinking = state["first"] is not None
+        spent = shrink_runs is not None and state["shrinks"] >= shrink_runs
+        if shrinking and spent and not search.known(case):
+            return False  # shrink budget spent: keep the smallest failure found so far
+        res = search(case)
+        if res is None or res.status == "skip":
             return False
-        state["n"] += 1
-        bad = res.status != "pass"
+        if search.ran_last:
+            state["n"] += 1
+            state["shrinks"] += shrinking
+        bad = res.status != "pass" and (mutant.expect is None or res.status == mutant.expect)
         if bad and state["first"] is None:
             state["first"] = (state["n"], time.perf_counter() - start)
-        if bad:
-            state["reason"] = res.reason
         return bad
 
     try:
@@ -100,6 +134,7 @@ def hunt(mutant: Mutant, family: str, max_examples: int = 200) -> Detection:
             strategy, fails, settings=settings(settings.get_profile("mutant"), max_examples=max_examples)
         )
     except (NoSuchExample, Unsatisfiable):
+        expected = f" with status {mutant.expect}" if mutant.expect else ""
         return Detection(
             mutant.name,
             family,
@@ -107,8 +142,9 @@ def hunt(mutant: Mutant, family: str, max_examples: int = 200) -> Detection:
             state["n"],
             time.perf_counter() - start,
             None,
-            "survived: no failing case found",
+            f"survived: no failing case{expected} found in {state['n']} examples",
+            device,
         )
     n, secs = state["first"]
-    fails(shrunk)  # replay the minimal case so the reason describes it
-    return Detection(mutant.name, family, True, n, secs, shrunk, state["reason"])
+    res = search(shrunk)  # the minimal case's own result (memoised: not run again)
+    return Detection(mutant.name, family, True, n, secs, shrunk, res.reason, device, res.status)

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from harness.backends.torch_native import TorchNative
+from harness.backends.torch_native import TorchNative, row_slots
 from harness.batch import Batch
+from harness.modes import Mode
 from harness.mutants import Mutant, named
 
 
@@ -19,9 +20,63 @@ class _WindowShort(TorchNative):
         return key_pos > query_pos - window_left  # W keys instead of W + 1
 
 
+class _WindowLong(TorchNative):
+    def in_window(self, key_pos: torch.Tensor, query_pos: torch.Tensor, window_left: int) -> torch.Tensor:
+        return key_pos >= query_pos - window_left - 1  # W + 2 keys instead of W + 1
+
+
+class _VerifyWindowFlat(TorchNative):
+    def query_positions(self, batch: Batch, r: int) -> torch.Tensor:
+        q0, q1 = int(batch.qo_indptr[r]), int(batch.qo_indptr[r + 1])
+        return int(batch.prefix_lens[r]) + torch.arange(q1 - q0, device=batch.device)  # P + j, not P + depth
+
+
+class _SoftCapMissing(TorchNative):
+    def soft_cap(self, batch: Batch) -> float:
+        return 0.0
+
+
+class _SoftCapAfterMask(TorchNative):
+    def logits(self, qh: torch.Tensor, kh: torch.Tensor, mask: torch.Tensor, batch: Batch) -> torch.Tensor:
+        s = torch.matmul(qh.float(), kh.float().transpose(-1, -2)) * self.softmax_scale(batch)
+        s = s.masked_fill(~mask, float("-inf"))
+        cap = self.soft_cap(batch)
+        return cap * torch.tanh(s / cap)  # masked keys come back as -cap: visible again
+
+
+class _GqaModulo(TorchNative):
+    def expand_kv_heads(self, t: torch.Tensor, groups: int) -> torch.Tensor:
+        return t.repeat(1, groups, 1, 1)  # query head h reads kv head h % Hkv, not h // groups
+
+
+class _SmScaleDefault(TorchNative):
+    def softmax_scale(self, batch: Batch) -> float:
+        return batch.case.head_dim**-0.5  # the model's sm_scale dropped
+
+
+class _CrossOffset(TorchNative):
+    def kv_slots(self, batch: Batch, r: int, lo: int, hi: int) -> torch.Tensor:
+        if batch.mode != Mode.CROSS:
+            return super().kv_slots(batch, r, lo, hi)
+        dec = int(batch.seq_lens[r])  # encoder keys read from the decoder's length on
+        return row_slots(batch, r, lo + dec, hi + dec)
+
+
+class _StalePage(TorchNative):
+    def write_kv(self, batch: Batch) -> None:
+        return None  # the new tokens' slots keep what their page held before (poison here)
+
+
 class _DraftExtendPrefixOnly(TorchNative):
     def kv_lens(self, batch: Batch) -> list[int]:
+        if batch.mode != Mode.DRAFT_EXTEND_V2:  # the field exists in DRAFT_EXTEND_V2 only
+            return super().kv_lens(batch)
         return batch.cpu_list("seq_lens_before_bump")  # reads P keys, misses the written drafts
+
+
+class _DraftExtendDoubleCounted(TorchNative):
+    def kv_lens(self, batch: Batch) -> list[int]:
+        return [s + batch.num_draft for s in batch.cpu_list("seq_lens")]  # bumped twice
 
 
 class _SwaUntranslated(TorchNative):
@@ -29,38 +84,130 @@ class _SwaUntranslated(TorchNative):
         return slots  # full-pool slots used on the SWA pool
 
 
+def _m(
+    name: str, bug: str, method: str, families: tuple[str, ...], windowed: bool, cls: type, **kw
+) -> Mutant:
+    full = f"torch_native~{name}"
+    return Mutant(full, bug, method, families, windowed, named(cls, full), **kw)
+
+
+HYBRID = {"hybrid_swa_pool": True}
+EXACT = {"hybrid_swa_pool": True, "swa_pool_exact": True}
+
 MUTANTS: list[Mutant] = [
-    Mutant(
-        "torch_native~window_ignored",
+    _m(
+        "window_ignored",
         "SDPA fallback ignores the sliding window: every query sees the whole prefix",
         "window_left",
         ("prefix", "prefill", "decode"),
         True,
-        named(_WindowIgnored, "torch_native~window_ignored"),
+        _WindowIgnored,
     ),
-    Mutant(
-        "torch_native~window_short",
+    _m(
+        "window_short",
         "window off by one: W keys instead of W + 1",
         "in_window",
         ("prefix", "prefill", "decode"),
         True,
-        named(_WindowShort, "torch_native~window_short"),
+        _WindowShort,
     ),
-    Mutant(
-        "torch_native~de_v2_prefix_only",
+    _m(
+        "window_long",
+        "window off by one the other way: W + 2 keys instead of W + 1",
+        "in_window",
+        ("prefix", "prefill"),
+        True,
+        _WindowLong,
+    ),
+    _m(
+        "verify_window_flat",
+        "tree verify applies the window by flattened draft index instead of tree depth",
+        "query_positions",
+        ("verify",),
+        True,
+        _VerifyWindowFlat,
+    ),
+    _m(
+        "soft_cap_missing",
+        "logit soft cap not passed to the kernel",
+        "soft_cap",
+        ("prefill", "decode"),
+        False,
+        _SoftCapMissing,
+    ),
+    _m(
+        "soft_cap_after_mask",
+        "soft cap applied after masking: masked logits become -cap instead of -inf",
+        "logits",
+        ("prefill", "prefix"),
+        False,
+        _SoftCapAfterMask,
+    ),
+    _m(
+        "gqa_modulo",
+        "GQA head mapping wrong: query head h reads kv head h % Hkv instead of h // group",
+        "expand_kv_heads",
+        ("prefill", "decode"),
+        False,
+        _GqaModulo,
+    ),
+    _m(
+        "sm_scale_default",
+        "the model's sm_scale dropped: 1/sqrt(head_dim) used instead",
+        "softmax_scale",
+        ("prefill", "decode"),
+        False,
+        _SmScaleDefault,
+    ),
+    _m(
+        "cross_offset",
+        "cross-attention reads encoder keys offset by the decoder length",
+        "kv_slots",
+        ("cross",),
+        False,
+        _CrossOffset,
+    ),
+    _m(
+        "stale_page",
+        "a freed page reused without being rewritten: this forward's K/V never reach the pool",
+        "write_kv",
+        ("decode", "prefix"),
+        False,
+        _StalePage,
+    ),
+    _m(
+        "de_v2_prefix_only",
         "DRAFT_EXTEND_V2 reads only the P prefix keys, not the bumped seq_lens = P + num_draft",
         "kv_lens",
         ("draft_extend_v2",),
         False,
-        named(_DraftExtendPrefixOnly, "torch_native~de_v2_prefix_only"),
+        _DraftExtendPrefixOnly,
     ),
-    Mutant(
-        "torch_native~swa_untranslated",
+    _m(
+        "de_v2_double_counted",
+        "DRAFT_EXTEND_V2 extent double-counted: seq_lens (already bumped) + num_draft keys read",
+        "kv_lens",
+        ("draft_extend_v2",),
+        False,
+        _DraftExtendDoubleCounted,
+    ),
+    _m(
+        "swa_untranslated",
         "sliding-window layer reads the SWA pool with untranslated full-pool slots",
         "layer_slots",
         ("prefix", "decode", "verify"),
         True,
-        named(_SwaUntranslated, "torch_native~swa_untranslated"),
-        force={"hybrid_swa_pool": True},
+        _SwaUntranslated,
+        force=HYBRID,
+    ),
+    _m(
+        "swa_untranslated_exact",
+        "untranslated hybrid-pool read on an exact-size SWA pool: out of bounds, a CRASH",
+        "layer_slots",
+        ("verify", "decode"),
+        True,
+        _SwaUntranslated,
+        force=EXACT,
+        expect="crash",
     ),
 ]

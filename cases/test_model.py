@@ -1,0 +1,61 @@
+"""Model level: per-token logprobs of tiny random HF models served step by step through each backend.
+
+Gemma2-, GPT-OSS- and Mistral-like models (harness/checks/model.py) run prefill, prefix reuse,
+chunked extend, decode past the window, DRAFT_EXTEND_V2 and verify over a persistent paged KV cache;
+every query's logprob is compared with the model's own eager forward, and in deterministic mode a
+request's logprobs must not move with the batch composition.
+
+Ids read `test_model_logprobs[<backend>-<device>-<model>]` and carry only the backend and `gpu`
+markers: no family keyword occurs in them, so `-k swa` or `-k decode` leave them out and
+`-k <backend>` selects them. Under the `ci` profile the CPU runs torch_native only (CI's promise);
+other CPU backends run under the other profiles (flex_eager takes ~40 s a model on the CPU). On
+CUDA the selected checks run in one worker process (harness/checks/model_table.py), so a kernel
+that kills its CUDA context fails its own test, not the rest of the session.
+"""
+
+import pytest
+
+from harness import backends, profiles
+from harness.checks.model import MODELS, check_model
+from harness.checks.model_table import run_jobs
+
+CUDA_JOB_TIMEOUT = 900.0  # seconds per model check, a first JIT compile included
+
+
+def _params() -> list:
+    out = []
+    for name in backends.names():
+        for device in sorted(backends.load(name).capabilities.devices):
+            marks = [getattr(pytest.mark, name)] + ([pytest.mark.gpu] if device == "cuda" else [])
+            for model in MODELS:
+                out.append(pytest.param(name, device, model, id=f"{name}-{device}-{model}", marks=marks))
+    return out
+
+
+@pytest.fixture(scope="session")
+def cuda_results(request):
+    """Every selected CUDA model check, run once in an isolated worker: (backend, model) -> result."""
+    jobs = []
+    for item in request.session.items:
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        if item.originalname == "test_model_logprobs" and params.get("device") == "cuda":
+            if backends.load(params["backend_name"]).available("cuda") is None:
+                jobs.append((params["backend_name"], params["model"]))
+    return {(r.backend, r.model): r for r in run_jobs(jobs, "cuda", CUDA_JOB_TIMEOUT)} if jobs else {}
+
+
+@pytest.mark.parametrize(("backend_name", "device", "model"), _params())
+def test_model_logprobs(backend_name, device, model, request):
+    backend = backends.load(backend_name)
+    why = backend.available(device)
+    if why:
+        pytest.skip(why)
+    if device == "cpu" and backend_name != "torch_native" and profiles.current() == "ci":
+        pytest.skip("the ci profile runs the CPU model-level check on torch_native only")
+    if device == "cuda":
+        res = request.getfixturevalue("cuda_results")[(backend_name, model)]
+    else:
+        res = check_model(backend, model, device)
+    if res.status == "skip":
+        pytest.skip(res.reason)
+    assert res.status == "pass", f"{model} served by {backend_name} on {device}: {res.status}: {res.reason}"

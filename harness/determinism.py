@@ -1,0 +1,87 @@
+"""How cases/test_deterministic.py is generated: batch invariance for every deterministic backend.
+
+One property test per (backend, device, window) for each backend that declares `deterministic`.
+Hypothesis draws a case from any family (CROSS only in the `full` tests), forces deterministic=true,
+and harness/checks/invariance.py runs request 0 alone, permuted, between requests of very different
+lengths, and in batches of 1 to 64: every bit must stay. Ids read
+`test_deterministic[<backend>-<device>-<full|swa>]`, so `-k deterministic` selects these and no
+family keyword does; the swa ones are sliding-window tests and `-k swa` selects them too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+
+from harness import backends, isolation, profiles
+from harness.case import Case
+from harness.checks.invariance import neighbour_sizes
+from harness.modes import FAMILIES, FAMILY_MODE, Mode
+from harness.results import CaseResult
+from harness.strategies import cases
+from harness.suite import WINDOWS, Target, selected_backends
+
+FAMILY = "deterministic"
+# An invariance check runs the backend on about a dozen batches (up to 64 requests): fewer examples.
+EXAMPLES_DIVISOR = 6
+
+
+def params() -> list:
+    """pytest params over every selected backend that declares a deterministic mode."""
+    out = []
+    for name in selected_backends():
+        b = backends.load(name)
+        if not b.capabilities.deterministic:
+            continue
+        for device in sorted(b.capabilities.devices):
+            for w in WINDOWS:
+                if not families(w, b.capabilities.modes) or (w == "swa" and not b.capabilities.window):
+                    continue
+                marks = [pytest.mark.deterministic]
+                if name.isidentifier():
+                    marks.append(getattr(pytest.mark, name))
+                if w == "swa":
+                    marks.append(pytest.mark.swa)
+                if device == "cuda":
+                    marks.append(pytest.mark.gpu)
+                t = Target(name, device, FAMILY, w)
+                out.append(pytest.param(t, id=t.id, marks=marks))
+    return out
+
+
+def families(window: str, modes: frozenset[Mode]) -> list[str]:
+    """The families of the backend's modes, less CROSS (which has no window) in the sliding-window tests."""
+    return [
+        f for f in FAMILIES if FAMILY_MODE[f] in modes and (window == "full" or FAMILY_MODE[f] != Mode.CROSS)
+    ]
+
+
+def run(t: Target, record: Callable[[CaseResult], None] | None = None) -> None:
+    """Search deterministic cases of every family; fail with the case and the batch that moved it."""
+    backend = t.backend()
+    why = backend.available(t.device)
+    if why:
+        pytest.skip(why)
+    sizes = profiles.sizes()
+    windowed = t.window == "swa"
+    strategy = st.sampled_from(families(t.window, backend.capabilities.modes)).flatmap(
+        lambda fam: cases(fam, windowed, backend.capabilities, sizes)
+    )
+    strategy = strategy.map(lambda c: c.replace(deterministic=True))
+    search = isolation.Search(backend, t.device, "invariance", neighbour_sizes(sizes))
+    current = settings.default  # the active profile's settings
+
+    @settings(max_examples=max(2, current.max_examples // EXAMPLES_DIVISOR))
+    @given(strategy)
+    def check(case: Case) -> None:
+        res = search(case)
+        if res is None or res.status == "skip":
+            assume(False)
+        if record:
+            record(res)
+        assert res.status == "pass", res.failure_text()
+
+    check()

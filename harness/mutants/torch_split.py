@@ -1,0 +1,96 @@
+"""torch_split mutants: the ragged + paged + merge fallback with one glue decision broken."""
+
+from __future__ import annotations
+
+import torch
+
+from harness.backends.torch_split import SplitParams, TorchSplit
+from harness.batch import Batch
+from harness.modes import Mode
+from harness.mutants import Mutant, named
+
+
+class _RaggedNoWindow(TorchSplit):
+    def ragged_window_left(self, batch: Batch) -> int:
+        return -1  # the ragged pass over the new tokens gets no window_left
+
+
+class _PrefixWindowAtEnd(TorchSplit):
+    def prefix_query_positions(self, batch: Batch, r: int) -> torch.Tensor:
+        # FlashInfer's paged pass aligns its E queries with the end of the KV it is given (the
+        # prefix): query j sits at P - E + j for the window, E positions before its true place.
+        q0, q1 = int(batch.qo_indptr[r]), int(batch.qo_indptr[r + 1])
+        p = int(batch.prefix_lens[r])
+        return torch.arange(p - (q1 - q0), p, device=batch.device)
+
+
+class _LseBase2AsNatural(TorchSplit):
+    def natural_lse(self, lse2: torch.Tensor) -> torch.Tensor:
+        return lse2  # base-2 LSE merged (and returned) as if it were natural log
+
+
+class _SplitDroppedSwa(TorchSplit):
+    def split_params(self, batch: Batch) -> SplitParams:
+        if batch.case.window_left >= 0:
+            return SplitParams()  # the SWA path plans without the deterministic split size
+        return super().split_params(batch)
+
+
+class _SplitDroppedCross(TorchSplit):
+    def split_params(self, batch: Batch) -> SplitParams:
+        if batch.mode == Mode.CROSS:
+            return SplitParams()  # the cross-attention path plans without it
+        return super().split_params(batch)
+
+
+def _m(
+    name: str, bug: str, method: str, families: tuple[str, ...], windowed: bool, cls: type, **kw
+) -> Mutant:
+    full = f"torch_split~{name}"
+    return Mutant(full, bug, method, families, windowed, named(cls, full), **kw)
+
+
+MUTANTS: list[Mutant] = [
+    _m(
+        "ragged_no_window",
+        "SWA extend with a prefix: the ragged pass over the new tokens gets no window_left",
+        "ragged_window_left",
+        ("prefill", "prefix", "draft_extend_v2"),
+        True,
+        _RaggedNoWindow,
+    ),
+    _m(
+        "prefix_window_at_end",
+        "SWA extend with a prefix: the paged prefix pass anchors the window at the end of the prefix",
+        "prefix_query_positions",
+        ("prefix",),
+        True,
+        _PrefixWindowAtEnd,
+    ),
+    _m(
+        "lse_base2_as_natural",
+        "a kernel's base-2 LSE merged (merge_state) and returned as natural log",
+        "natural_lse",
+        ("prefix", "decode"),
+        False,
+        _LseBase2AsNatural,
+    ),
+    _m(
+        "split_dropped_swa",
+        "deterministic split-KV parameters dropped on the sliding-window path",
+        "split_params",
+        ("prefix", "decode"),
+        True,
+        _SplitDroppedSwa,
+        check="invariance",
+    ),
+    _m(
+        "split_dropped_cross",
+        "deterministic split-KV parameters dropped on the cross-attention path",
+        "split_params",
+        ("cross",),
+        False,
+        _SplitDroppedCross,
+        check="invariance",
+    ),
+]

@@ -1,0 +1,73 @@
+"""junit.xml for CI dashboards, from results.json: one testcase per checked case or skipped test.
+
+Test suites are (backend@device, family); a failure carries the verdict as its message and the
+Case JSON with its repro command as its text; crashes and hangs are errors; skips keep their reason.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import xml.etree.ElementTree as ET
+
+from harness.report.matrix import totals
+
+
+def _safe(name: str) -> str:
+    """Dots and colons (module:factory specs) would read as a package path in CI dashboards."""
+    return re.sub(r"[^A-Za-z0-9_@~-]+", "_", name)
+
+
+def render(data: dict) -> str:
+    results = data["results"]
+    tot = totals(results)
+    root = ET.Element(
+        "testsuites",
+        name="attn-harness",
+        tests=str(len(results)),
+        failures=str(tot["fail"]),
+        errors=str(tot["crash"] + tot["hang"]),
+        skipped=str(tot["skip"]),
+        time=f"{float(data['run'].get('elapsed_s') or 0.0):.3f}",
+    )
+    suites: dict[tuple[str, str, str], list[dict]] = {}
+    for rec in results:
+        suites.setdefault((rec["backend"], rec["device"], rec["family"]), []).append(rec)
+    for (backend, device, family), recs in suites.items():
+        t = totals(recs)
+        suite = ET.SubElement(
+            root,
+            "testsuite",
+            name=f"{_safe(backend)}@{device}.{family}",
+            tests=str(len(recs)),
+            failures=str(t["fail"]),
+            errors=str(t["crash"] + t["hang"]),
+            skipped=str(t["skip"]),
+            time=f"{sum(float(r.get('seconds') or 0.0) for r in recs):.3f}",
+        )
+        for i, rec in enumerate(recs):
+            feats = ",".join(rec.get("features") or []) or "none"
+            case = ET.SubElement(
+                suite,
+                "testcase",
+                classname=f"attn_harness.{_safe(backend)}.{device}",
+                name=f"{family}[{feats}] #{i}",
+                time=f"{float(rec.get('seconds') or 0.0):.3f}",
+            )
+            reason = rec.get("reason") or ""
+            if rec["status"] == "skip":
+                ET.SubElement(case, "skipped", message=reason)
+            elif rec["status"] in ("fail", "crash", "hang"):
+                tag = "failure" if rec["status"] == "fail" else "error"
+                detail = ET.SubElement(case, tag, message=reason, type=rec["status"])
+                body = [reason]
+                if rec.get("case") is not None:
+                    body.append("Case:\n" + json.dumps(rec["case"], indent=1))
+                if rec.get("repro"):
+                    body.append("Replay:\n  " + rec["repro"])
+                probe = rec.get("probe") or {}
+                if probe.get("lines"):
+                    body.append("Mask probe:\n  " + "\n  ".join(probe["lines"]))
+                detail.text = "\n".join(body)
+    ET.indent(root)
+    return '<?xml version="1.0" encoding="utf-8"?>\n' + ET.tostring(root, encoding="unicode") + "\n"

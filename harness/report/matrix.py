@@ -1,0 +1,74 @@
+"""The summary matrix: (backend, device, family) x feature -> status counts and worst err/budget.
+
+A case counts in the "all" column, in the column of each feature it has, and in "none" when it has
+no feature at all. A skipped test that never drew a case counts under the features its test id
+promises (the window for `-swa` tests).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from harness.modes import FAMILIES, FAMILY_MODE
+from harness.report.results_json import STATUSES
+
+FEATURES = ("window", "soft_cap", "sinks", "hybrid_pool", "deterministic")
+COLUMNS = ("all", "none") + FEATURES
+CLOSE = 0.5  # a passing cell whose worst ratio exceeds this is shown as close to its budget
+
+
+@dataclass
+class Cell:
+    counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(STATUSES, 0))
+    worst: float | None = None  # worst err/budget of the checked cases (inf: NaN in an output)
+
+    def add(self, record: dict) -> None:
+        self.counts[record["status"]] += 1
+        verdict = record.get("verdict")
+        if record["status"] in ("pass", "fail") and verdict and verdict.get("ratio") is not None:
+            ratio = float(verdict["ratio"])
+            ratio = math.inf if math.isnan(ratio) else ratio
+            self.worst = ratio if self.worst is None else max(self.worst, ratio)
+
+    @property
+    def state(self) -> str:
+        """bad (a failure, crash or hang), close, ok, skipped (skips only) or empty."""
+        c = self.counts
+        if c["fail"] or c["crash"] or c["hang"]:
+            return "bad"
+        if c["pass"]:
+            return "close" if (self.worst or 0.0) > CLOSE else "ok"
+        return "skipped" if c["skip"] else "empty"
+
+
+Row = tuple[str, str, str]  # backend, device, family
+
+
+def columns_of(record: dict) -> list[str]:
+    feats = [f for f in record.get("features") or [] if f in FEATURES]
+    return ["all"] + (feats or ["none"])
+
+
+def family_label(family: str) -> str:
+    mode = FAMILY_MODE.get(family)
+    return f"{family} ({mode})" if mode is not None else family
+
+
+def build(results: list[dict]) -> dict[Row, dict[str, Cell]]:
+    """Rows sorted by backend, device, then the suite's family order."""
+    rows: dict[Row, dict[str, Cell]] = {}
+    for rec in results:
+        key = (rec["backend"], rec["device"], rec["family"])
+        row = rows.setdefault(key, {c: Cell() for c in COLUMNS})
+        for col in columns_of(rec):
+            row[col].add(rec)
+    order = {f: i for i, f in enumerate(FAMILIES)}
+    return dict(sorted(rows.items(), key=lambda kv: (kv[0][0], kv[0][1], order.get(kv[0][2], 99), kv[0][2])))
+
+
+def totals(results: list[dict]) -> dict[str, int]:
+    out = dict.fromkeys(STATUSES, 0)
+    for rec in results:
+        out[rec["status"]] += 1
+    return out

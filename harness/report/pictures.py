@@ -1,0 +1,81 @@
+"""The report's two pictures, as embedded PNGs: the error heatmap and the mask probe's picture.
+
+Error heatmap: x = token (in request order, binned as the record says), y = query head; colour =
+error / budget on a log scale (white-to-green within budget, yellow-to-dark-red above it, black
+for NaN/Inf). Probe picture: rows = queries, columns = keys, one colour per cell kind.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+
+from harness.report import png
+
+WHITE = (255, 255, 255)
+NAN_COLOUR = (0, 0, 0)
+TICK = (90, 90, 90)
+PROBE_COLOURS = {
+    ".": (238, 238, 238),
+    "#": (46, 139, 87),
+    "-": (33, 102, 172),
+    "+": (214, 39, 40),
+    "?": (148, 103, 189),
+    "!": (0, 0, 0),
+}
+# Ratio stops of the heatmap legend, with their colours (computed by ratio_colour).
+LEGEND_RATIOS = (0.0, 0.001, 0.01, 0.1, 1.0, 3.0, 10.0, 100.0)
+
+
+def _mix(a: tuple[int, int, int], b: tuple[int, int, int], t: float) -> tuple[int, int, int]:
+    t = min(1.0, max(0.0, t))
+    return tuple(round(x + (y - x) * t) for x, y in zip(a, b))  # type: ignore[return-value]
+
+
+def ratio_colour(ratio: float | None) -> tuple[int, int, int]:
+    """Colour of one heatmap cell from its error / budget ratio (None or NaN: black)."""
+    if ratio is None or math.isnan(ratio):
+        return NAN_COLOUR
+    if ratio <= 0:
+        return WHITE
+    if ratio <= 1:  # 1e-3 .. 1 within budget: white -> green
+        return _mix(WHITE, (90, 170, 90), (math.log10(max(ratio, 1e-3)) + 3) / 3)
+    return _mix((255, 215, 0), (150, 0, 0), math.log10(ratio) / 2)  # 1x .. 100x: yellow -> dark red
+
+
+def heatmap_pixels(error_map: dict) -> list[list[tuple[int, int, int]]]:
+    """[heads][token bins] colours from a record's error_map, then a white row and a row that marks
+    (dark grey) the column where each request starts."""
+    budget = float(error_map["budget"])
+    values = error_map["values"]
+    heads = int(error_map["heads"])
+
+    def ratio(v: float | None) -> float | None:
+        if v is None:
+            return None
+        return v / budget if budget > 0 else (0.0 if v == 0 else math.inf)
+
+    rows = [[ratio_colour(ratio(col[h])) for col in values] for h in range(heads)]
+    starts = {int(t) // int(error_map["token_bin"]) for t in error_map.get("request_starts", [])}
+    rows.append([WHITE] * len(values))
+    rows.append([TICK if i in starts else WHITE for i in range(len(values))])
+    return rows
+
+
+def probe_pixels(grid: list[str]) -> list[list[tuple[int, int, int]]]:
+    return [[PROBE_COLOURS[c] for c in row] for row in grid]
+
+
+def scale(cols: int, rows: int, max_width: int = 960, max_height: int = 480) -> int:
+    """Display pixels per cell: as large as fits, between 1 and 16."""
+    return max(1, min(16, max_width // max(cols, 1), max_height // max(rows, 1)))
+
+
+def img_tag(pixels: list[list[tuple[int, int, int]]], alt: str, css_class: str, max_height: int = 480) -> str:
+    """An <img> with the PNG inline, scaled up without smoothing."""
+    rows, cols = len(pixels), len(pixels[0])
+    s = scale(cols, rows, max_height=max_height)
+    return (
+        f'<img class="{css_class}" alt="{html.escape(alt)}" width="{cols * s}" height="{rows * s}" '
+        f'src="{png.data_uri(pixels)}">'
+    )

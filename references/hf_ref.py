@@ -1,0 +1,170 @@
+"""The Hugging Face reference: transformers' own mask functions and eager attention.
+
+A second reference, independent of references/masks.py and torch_ref.py (it imports neither):
+- Who sees whom comes from `transformers.masking_utils`' mask functions (`causal_mask_function`,
+  `sliding_window_overlay`, `bidirectional_mask_function`, `and_masks`, `or_masks`), evaluated by
+  broadcasting index tensors as transformers' non-vmap mask path does. Only these long-standing
+  functions are used, never the mask builders, whose signatures changed within 5.x (5.17 vs 5.23).
+  A window `window_left = W` is HF `sliding_window = W + 1`: HF's overlay keeps `kv > q - S`.
+- The attention is GPT-OSS's `eager_attention_forward` (sinks concatenated as one extra logit per
+  query and dropped after the softmax), which keeps the input dtype, so it runs in float64 here.
+  Gemma2's `eager_attention_forward` (the soft cap) upcasts its softmax to float32 only, which
+  would cap agreement at ~1e-7; a soft-capped case therefore applies Gemma2's cap lines and then
+  GPT-OSS's softmax lines, in float64 (tests/test_hf_ref.py pins this against both functions).
+The additive mask is transformers' eager one (0 where visible, the dtype's minimum elsewhere). A row
+with no visible key returns 0 (DESIGN.md); transformers would average uniformly there instead.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from types import SimpleNamespace
+
+import torch
+from transformers import masking_utils as hf_masks
+from transformers.models.gpt_oss import modeling_gpt_oss
+
+QUERY_BLOCK = 64  # query rows per eager call: bounds the [Hq, rows, T] float64 score matrix
+
+
+def hf_sliding_window(window_left: int) -> int | None:
+    """This harness's `window_left = W` (W + 1 keys) as HF's `sliding_window` (S keys): S = W + 1."""
+    return None if window_left < 0 else window_left + 1
+
+
+def _depths(parents: tuple[int, ...]) -> list[int]:
+    out: list[int] = []
+    for p in parents:
+        out.append(0 if p < 0 else out[p] + 1)
+    return out
+
+
+def _ancestry(parents: tuple[int, ...]) -> torch.Tensor:
+    """[n, n] bool: row j marks j itself and every ancestor of j."""
+    n = len(parents)
+    anc = torch.eye(n, dtype=torch.bool)
+    for j, p in enumerate(parents):
+        if p >= 0:
+            anc[j] |= anc[p]
+    return anc
+
+
+def at_positions(mask_function: Callable, q_pos: torch.Tensor, kv_pos: torch.Tensor) -> Callable:
+    """A mask function over query/key indices, from an HF mask function over absolute positions."""
+
+    def inner(batch_idx, head_idx, q_idx, kv_idx):  # noqa: ANN001, ANN202 - HF's mask signature
+        return mask_function(batch_idx, head_idx, q_pos[q_idx], kv_pos[kv_idx])
+
+    return inner
+
+
+def _tree_overlay(num_prefix: int, ancestry: torch.Tensor) -> Callable:
+    """Verify: a prefix key is always allowed; draft key i only for its descendants j (and itself)."""
+
+    def prefix_key(batch_idx, head_idx, q_idx, kv_idx):  # noqa: ANN001, ANN202
+        return kv_idx < num_prefix
+
+    def ancestor(batch_idx, head_idx, q_idx, kv_idx):  # noqa: ANN001, ANN202
+        return ancestry[q_idx, (kv_idx - num_prefix).clamp(min=0)]
+
+    return hf_masks.or_masks(prefix_key, ancestor)
+
+
+def request_mask_function(case, r: int) -> tuple[Callable, int, int]:  # noqa: ANN001 - a harness Case
+    """(mask function over (query index, key index), number of queries, number of keys) for request r."""
+    req = case.requests[r]
+    p, e = req.prefix_len, req.extend_len
+    mode = str(case.mode)
+    if mode == "CROSS":
+        return hf_masks.bidirectional_mask_function, e, req.encoder_len
+    if mode == "TARGET_VERIFY":
+        depth = torch.tensor(_depths(req.tree), dtype=torch.long)
+        q_pos = p + depth
+        kv_pos = torch.cat([torch.arange(p), q_pos])
+    else:
+        q_pos = torch.arange(p, p + e)
+        kv_pos = torch.arange(p + e)
+    by_position = hf_masks.causal_mask_function
+    window = hf_sliding_window(case.window_left)
+    if window is not None:
+        by_position = hf_masks.and_masks(hf_masks.sliding_window_overlay(window), by_position)
+    fn = at_positions(by_position, q_pos, kv_pos)
+    if mode == "TARGET_VERIFY":
+        fn = hf_masks.and_masks(fn, _tree_overlay(p, _ancestry(req.tree)))
+    return fn, e, kv_pos.numel()
+
+
+def evaluate(mask_function: Callable, q_idx: torch.Tensor, num_keys: int) -> torch.Tensor:
+    """[len(q_idx), num_keys] bool, broadcasting (batch, head, query, key) index tensors as HF does."""
+    b = torch.zeros(1, 1, 1, 1, dtype=torch.long)
+    h = torch.zeros(1, 1, 1, 1, dtype=torch.long)
+    q = q_idx.long().view(1, 1, -1, 1)
+    kv = torch.arange(num_keys).view(1, 1, 1, -1)
+    return mask_function(b, h, q, kv).expand(1, 1, q.shape[2], num_keys)[0, 0]
+
+
+def eager_bias(visible: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """transformers' eager mask: 0 where visible, the dtype's minimum elsewhere; [1, 1, E, T]."""
+    zero = torch.zeros((), dtype=dtype)
+    return torch.where(visible, zero, torch.finfo(dtype).min)[None, None]
+
+
+def _capped_eager(module, query, key, value, bias, scaling, softcap):  # noqa: ANN001, ANN202
+    """Gemma2's eager_attention_forward up to its mask (scale, then cap, then add the mask), then
+    GPT-OSS's from its sink column on (concatenate, subtract the max, softmax in the input dtype)."""
+    key_states = modeling_gpt_oss.repeat_kv(key, module.num_key_value_groups)
+    value_states = modeling_gpt_oss.repeat_kv(value, module.num_key_value_groups)
+    attn_weights = torch.matmul(query, key_states.transpose(2, 3)) * scaling
+    attn_weights = torch.tanh(attn_weights / softcap) * softcap
+    if bias is not None:
+        attn_weights = attn_weights + bias
+    sinks = module.sinks.reshape(1, -1, 1, 1).expand(query.shape[0], -1, query.shape[-2], -1)
+    combined = torch.cat([attn_weights, sinks], dim=-1)
+    combined = combined - combined.max(dim=-1, keepdim=True).values
+    probs = torch.softmax(combined, dim=-1, dtype=combined.dtype)[..., :-1]
+    return torch.matmul(probs.to(value_states.dtype), value_states).transpose(1, 2)
+
+
+def eager_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    bias: torch.Tensor | None,
+    scaling: float,
+    softcap: float = 0.0,
+    sinks: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """transformers' eager attention in the inputs' dtype, in HF's layout: query [B, Hq, L, D],
+    key/value [B, Hkv, T, D], bias [B, 1, L, T] additive -> [B, L, Hq, D]."""
+    hq, hkv = query.shape[1], key.shape[1]
+    no_sink = torch.full((hq,), -torch.inf, dtype=query.dtype, device=query.device)
+    module = SimpleNamespace(
+        sinks=no_sink if sinks is None else sinks.to(query.dtype),
+        num_key_value_groups=hq // hkv,
+        training=False,
+    )
+    if softcap > 0:
+        return _capped_eager(module, query, key, value, bias, scaling, float(softcap))
+    return modeling_gpt_oss.eager_attention_forward(module, query, key, value, bias, scaling)[0]
+
+
+def _attend(case, q, k, v, visible, sinks, dtype):  # noqa: ANN001, ANN202
+    """q [e, Hq, D], k/v [T, Hkv, D], visible [e, T] -> [e, Hq, D]; 0 where a row sees no key."""
+    query, key, value = (t.to(dtype).transpose(0, 1).unsqueeze(0) for t in (q, k, v))
+    out = eager_attention(query, key, value, eager_bias(visible, dtype), case.scale, case.soft_cap, sinks)[0]
+    return torch.where(visible.any(-1)[:, None, None], out, torch.zeros((), dtype=dtype))
+
+
+def reference(case, inputs, dtype: torch.dtype = torch.float64) -> torch.Tensor:  # noqa: ANN001
+    """Expected output [sum E, Hq, D] of every query of the case (a harness Case and its Inputs,
+    duck-typed), in `dtype` on the CPU."""
+    outs = []
+    for r in range(len(case.requests)):
+        fn, e, t = request_mask_function(case, r)
+        for q0 in range(0, e, QUERY_BLOCK):
+            rows = torch.arange(q0, min(e, q0 + QUERY_BLOCK))
+            visible = evaluate(fn, rows, t)
+            outs.append(
+                _attend(case, inputs.q[r][rows], inputs.k[r], inputs.v[r], visible, inputs.sinks, dtype)
+            )
+    return torch.cat(outs)

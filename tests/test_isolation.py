@@ -1,0 +1,155 @@
+"""Crash and hang isolation: a dying, raising or sleeping backend becomes a CRASH or HANG result, the
+run goes on with a fresh worker, and the suite and the mutant hunts report it as such."""
+
+import ctypes
+import os
+import time
+
+import pytest
+import torch
+
+from harness import isolation
+from harness.backends.torch_native import TorchNative
+from harness.checks.numeric import check_case
+from harness.mutants import by_name, hunt
+from harness.suite import Target, run_family
+from tests.helpers import case
+
+GOOD = case("EXTEND", ((5, 3),), window_left=2)
+EXACT = case("DECODE", ((40, 1),), window_left=7, hybrid_swa_pool=True, swa_pool_exact=True, page_size=16)
+
+
+class Aborts(TorchNative):
+    """A kernel that takes the process down, as a fatal CUDA error can."""
+
+    def run(self, batch):
+        os.abort()
+
+
+class Segfaults(TorchNative):
+    def run(self, batch):
+        ctypes.string_at(0)  # reads address 0: SIGSEGV
+
+
+class Sleeps(TorchNative):
+    """A kernel that never returns (a deadlock) on cases with seed 7, and works on the others."""
+
+    def run(self, batch):
+        if batch.case.seed == 7:
+            time.sleep(3600)
+        return super().run(batch)
+
+
+class RaisesCudaError(TorchNative):
+    def run(self, batch):
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+
+@pytest.fixture
+def runner():
+    # A backend's first case in a worker may take long (imports; on a GPU, kernel compilation); the
+    # hanging case below comes after a normal one, so the short limit applies to it.
+    r = isolation.IsolatedRunner(timeout=5, first_timeout=120)
+    yield r
+    r.close()
+
+
+def test_crash_and_hang_are_results_and_the_run_goes_on(runner):
+    seq = [
+        (TorchNative(), "pass"),
+        (Aborts(), "crash"),
+        (TorchNative(), "pass"),
+        (Sleeps(), "pass"),
+        (Sleeps(), "hang"),
+        (TorchNative(), "pass"),
+        (Segfaults(), "crash"),
+        (RaisesCudaError(), "crash"),
+        (TorchNative(), "pass"),
+    ]
+    results = [
+        runner.run(check_case, b, GOOD.replace(seed=7 * (i == 4)), "cpu") for i, (b, _) in enumerate(seq)
+    ]
+    assert [r.status for r in results] == [want for _, want in seq], [r.reason for r in results]
+    abort, hang, segv, raised = results[1], results[4], results[6], results[7]
+    assert "killed by signal SIGABRT" in abort.reason and "Fatal Python error: Aborted" in abort.reason
+    assert "no result within 5s" in hang.reason
+    assert "killed by signal SIGSEGV" in segv.reason and "Segmentation fault" in segv.reason
+    assert "test_isolation.py" in segv.reason  # faulthandler's stack names the crashing frame
+    assert "RuntimeError: CUDA error: an illegal memory access" in raised.reason
+    assert "traceback" in raised.extra
+    # One worker for the first cases, then a fresh one after each of the four crashes or hangs only:
+    # healthy cases reuse the worker they find.
+    assert runner.worker.started == 5
+
+
+def test_pool_spreads_cases_over_workers_and_isolates_each():
+    pool = isolation.WorkerPool("cpu", size=2, timeout=20, first_timeout=20)
+    try:
+        cases = [GOOD, GOOD.replace(seed=1), GOOD.replace(seed=2), GOOD.replace(seed=3)]
+        res = pool.map(check_case, TorchNative(), cases, "cpu")
+        assert [r.status for r in res] == ["pass"] * 4
+        assert [r.case for r in res] == cases
+        assert all(r.worker.started == 1 for r in pool.runners)  # both workers ran, neither restarted
+    finally:
+        pool.close()
+
+
+def test_the_suite_reports_a_crash_as_a_failed_test(monkeypatch):
+    monkeypatch.setenv(isolation.ISOLATE_ENV, "1")
+    records = []
+    t = Target("tests.test_isolation:Aborts", "cpu", "prefill", "full")
+    with pytest.raises(AssertionError, match="CRASH: the worker process died"):
+        run_family(t, records.append)
+    assert records and records[0].status == "crash"
+    assert all(r is records[0] for r in records)  # hypothesis's replays came from the memo: one run
+
+
+def test_an_exact_pool_untranslated_read_crashes_and_the_hunt_reports_it(monkeypatch):
+    monkeypatch.setenv(isolation.ISOLATE_ENV, "1")
+    d = hunt(by_name("torch_native~swa_untranslated_exact"), "decode", max_examples=5)
+    assert d.caught and d.status == "crash" and d.examples == 1
+    assert "IndexError" in d.reason and "out of bounds" in d.reason
+
+
+def test_in_process_a_backend_exception_is_a_crash_result():
+    res = check_case(by_name("torch_native~swa_untranslated_exact").make(), EXACT, "cpu")
+    assert res.status == "crash" and "IndexError" in res.reason and "(at pool.py:" in res.reason
+    assert "Traceback" in res.extra["traceback"]
+
+
+def test_isolation_is_on_for_cuda_and_by_request(monkeypatch):
+    monkeypatch.delenv(isolation.ISOLATE_ENV, raising=False)
+    assert isolation.enabled("cuda") and not isolation.enabled("cpu")
+    monkeypatch.setenv(isolation.ISOLATE_ENV, "1")
+    assert isolation.enabled("cpu")
+    monkeypatch.setenv(isolation.ISOLATE_ENV, "0")
+    assert not isolation.enabled("cuda")
+
+
+def test_exit_descriptions():
+    assert isolation.describe_exit(-6) == "killed by signal SIGABRT"
+    assert isolation.describe_exit(3) == "exit status 3"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="no CUDA device: torch.cuda.is_available() is False"
+)
+def test_gpu_exact_pool_untranslated_read_is_a_crash_and_the_run_continues():
+    """The issue's demonstration: on CUDA, reading an exact-size SWA pool with untranslated slots is a
+    device-side assert (torch_native indexes with bounds checks); the next case runs in a fresh worker."""
+    mutant = by_name("torch_native~swa_untranslated_exact").make()
+    runner = isolation.IsolatedRunner()
+    try:
+        res = [
+            runner.run(check_case, TorchNative(), EXACT, "cuda"),
+            runner.run(check_case, mutant, EXACT, "cuda"),
+            runner.run(check_case, TorchNative(), EXACT, "cuda"),
+        ]
+    finally:
+        runner.close()
+    print("\n".join(f"{r.backend}: {r.status.upper()}: {r.reason[:300]}" for r in res))
+    assert [r.status for r in res] == ["pass", "crash", "pass"]
+    crash = res[1].reason + res[1].extra.get("worker_output", "")
+    assert "CUDA error" in crash or "device-side assert" in crash or "illegal memory access" in crash
+    assert runner.worker.started == 2

@@ -1,0 +1,204 @@
+"""The model-level check: the engine's cache and metadata, the scenario, the rule, and that it fails.
+
+The passing runs live in the suite (cases/test_model.py); here each part is shown able to fail.
+"""
+
+import math
+
+import pytest
+import torch
+
+from harness import pool
+from harness.backends import load
+from harness.backends.base import BackendOutput, Capabilities
+from harness.backends.torch_native import TorchNative
+from harness.batch import Inputs
+from harness.case import Case
+from harness.checks import model as M
+from harness.engine import PagedKVCache, Work
+from harness.modes import Mode
+from harness.mutants import by_name, catalogue
+from harness.serving import ATTN_NAME, register, serve, together
+from references.torch_ref import reference
+
+
+def _cache(page_size=4, pages=16, whole_page_loads=False):
+    return PagedKVCache(1, pages, page_size, 2, 8, torch.float32, "NHD", "cpu", whole_page_loads, seed=1)
+
+
+def test_a_request_reuses_whole_cached_pages_of_another():
+    c = _cache()
+    c.finish(c.plan(Mode.EXTEND, [Work("A", tuple(range(10)))]), [Work("A", tuple(range(10)))])
+    b = Work("B", (1, 2, 3), parent="A", reuse=8)
+    step = c.plan(Mode.EXTEND, [b])
+    assert c.pages["B"][:2] == c.pages["A"][:2] and c.pages["B"][2] not in c.pages["A"]
+    assert step.prefix_lens.tolist() == [8] and step.req_to_token[0, :8].tolist() == c.slots("A", 0, 8)
+    with pytest.raises(ValueError, match="whole cached pages"):
+        c.start("C", "A", 6)
+
+
+def test_verify_drafts_are_not_committed_and_their_rows_are_poison_again():
+    c = _cache(whole_page_loads=False)
+    a = Work("A", tuple(range(6)))
+    c.finish(c.plan(Mode.EXTEND, [a]), [a])
+    free_before = len(c.free)
+    v = Work("A", (7, 8, 9, 10, 11), tree=(-1, 0, 0, 1, 2))
+    step = c.plan(Mode.TARGET_VERIFY, [v])
+    assert step.seq_lens.tolist() == [6] and step.positions.tolist() == [6, 7, 7, 8, 8]
+    c.pools[0].write(step.out_cache_loc, torch.ones(5, 2, 8), torch.ones(5, 2, 8))
+    c.finish(step, [v])
+    assert c.length["A"] == 6 and len(c.free) == free_before
+    k, _ = c.pools[0].read(torch.tensor(c.slots("A", 6, 8)))
+    assert torch.isnan(k).all()
+
+
+def test_draft_extend_metadata_follows_the_bumped_convention():
+    c = _cache()
+    a = Work("A", tuple(range(5)))
+    c.finish(c.plan(Mode.EXTEND, [a]), [a])
+    step = c.plan(Mode.DRAFT_EXTEND_V2, [Work("A", (1, 2, 3))])
+    assert step.seq_lens.tolist() == [8] and step.seq_lens_before_bump.tolist() == [5]
+    assert step.num_draft == 3 and step.out_cache_loc.tolist() == c.slots("A", 5, 8)
+
+
+def test_whole_page_loads_get_the_canary_not_poison():
+    c = _cache(whole_page_loads=True)
+    a = Work("A", (1, 2))
+    c.plan(Mode.EXTEND, [a])
+    k, _ = c.pools[0].read(torch.tensor(c.slots("A", 0, 4) + [0]))
+    assert (k == pool.CANARY).all()
+
+
+def test_a_backend_on_the_engines_batch_matches_the_reference():
+    """The engine's metadata is what build_batch would give: torch_native on it equals torch_ref."""
+    c = _cache(page_size=16)
+    gen = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(n, h, 8, generator=gen) for n, h in ((7, 4), (7, 2), (7, 2)))
+    w = Work("A", tuple(range(7)))
+    step = c.plan(Mode.EXTEND, [w])
+    shape = dict(num_q_heads=4, num_kv_heads=2, head_dim=8, dtype="float32", page_size=16)
+    case = Case(mode="EXTEND", requests=step.requests, window_left=2, **shape)
+    out = load("torch_native").run(c.batch(step, case, 0, q, k, v, None)).out
+    ref = reference(case, Inputs([q], [k], [v], None)).out
+    assert torch.allclose(out.double(), ref, atol=1e-5)
+
+
+def test_the_scenario_runs_every_step_the_issue_names():
+    phases = M.scenario(page_size=16, window=8, vocab=50)
+    modes = {p.mode for p in phases}
+    assert modes == {Mode.EXTEND, Mode.DECODE, Mode.DRAFT_EXTEND_V2, Mode.TARGET_VERIFY}
+    b = next(it for it in phases[1].items if it.work.rid == "B")
+    assert b.work.parent == "A" and b.work.reuse % 16 == 0 and b.work.reuse > 8  # window binds in it
+    a_prompt = len(phases[0].items[0].work.tokens)
+    decodes = [p for p in phases if p.mode == Mode.DECODE]
+    assert a_prompt > 8 and len(decodes) > 8  # the window binds in the prefill and slides past decodes
+    tree = next(p for p in phases if p.name == "verify tree").items[0].work.tree
+    assert len(set(tree)) < len(tree)  # some node has two children
+
+
+def test_whole_sequence_reference_equals_one_forward_per_query():
+    """The covering logic is right: a causal model's logit at p does not see tokens after p."""
+    model = M.exact_model(M.MODELS["mistral"].build(torch.float32, "cpu"), torch.float64)
+    phases = M.scenario(16, 8, 256)[:3]
+    with M.single_threaded():
+        whole = M.reference_logprobs(model, phases, "cpu", whole=True)
+        each = M.reference_logprobs(model, phases, "cpu", whole=False)
+    assert max(abs(whole[k] - each[k]) for k in whole) < 1e-10
+
+
+def test_the_budget_is_k_times_the_native_error_plus_noise():
+    spec = M.MODELS["mistral"]
+    keys = [("A", "p", 0), ("A", "p", 1)]
+    run = M.Run(logprobs={keys[0]: torch.tensor(-1.0), keys[1]: torch.tensor(-2.1)}, own=set(keys))
+    exact = {keys[0]: -1.0, keys[1]: -2.0}
+    native = [{keys[0]: -1.02, keys[1]: -2.0}]
+    k, n, worst, budget, where = M.judge(spec, run, exact, native, "float32")
+    assert math.isclose(budget, 2 * 0.02 + 2 * 2.0**-22, rel_tol=1e-3)  # noise(fp32) at |lp| ~ 2
+    assert (k, n) == (1, 2) and math.isclose(worst, 0.1, rel_tol=1e-5) and "query 1" in where
+
+
+DE_AND_WINDOW = ["window_ignored", "window_short", "window_long", "de_v2_prefix_only"]
+MUTANTS = [m for m in catalogue() if m.name.removeprefix("torch_native~") in DE_AND_WINDOW]
+
+
+@pytest.mark.parametrize("model", list(M.MODELS))
+@pytest.mark.parametrize("mutant", MUTANTS, ids=lambda m: m.name.removeprefix("torch_native~"))
+def test_injected_bugs_make_the_model_check_fail_with_a_count(mutant, model):
+    res = M.check_model(mutant.make(), model, "cpu", determinism=False)
+    assert res.status == "fail" and 0 < res.differing <= res.tokens
+    assert res.reason.startswith(f"{res.differing} of {res.tokens} logprobs differ beyond tolerance")
+
+
+def test_the_three_bugs_the_issue_names_are_in_the_catalogue():
+    for name in ("window_ignored", "window_short", "de_v2_prefix_only"):
+        assert by_name(f"torch_native~{name}")
+
+
+class _BatchSized(TorchNative):
+    """Attention whose rounding depends on the batch: what deterministic mode must rule out."""
+
+    def run(self, batch):
+        out = super().run(batch).out
+        return BackendOutput(out * (1 + 1e-6 * (batch.batch_size - 1)))
+
+
+def test_a_batch_dependent_backend_fails_deterministic_mode():
+    res = M.check_model(_BatchSized(), "mistral", "cpu")
+    assert res.deterministic.startswith("FAIL") and "changed in" in res.deterministic
+    assert res.status == "fail"
+
+
+class _NoDecode(TorchNative):
+    name = "torch_native_nodec"
+    capabilities = Capabilities(
+        modes=frozenset({Mode.EXTEND, Mode.DRAFT_EXTEND_V2, Mode.TARGET_VERIFY}),
+        dtypes=frozenset({"float32"}),
+        devices=frozenset({"cpu"}),
+        window=True,
+    )
+
+
+def test_steps_a_backend_lacks_run_on_torch_native_and_are_not_counted():
+    res = M.check_model(_NoDecode(), "mistral", "cpu", determinism=False)
+    decodes = [k for k in res.fallback if k.startswith("decode")]
+    assert res.status == "pass" and set(res.fallback) == {*decodes, "verify tree"}
+    assert len(decodes) == 10 and "DECODE" in res.fallback["decode 1"]
+    assert "trees" in res.fallback["verify tree"]
+    full = M.check_model(load("torch_native"), "mistral", "cpu", determinism=False)
+    assert res.tokens == full.tokens - 2 * 10 - 2 * 6
+
+
+def test_a_backend_that_serves_nothing_is_a_skip_with_the_reasons():
+    res = M.check_model(_NoDecode(), "gemma2", "cpu", determinism=False)  # no soft cap
+    assert res.status == "skip" and "soft cap" in res.reason
+
+
+class _Raises(TorchNative):
+    def run(self, batch):
+        if batch.mode == Mode.DECODE:
+            raise RuntimeError("illegal memory access (simulated)")
+        return super().run(batch)
+
+
+def test_a_crash_is_a_result_that_names_the_step():
+    res = M.check_model(_Raises(), "mistral", "cpu")
+    assert res.status == "crash" and "decode 1" in res.reason and "simulated" in res.reason
+
+
+def test_served_model_keeps_the_eager_reference_untouched():
+    register()
+    eager = M.MODELS["mistral"].build(torch.float32, "cpu")
+    served = M.copy.deepcopy(eager)
+    served.set_attn_implementation(ATTN_NAME)
+    assert eager.config._attn_implementation == "eager"
+    phases = M.scenario(16, 8, 256)[:2]
+    run = serve(served, load("torch_native"), phases, together, "cpu")
+    assert len(run.own) == sum(len(it.work.tokens) for p in phases for it in p.items)
+
+
+def test_the_gpu_configuration_bf16_attention_in_a_float32_model_passes_and_catches_a_bug():
+    """What the GPU runs (q, k, v and the pool in bf16, dense layers in float32), here on the CPU."""
+    good = M.check_model(load("torch_native"), "gpt_oss", "cpu", torch.bfloat16, determinism=False)
+    assert good.status == "pass" and good.dtype == "bfloat16/float32" and good.budget < 1.0
+    bad = M.check_model(by_name("torch_native~window_short").make(), "gpt_oss", "cpu", torch.bfloat16)
+    assert bad.status == "fail" and bad.differing > 0

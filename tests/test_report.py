@@ -1,0 +1,191 @@
+"""The report writers: results.json schema, the summary matrix, index.html, junit.xml, pictures."""
+
+import json
+import math
+import xml.etree.ElementTree as ET
+
+import pytest
+
+from harness.report import (
+    environment,
+    html,
+    junit,
+    matrix,
+    pictures,
+    png,
+    render_views,
+    results_json,
+    write_run,
+)
+from harness.report.progress import Progress
+from tests.pngdecode import decode
+from tests.report_helpers import sample_document, sample_document_text
+
+
+def by_status(doc, status):
+    return [r for r in doc["results"] if r["status"] == status]
+
+
+def test_results_json_is_strict_json_and_round_trips_non_finite_numbers():
+    text = sample_document_text()
+
+    def refuse(name):
+        raise AssertionError(f"non-standard JSON constant {name}")
+
+    raw = json.loads(text, parse_constant=refuse)
+    assert raw["format"] == "attn-harness-results" and raw["version"] == 1
+    nan_fail = [r for r in raw["results"] if r["backend"].endswith("_SwaUntranslated")][0]
+    assert nan_fail["verdict"]["err"] == "NaN" and nan_fail["verdict"]["ratio"] == "Infinity"
+    doc = results_json.loads(text)
+    v = [r for r in doc["results"] if r["backend"].endswith("_SwaUntranslated")][0]["verdict"]
+    assert math.isnan(v["err"]) and v["ratio"] == math.inf
+    assert results_json.dumps(doc) == text
+
+
+@pytest.mark.parametrize(
+    "mutate,needle",
+    [
+        (lambda d: d.update(format="other"), "not an attn-harness results file"),
+        (lambda d: d.update(version=99), "schema version 99 is not supported"),
+        (lambda d: d.update(results={}), "field 'results' must be a JSON list"),
+        (lambda d: d["results"][0].pop("status"), "results[0] lacks field(s): status"),
+        (lambda d: d["results"][1].update(status="meh"), "results[1].status='meh' is not one of"),
+    ],
+)
+def test_results_json_rejects_documents_off_the_schema(mutate, needle):
+    doc = sample_document()
+    mutate(doc)
+    with pytest.raises(results_json.ResultsError) as e:
+        results_json.loads(results_json.dumps(doc))
+    assert needle in str(e.value) and "\n" not in str(e.value)
+
+
+def test_matrix_counts_each_case_under_all_its_features_and_colours_cells():
+    rows = matrix.build(sample_document()["results"])
+    native = rows[("torch_native", "cpu", "prefix")]
+    assert native["all"].counts["pass"] == 1 and native["window"].counts["pass"] == 1
+    assert (
+        native["none"].counts == dict.fromkeys(native["none"].counts, 0) and native["none"].state == "empty"
+    )
+    assert native["window"].state == "ok" and native["window"].worst < 1
+    ignored = rows[("harness.mutants.torch_native:_WindowIgnored", "cpu", "prefix")]
+    assert ignored["window"].state == "bad" and ignored["window"].worst > 1
+    untranslated = rows[("harness.mutants.torch_native:_SwaUntranslated", "cpu", "prefix")]
+    assert untranslated["hybrid_pool"].counts["fail"] == 1 and untranslated["hybrid_pool"].worst == math.inf
+    cuda = rows[("torch_native", "cuda", "prefix")]
+    assert cuda["all"].counts["crash"] == 1 and cuda["all"].state == "bad"
+    assert rows[("torch_native", "cuda", "verify")]["none"].state == "skipped"
+    families = [k[2] for k in rows if k[:2] == ("torch_native", "cuda")]
+    assert families == ["prefix", "verify"]  # the suite's family order
+
+
+def test_a_passing_cell_close_to_its_budget_is_marked():
+    cell = matrix.Cell()
+    cell.add({"status": "pass", "verdict": {"ratio": 0.8}})
+    assert cell.state == "close"
+    cell.add({"status": "skip", "verdict": None})
+    assert cell.state == "close" and cell.counts["skip"] == 1
+
+
+def test_html_has_the_matrix_failures_skips_and_environment():
+    page = html.render(sample_document())
+    assert page.startswith("<!DOCTYPE html>") and "<script" not in page and "http" not in page
+    for anchor in (
+        'id="summary-matrix"',
+        'id="failure-1"',
+        'id="failure-2"',
+        'id="failure-3"',
+        'id="skip-table"',
+    ):
+        assert anchor in page
+    assert 'id="failure-4"' not in page
+    assert page.count('class="cell bad"') >= 3
+    assert "attn-harness report: FAILED" in page
+    # The window failure: its probe lines, its probe picture and heatmap, its repro command.
+    assert "attended keys 0..22, outside its window [23, 30]" in page
+    assert page.count('class="picture probe"') >= 2 and page.count('class="picture heatmap"') == 2
+    assert "--backend harness.mutants.torch_native:_WindowIgnored --device cpu" in page
+    assert "request 0, token" in page and "fraction of elements over budget" in page
+    # The crash, escaped; skips with their reason and count; versions, including absent ones.
+    assert "illegal memory access &lt;sim&gt;" in page and "<sim>" not in page
+    assert '<pre class="traceback">Traceback (most recent call last):' in page
+    assert "no CUDA device: torch.cuda.is_available() is False" in page
+    assert "<th>flashinfer</th><td>not installed</td>" in page
+
+
+def test_html_of_a_clean_run_says_so():
+    doc = sample_document()
+    doc["results"] = [r for r in doc["results"] if r["status"] == "pass"]
+    page = html.render(doc)
+    assert "attn-harness report: PASSED" in page and "Failures (0)" in page and 'id="failure-1"' not in page
+    doc["results"] = []
+    assert "NOTHING CHECKED" in html.render(doc)
+
+
+def test_rendering_is_a_pure_function_of_the_results_file(tmp_path):
+    page = write_run(tmp_path / "a", sample_document())
+    render_views(results_json.load(tmp_path / "a" / "results.json"), tmp_path / "b")
+    for name in ("index.html", "junit.xml"):
+        assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes()
+    assert page == tmp_path / "a" / "index.html"
+
+
+def test_junit_has_one_testcase_per_record_with_failures_errors_and_skips():
+    doc = sample_document()
+    root = ET.fromstring(junit.render(doc))
+    assert root.get("tests") == str(len(doc["results"]))
+    assert (root.get("failures"), root.get("errors"), root.get("skipped")) == ("2", "1", "2")
+    cases = root.findall(".//testcase")
+    assert len(cases) == len(doc["results"])
+    failure = root.find(".//testcase/failure")
+    assert "Replay:" in failure.text and "Mask probe:" in failure.text and failure.get("type") == "fail"
+    assert root.find(".//testcase/error").get("message") == "illegal memory access <sim>"
+    assert all(":" not in c.get("classname") for c in cases)
+
+
+def test_png_encodes_pixels_exactly():
+    pixels = [[(255, 0, 0), (0, 255, 0), (0, 0, 255)], [(1, 2, 3), (250, 251, 252), (0, 0, 0)]]
+    assert decode(png.encode(pixels)) == pixels
+    with pytest.raises(ValueError, match="equal, non-empty rows"):
+        png.encode([[(0, 0, 0)], []])
+
+
+def test_heatmap_colours_follow_error_over_budget_and_mark_request_starts():
+    em = {
+        "budget": 0.1,
+        "token_bin": 1,
+        "heads": 2,
+        "request_starts": [0, 2],
+        "values": [[0.0, 0.05], [1.0, None], [0.2, 0.1]],
+    }
+    px = pictures.heatmap_pixels(em)
+    assert len(px) == 2 + 2 and len(px[0]) == 3
+    assert px[0][0] == pictures.WHITE and px[1][1] == pictures.NAN_COLOUR
+    assert px[0][1] == pictures.ratio_colour(10.0) and px[0][1][0] > px[0][1][1]  # red-ish above budget
+    assert px[1][0][1] > px[1][0][0]  # green-ish within budget
+    assert px[3] == [pictures.TICK, pictures.WHITE, pictures.TICK]
+
+
+def test_environment_lists_versions_and_says_not_installed():
+    env = environment.collect()
+    assert list(env)[:5] == ["python", "platform", "gpu", "driver", "cuda"]
+    assert {"torch", "flashinfer", "flash-attn", "transformers", "hypothesis"} <= set(env)
+    assert env["hypothesis"] != environment.NOT_INSTALLED
+    assert environment.package_version(("no-such-distribution-xyz",)) == "not installed"
+
+
+def test_progress_line_counts_tests_cases_and_failing_tests():
+    now = [100.0]
+    p = Progress(total_tests=4, clock=lambda: now[0])
+    p.case("pass", "t1")
+    p.case("fail", "t1")
+    p.case("fail", "t1")  # shrinking: still one failing test
+    p.case("skip", "t2")
+    p.test_done("t1", True)
+    now[0] = 165.0
+    assert p.line() == (
+        "[#####---------------] 1/4 tests | 4 cases (1 skipped) | 1 failing | 1:05 elapsed | t2"
+    )
+    assert p.due(5.0) and not p.due(5.0)
+    now[0] = 170.0
+    assert p.due(5.0)
