@@ -1,0 +1,89 @@
+"""flashinfer_dec_cc / flashinfer_dec_tc: FlashInfer's decode wrapper on CUDA cores and on tensor cores.
+
+The two take different kernels: CUDA cores run FlashInfer's decode kernel (one query per
+request); tensor cores run its prefill kernel with one query row per request, or a
+bottom-right causal block of `q_len_per_req` rows, which is how engines verify draft chains and
+run DRAFT_EXTEND_V2 through a decode wrapper. A tree (topk > 1) needs a custom mask, which the
+decode wrapper has no way to take: flashinfer_paged verifies trees.
+
+What 0.7.2.post1 does not do, declared as skips: the CUDA-core plan rejects `fixed_split_size`
+and never forwards `disable_split_kv`, so its split-KV follows the batch (deterministic mode needs
+tensor cores, as sglang switches to); and both decode paths accept `sinks=` at run() and drop it.
+"""
+
+from __future__ import annotations
+
+from harness.backends.base import BackendOutput
+from harness.backends.flashinfer_glue import FlashInferGlue, capabilities
+from harness.batch import Batch
+from harness.case import Case
+from harness.modes import Mode
+
+SINKS_DROPPED = (
+    "FlashInfer 0.7.2.post1's fa2 decode paths accept sinks= at run() and drop them "
+    "(flashinfer_paged runs sinks through BatchAttentionWithAttentionSinkWrapper)"
+)
+CUDA_CORE_GROUP_SIZES = frozenset({1, 2, 3, 4, 6, 8, 16})  # the decode kernel's GQA dispatch
+
+
+class _FlashInferDecode(FlashInferGlue):
+    kind = ""  # the wrapper kind: decode_tc or decode_cc
+    split_tokens = 2048  # sglang's decode default
+
+    def run(self, batch: Batch) -> BackendOutput:
+        self.write_kv(batch)
+        table = self.page_table(batch, self.key_ranges(batch))
+        wrapper = self.wrapper(self.kind, batch)
+        q_len = batch.case.requests[0].extend_len  # one per request, the same for the whole batch
+        self.plan_decode(wrapper, batch, table, self.kernel_options(batch, self.window_left(batch)), q_len)
+        out, lse = wrapper.run(batch.q, self.kv_cache(batch), return_lse=True)
+        return BackendOutput(out=out, lse=self.natural_lse(lse))
+
+
+class FlashInferDecCC(_FlashInferDecode):
+    name = "flashinfer_dec_cc"
+    kind = "decode_cc"
+    capabilities = capabilities(
+        {Mode.DECODE},
+        window=True,
+        soft_cap=True,
+        hybrid_pool=True,
+        returns_lse=True,
+        why_not={
+            "deterministic": "FlashInfer 0.7.2.post1's CUDA-core decode plan rejects fixed_split_size "
+            "and ignores disable_split_kv, so its split-KV follows the batch (flashinfer_dec_tc pins it)",
+            "sinks": SINKS_DROPPED,
+            "DRAFT_EXTEND_V2": "the CUDA-core decode kernel takes one query per request "
+            "(flashinfer_dec_tc runs q_len_per_req > 1)",
+            "TARGET_VERIFY": "the CUDA-core decode kernel takes one query per request "
+            "(flashinfer_dec_tc verifies chains, flashinfer_paged trees)",
+        },
+    )
+
+    def supports(self, case: Case) -> str | None:
+        why = super().supports(case)
+        group = case.num_q_heads // case.num_kv_heads
+        if why is None and group not in CUDA_CORE_GROUP_SIZES:
+            return f"FlashInfer's CUDA-core decode kernel has no GQA group size {group}"
+        return why
+
+
+class FlashInferDecTC(_FlashInferDecode):
+    name = "flashinfer_dec_tc"
+    kind = "decode_tc"
+    capabilities = capabilities(
+        {Mode.DECODE, Mode.DRAFT_EXTEND_V2, Mode.TARGET_VERIFY},
+        window=True,
+        soft_cap=True,
+        hybrid_pool=True,
+        deterministic=True,
+        returns_lse=True,
+        why_not={
+            "sinks": SINKS_DROPPED,
+            "tree": "the decode wrapper masks q_len_per_req rows causally and takes no custom mask "
+            "(flashinfer_paged verifies trees)",
+        },
+    )
+
+
+BACKENDS = {"flashinfer_dec_cc": FlashInferDecCC, "flashinfer_dec_tc": FlashInferDecTC}

@@ -1,0 +1,322 @@
+"""Engine glue shared by the FlashInfer adapters (flashinfer-python 0.7.2.post1). Registers no backend.
+
+A serving engine drives FlashInfer through wrapper objects: `plan()` once per batch with the page
+table (`kv_indptr`, `kv_indices`, `last_page_len`) and every kernel option, then `run()` per layer.
+The decisions every FlashInfer path shares are small methods here, so that a mutant can override
+exactly one: which keys a sliding-window layer reads, the page table of this layer's pool
+(translated on a hybrid SWA layer), the options given at plan, the split parameters in
+deterministic mode, and the LSE base.
+
+Every wrapper is built with backend="fa2". FlashInfer's "auto" picks fa3 on an H100, whose plan
+ignores `fixed_split_size` and `disable_split_kv`; naming the backend also keeps the set of JIT
+variants known in advance (docs/flashinfer.md lists them).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from harness import modes
+from harness.backends.base import Backend, Capabilities
+from harness.batch import TORCH_DTYPES, Batch
+from harness.case import Case
+from harness.modes import Mode
+from harness.pool import translate_slots
+
+FLASHINFER_VERSION = "0.7.2.post1"
+KERNEL_BACKEND = "fa2"
+WORKSPACE_BYTES = 512 * 1024 * 1024  # the float workspace every wrapper shares (split-KV partials)
+HEAD_DIMS = frozenset({64, 128, 256})
+# Measured on the H100 (tests/test_flashinfer_gpu.py::test_fa2_prefill_tile_follows_the_batch).
+PREFILL_NOT_INVARIANT = (
+    "FlashInfer 0.7.2.post1's fa2 prefill picks its query tile (16/64/128 rows, FA2DetermineCtaTileQ) "
+    "from the batch's mean query length, so a prefill request's rounding follows its neighbours even "
+    "with fixed split sizes: no deterministic mode for EXTEND or a CROSS prefill (uniform-length "
+    "batches: decode, verify, DRAFT_EXTEND_V2, decoder steps, keep the tile and stay deterministic)"
+)
+_WORKSPACES: dict[str, torch.Tensor] = {}
+
+
+def flashinfer() -> Any:
+    """The flashinfer module, imported only when a kernel is about to run."""
+    import flashinfer as fi
+
+    return fi
+
+
+def why_unavailable() -> str | None:
+    """None when flashinfer imports at the version this glue was written against, else why not."""
+    try:
+        fi = flashinfer()
+    except Exception as e:  # noqa: BLE001 - a broken install is a skip reason, not a crash
+        return f"flashinfer does not import here: {type(e).__name__}: {e}"
+    version = getattr(fi, "__version__", "unknown")
+    if version != FLASHINFER_VERSION:
+        return f"flashinfer {version} is installed; this glue is written against {FLASHINFER_VERSION}"
+    return None
+
+
+def workspace(device: torch.device) -> torch.Tensor:
+    """The float workspace, one per device, shared by every wrapper (runs are sequential)."""
+    key = str(device)
+    if key not in _WORKSPACES:
+        _WORKSPACES[key] = torch.zeros(WORKSPACE_BYTES, dtype=torch.uint8, device=device)
+    return _WORKSPACES[key]
+
+
+def query_tile_follows_batch(case: Case) -> bool:
+    """Whether fa2 prefill sizes this case's query tile from its neighbours: queries of any length."""
+    if case.mode == Mode.CROSS:
+        return any(r.extend_len != 1 for r in case.requests)
+    return case.mode == Mode.EXTEND
+
+
+def capabilities(modes_: set[Mode], **features: Any) -> Capabilities:
+    """The capabilities every FlashInfer adapter shares, plus its own modes and features."""
+    return Capabilities(
+        modes=frozenset(modes_),
+        dtypes=frozenset({"bfloat16", "float16"}),
+        head_dims=HEAD_DIMS,
+        kv_layouts=frozenset({"NHD", "HND"}),
+        devices=frozenset({"cuda"}),
+        **features,
+    )
+
+
+@dataclass(frozen=True)
+class PageTable:
+    """One key range per request in FlashInfer's paged form (host int32 tensors).
+
+    A request's keys start on a page boundary. An empty range has no pages and
+    `last_page_len = page_size`: FlashInfer's kernel reads a request without pages as 0 keys, and
+    plan's custom-mask offsets ((pages - 1) * page_size + last_page_len, unclamped) are then 0 as
+    well. The true lengths travel separately as `kv_lens` (plan's `seq_lens`).
+    """
+
+    indptr: torch.Tensor
+    indices: torch.Tensor
+    last_page_len: torch.Tensor
+    kv_lens: torch.Tensor
+
+
+def paged_kv_table(page_ids: list[list[int]], lengths: list[int], page_size: int) -> PageTable:
+    """Assemble the table from each request's page ids and key count."""
+    indptr = [0]
+    last = []
+    for ids, n in zip(page_ids, lengths):
+        if len(ids) != -(-n // page_size):
+            raise ValueError(f"{len(ids)} pages cannot hold exactly {n} keys of page size {page_size}")
+        indptr.append(indptr[-1] + len(ids))
+        last.append(n - (len(ids) - 1) * page_size if n else page_size)
+    flat = [p for ids in page_ids for p in ids]
+    return PageTable(
+        indptr=torch.tensor(indptr, dtype=torch.int32),
+        indices=torch.tensor(flat, dtype=torch.int32),
+        last_page_len=torch.tensor(last, dtype=torch.int32),
+        kv_lens=torch.tensor(lengths, dtype=torch.int32),
+    )
+
+
+class FlashInferGlue(Backend):
+    """Base adapter for every FlashInfer path. Subclasses set name, capabilities, run()."""
+
+    library = "flashinfer"
+    split_tokens = 4096  # keys per split-KV chunk in deterministic mode (sglang's prefill default)
+
+    def __init__(self) -> None:
+        self._wrappers: dict[tuple, Any] = {}
+
+    def __getstate__(self) -> dict:
+        """Sent to an isolation worker without its wrappers: they hold device memory; it builds its own."""
+        return {**self.__dict__, "_wrappers": {}}
+
+    def available(self, device: str) -> str | None:
+        return super().available(device) or why_unavailable()
+
+    def supports(self, case: Case) -> str | None:
+        why = super().supports(case)
+        if why is None and case.deterministic and query_tile_follows_batch(case):
+            return PREFILL_NOT_INVARIANT
+        return why
+
+    # --- where the keys are -------------------------------------------------------------------
+
+    def write_kv(self, batch: Batch) -> None:
+        """Store this forward's new K/V at `out_cache_loc` (this layer's pool; none in CROSS)."""
+        if batch.k_new.shape[0]:
+            batch.pool.write(self.layer_slots(batch, batch.out_cache_loc), batch.k_new, batch.v_new)
+
+    def kv_extents(self, batch: Batch) -> list[int]:
+        """Keys per request, from `seq_lens` and the mode's convention (DRAFT_EXTEND_V2: bumped)."""
+        seq = batch.cpu_list("seq_lens")
+        enc = batch.cpu_list("encoder_lens")
+        return [modes.kv_extent(batch.mode, seq[r], batch.num_draft, enc[r]) for r in range(len(seq))]
+
+    def window_left(self, batch: Batch) -> int:
+        """This layer's window W (a query at p keeps keys p - W .. p), -1 for none."""
+        return -1 if batch.mode == Mode.CROSS else batch.case.window_left
+
+    def query_positions(self, batch: Batch, r: int) -> list[int]:
+        """Absolute positions of request r's queries, from the engine's `positions` (verify: P + depth)."""
+        q0, q1 = int(batch.qo_indptr[r]), int(batch.qo_indptr[r + 1])
+        return [int(p) for p in batch.positions[q0:q1].tolist()]
+
+    def kv_start(self, batch: Batch, r: int) -> int:
+        """First key a windowed layer reads: the page holding the first query's earliest visible key.
+
+        Engines trim the KV of sliding-window layers this way; on a hybrid pool the pages before it
+        are freed (slot 0, poison), so reading them and masking afterwards would give 0 * NaN.
+        """
+        w = self.window_left(batch)
+        if w < 0:
+            return 0
+        first = max(0, min(self.query_positions(batch, r)) - w)
+        return first // batch.case.page_size * batch.case.page_size
+
+    def key_ranges(self, batch: Batch) -> list[tuple[int, int]]:
+        """[lo, hi) key positions each request reads: from kv_start to its KV extent."""
+        return [(self.kv_start(batch, r), n) for r, n in enumerate(self.kv_extents(batch))]
+
+    def kv_slots(self, batch: Batch, r: int, lo: int, hi: int) -> torch.Tensor:
+        """Full-pool slots of request r's positions lo..hi-1 (CROSS: the encoder's lead its row)."""
+        return batch.req_to_token[r, lo:hi]
+
+    def layer_slots(self, batch: Batch, slots: torch.Tensor) -> torch.Tensor:
+        """Full-pool slots -> this layer's pool (the SWA pool on a sliding-window layer)."""
+        return translate_slots(slots, batch.full_to_swa)
+
+    def page_table(self, batch: Batch, ranges: list[tuple[int, int]]) -> PageTable:
+        """Page ids of this layer's pool for each range: the translated slot of each page's first key."""
+        ps = batch.case.page_size
+        ids = []
+        for r, (lo, hi) in enumerate(ranges):
+            first_slots = self.kv_slots(batch, r, lo, hi)[::ps]
+            ids.append([int(s) // ps for s in self.layer_slots(batch, first_slots).tolist()])
+        return paged_kv_table(ids, [hi - lo for lo, hi in ranges], ps)
+
+    def kv_cache(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+        """The layer's pool as FlashInfer takes it: (k, v) in the case's NHD or HND page layout."""
+        return batch.pool.k, batch.pool.v
+
+    # --- what goes to plan() ------------------------------------------------------------------
+
+    def kernel_options(self, batch: Batch, window_left: int) -> dict:
+        """Options every plan() takes. All of them go to plan: run() reuses what plan compiled."""
+        c = batch.case
+        dt = TORCH_DTYPES[c.dtype]
+        return {
+            "sm_scale": c.scale,
+            "window_left": window_left,
+            "logits_soft_cap": float(c.soft_cap),
+            "q_data_type": dt,
+            "kv_data_type": dt,
+        }
+
+    def kv_path(self, batch: Batch) -> str:
+        """Which engine path plans this layer: 'cross', 'swa' (a windowed layer) or 'full'."""
+        if batch.mode == Mode.CROSS:
+            return "cross"
+        return "swa" if self.window_left(batch) >= 0 else "full"
+
+    def split_options(self, batch: Batch, page_size: int) -> dict:
+        """Deterministic mode pins the split-KV chunk (in pages) on every path, so a request's
+        reduction order never depends on what else is in the batch; `disable_split_kv` is the
+        CUDA-graph alternative, which an eager engine leaves off."""
+        if not batch.case.deterministic:
+            return {}
+        return {"fixed_split_size": max(1, self.split_tokens // page_size), "disable_split_kv": False}
+
+    def plan_paged(
+        self,
+        wrapper: Any,
+        batch: Batch,
+        qo_indptr: torch.Tensor,
+        table: PageTable,
+        causal: bool,
+        options: dict,
+        custom_mask: torch.Tensor | None = None,
+    ) -> None:
+        """Plan a paged prefill wrapper: page table, mask, kernel options and split parameters."""
+        c = batch.case
+        wrapper.plan(
+            qo_indptr,
+            table.indptr,
+            table.indices,
+            table.last_page_len,
+            c.num_q_heads,
+            c.num_kv_heads,
+            c.head_dim,
+            c.page_size,
+            custom_mask=custom_mask,
+            causal=causal,
+            seq_lens=table.kv_lens,
+            **options,
+            **self.split_options(batch, c.page_size),
+        )
+
+    def plan_decode(self, wrapper: Any, batch: Batch, table: PageTable, options: dict, q_len: int) -> None:
+        """Plan a decode wrapper; q_len > 1 (tensor cores only) is a bottom-right causal block."""
+        c = batch.case
+        wrapper.plan(
+            table.indptr,
+            table.indices,
+            table.last_page_len,
+            c.num_q_heads,
+            c.num_kv_heads,
+            c.head_dim,
+            c.page_size,
+            seq_lens=table.kv_lens,
+            q_len_per_req=q_len,
+            **options,
+            **self.split_options(batch, c.page_size),
+        )
+
+    # --- wrappers and results -----------------------------------------------------------------
+
+    def wrapper(self, kind: str, batch: Batch) -> Any:
+        """A FlashInfer wrapper of one kind, built once per adapter and re-planned per batch.
+
+        kinds: ragged, paged, sink (paged with attention sinks; its JIT module fixes the dtype,
+        head_dim and whether a window exists), decode_tc / decode_cc (tensor / CUDA cores).
+        """
+        c = batch.case
+        key = (kind, c.kv_layout, str(batch.device))
+        if kind == "sink":
+            key += (c.dtype, c.head_dim, self.window_left(batch) >= 0)
+        if key not in self._wrappers:
+            self._wrappers[key] = self._build_wrapper(kind, batch)
+        return self._wrappers[key]
+
+    def _build_wrapper(self, kind: str, batch: Batch) -> Any:
+        fi = flashinfer()
+        c = batch.case
+        ws = workspace(batch.device)
+        if kind == "ragged":  # in-flight K/V are [tokens, heads, dim]
+            return fi.BatchPrefillWithRaggedKVCacheWrapper(ws, "NHD", backend=KERNEL_BACKEND)
+        if kind == "paged":
+            return fi.BatchPrefillWithPagedKVCacheWrapper(ws, c.kv_layout, backend=KERNEL_BACKEND)
+        if kind == "sink":
+            dt = TORCH_DTYPES[c.dtype]
+            return fi.BatchAttentionWithAttentionSinkWrapper(
+                ws,
+                c.kv_layout,
+                backend=KERNEL_BACKEND,
+                q_data_type=dt,
+                kv_data_type=dt,
+                head_dim_qk=c.head_dim,
+                head_dim_vo=c.head_dim,
+                window_left=self.window_left(batch),
+            )
+        if kind in ("decode_tc", "decode_cc"):
+            return fi.BatchDecodeWithPagedKVCacheWrapper(
+                ws, c.kv_layout, use_tensor_cores=kind == "decode_tc", backend=KERNEL_BACKEND
+            )
+        raise ValueError(f"unknown FlashInfer wrapper kind {kind!r}")
+
+    def natural_lse(self, lse: torch.Tensor) -> torch.Tensor:
+        """FlashInfer's kernels return log2(sum 2^x) of log2-scaled logits; the harness wants ln."""
+        return lse.float() * math.log(2.0)

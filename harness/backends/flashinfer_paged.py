@@ -1,0 +1,88 @@
+"""flashinfer_paged: paged-only prefill with FlashInfer, as engines run EXTEND, DRAFT_EXTEND_V2 and verify.
+
+New K/V go into the pool first; one paged wrapper then reads every key from the pool. EXTEND and
+DRAFT_EXTEND_V2 are causal over the KV extent (DRAFT_EXTEND_V2: the bumped `seq_lens`), with
+`window_left` anchored, correctly here, at the end of the KV. TARGET_VERIFY passes the draft tree
+as a custom mask (plan packs it into bits); the window then lives in that mask, by depth, because
+FlashInfer's own `window_left` would anchor it by flattened draft index.
+
+Attention sinks run through BatchAttentionWithAttentionSinkWrapper: the plain fa2 wrappers
+accept `sinks=` at run() and drop it. That variant has no soft cap and ignores custom masks, so
+sinks with a soft cap, and sinks in TARGET_VERIFY, are unsupported (skips with the reason).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from harness.backends.base import BackendOutput
+from harness.backends.flashinfer_glue import FlashInferGlue, capabilities
+from harness.batch import Batch
+from harness.case import Case
+from harness.modes import Mode
+
+
+class FlashInferPaged(FlashInferGlue):
+    name = "flashinfer_paged"
+    capabilities = capabilities(
+        {Mode.EXTEND, Mode.DRAFT_EXTEND_V2, Mode.TARGET_VERIFY},
+        window=True,
+        soft_cap=True,
+        sinks=True,
+        hybrid_pool=True,
+        deterministic=True,
+        returns_lse=True,
+        tree=True,
+    )
+
+    def supports(self, case: Case) -> str | None:
+        why = super().supports(case)
+        if why or not case.sinks:
+            return why
+        if case.soft_cap > 0:
+            return (
+                "FlashInfer 0.7.2.post1's AttentionSink variant has no soft cap "
+                "(logits_soft_cap would be dropped silently)"
+            )
+        if case.mode == Mode.TARGET_VERIFY:
+            return "FlashInfer 0.7.2.post1's AttentionSink variant ignores custom masks (the verify tree)"
+        return None
+
+    def paged_window(self, batch: Batch) -> int:
+        """The window given to plan: none in verify, where the tree mask carries it by depth."""
+        return -1 if batch.mode == Mode.TARGET_VERIFY else self.window_left(batch)
+
+    def verify_mask(self, batch: Batch, ranges: list[tuple[int, int]]) -> torch.Tensor:
+        """Flat bool mask, per request [num_draft, hi - lo] row-major, from global positions.
+
+        Prefix key k is visible to draft j at position p_j iff k >= p_j - W; draft i is visible iff
+        it is j or an ancestor (the engine's tree mask) and p_i >= p_j - W.
+        """
+        w = self.window_left(batch)
+        rows = []
+        for r, (lo, hi) in enumerate(ranges):
+            qpos = torch.tensor(self.query_positions(batch, r), device=batch.device)
+            prefix = hi - batch.num_draft
+            kpos = torch.cat([torch.arange(lo, prefix, device=batch.device), qpos])
+            mask = torch.ones(len(qpos), hi - lo, dtype=torch.bool, device=batch.device)
+            mask[:, prefix - lo :] = batch.tree_mask[r]
+            if w >= 0:
+                mask &= kpos[None, :] >= qpos[:, None] - w
+            rows.append(mask.flatten())
+        return torch.cat(rows)
+
+    def run(self, batch: Batch) -> BackendOutput:
+        self.write_kv(batch)
+        ranges = self.key_ranges(batch)
+        table = self.page_table(batch, ranges)
+        mask = self.verify_mask(batch, ranges) if batch.mode == Mode.TARGET_VERIFY else None
+        sinks = batch.sinks is not None
+        wrapper = self.wrapper("sink" if sinks else "paged", batch)
+        options = self.kernel_options(batch, self.paged_window(batch))
+        self.plan_paged(wrapper, batch, batch.qo_indptr.cpu(), table, True, options, mask)
+        extra = (batch.sinks,) if sinks else ()  # the sink variant takes them as its extra tensor
+        out, lse = wrapper.run(batch.q, self.kv_cache(batch), *extra, return_lse=True)
+        return BackendOutput(out=out, lse=self.natural_lse(lse))
+
+
+BACKENDS = {"flashinfer_paged": FlashInferPaged}

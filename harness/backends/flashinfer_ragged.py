@@ -1,0 +1,107 @@
+"""flashinfer_ragged: EXTEND as engines run it with FlashInfer, ragged + paged + merge_state.
+
+The ragged wrapper attends causally over this forward's in-flight K/V; when any request has a
+cached prefix, a paged wrapper attends over the prefix and `merge_state` combines the two by
+their LSE. The new K/V are written to the pool after attention.
+
+The window is the subtle part. FlashInfer anchors `window_left` at the end of each wrapper's own
+KV: in the ragged pass that is the last new token, which is right, so the ragged pass takes
+`window_left`. In the prefix pass the KV ends at the prefix, E tokens before the true query
+positions, so the window would be misplaced: that pass reads only the pages from the first
+query's window start on and masks the rest with a custom mask built from global positions
+(key k is visible to query j iff k >= P + j - W), with no `window_left` of its own.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from harness.backends.base import BackendOutput
+from harness.backends.flashinfer_glue import PREFILL_NOT_INVARIANT, FlashInferGlue, capabilities, flashinfer
+from harness.batch import Batch
+from harness.modes import Mode
+
+
+@dataclass(frozen=True)
+class PrefixPass:
+    """How the paged pass over the cached prefix is planned."""
+
+    ranges: list[tuple[int, int]]  # [lo, P) key positions per request
+    window_left: int  # given to plan
+    custom_mask: torch.Tensor | None  # flat bool, request-major, [E, P - lo] row-major each
+
+
+class FlashInferRagged(FlashInferGlue):
+    name = "flashinfer_ragged"
+    capabilities = capabilities(
+        {Mode.EXTEND},
+        window=True,
+        soft_cap=True,
+        hybrid_pool=True,
+        returns_lse=True,
+        why_not={
+            "deterministic": PREFILL_NOT_INVARIANT,
+            "sinks": "FlashInfer 0.7.2.post1 has no sink variant of the ragged wrapper "
+            "(flashinfer_paged runs sinks through BatchAttentionWithAttentionSinkWrapper)",
+        },
+    )
+
+    def ragged_window(self, batch: Batch) -> int:
+        """The ragged pass's window: its KV ends at the last new token, where FlashInfer anchors it."""
+        return self.window_left(batch)
+
+    def plan_ragged(self, wrapper: Any, batch: Batch, qo_indptr: torch.Tensor, options: dict) -> None:
+        """Queries and in-flight keys share one indptr; causal; split size in tokens (no pages)."""
+        c = batch.case
+        wrapper.plan(
+            qo_indptr,
+            qo_indptr,
+            c.num_q_heads,
+            c.num_kv_heads,
+            c.head_dim,
+            causal=True,
+            **options,
+            **self.split_options(batch, 1),
+        )
+
+    def prefix_pass(self, batch: Batch) -> PrefixPass:
+        """The prefix keys to read and how to mask them (see the module docstring)."""
+        w = self.window_left(batch)
+        prefix = batch.cpu_list("prefix_lens")
+        if w < 0:
+            return PrefixPass([(0, p) for p in prefix], -1, None)
+        ranges = [(self.kv_start(batch, r), p) for r, p in enumerate(prefix)]
+        rows = []
+        for r, (lo, p) in enumerate(ranges):
+            qpos = torch.tensor(self.query_positions(batch, r), device=batch.device)
+            kpos = torch.arange(lo, p, device=batch.device)
+            rows.append((kpos[None, :] >= qpos[:, None] - w).flatten())
+        return PrefixPass(ranges, -1, torch.cat(rows))
+
+    def merge(
+        self, o_a: torch.Tensor, s_a: torch.Tensor, o_b: torch.Tensor, s_b: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Combine two partial attentions by their LSE: FlashInfer's merge_state, base 2 in and out."""
+        return flashinfer().merge_state(o_a, s_a, o_b, s_b)
+
+    def run(self, batch: Batch) -> BackendOutput:
+        qo = batch.qo_indptr.cpu()
+        ragged = self.wrapper("ragged", batch)
+        self.plan_ragged(ragged, batch, qo, self.kernel_options(batch, self.ragged_window(batch)))
+        out, lse = ragged.run(batch.q, batch.k_new, batch.v_new, return_lse=True)
+        pre = self.prefix_pass(batch)
+        if any(hi > lo for lo, hi in pre.ranges):  # some request has cached keys to read
+            table = self.page_table(batch, pre.ranges)
+            paged = self.wrapper("paged", batch)
+            options = self.kernel_options(batch, pre.window_left)
+            self.plan_paged(paged, batch, qo, table, False, options, pre.custom_mask)
+            out_p, lse_p = paged.run(batch.q, self.kv_cache(batch), return_lse=True)
+            out, lse = self.merge(out, lse, out_p, lse_p)
+        self.write_kv(batch)
+        return BackendOutput(out=out, lse=self.natural_lse(lse))
+
+
+BACKENDS = {"flashinfer_ragged": FlashInferRagged}

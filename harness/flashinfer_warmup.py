@@ -1,0 +1,258 @@
+"""Build every FlashInfer JIT module the `gpu` profile touches, all at once, before the suite runs.
+
+    python -m harness.flashinfer_warmup [--jobs N]
+
+FlashInfer compiles one module per variant (dtype, head_dim, window on/off, soft cap on/off,
+sink variant, kernel family) on first use, 70-100 s each when built one after another. Phase 1
+finds the modules by running one small probe per variant with FlashInfer's `build_and_load`
+replaced by a recorder (each probe stops at its module's spec), then builds them all with
+FlashInfer's own `build_jit_specs`: one ninja over every translation unit, `--jobs` at a time.
+Phase 2 runs every FlashInfer adapter over each feature combination the gpu profile draws and
+over the pinned cases; these only load modules now, so a slow probe compiled something phase 1
+missed, and is flagged. Prints the module names and the times; `.device/core/save-jit.sh` then
+packs the cache.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from dataclasses import dataclass
+
+from harness.case import Case, Request
+
+GPU_SHAPE = dict(num_q_heads=8, num_kv_heads=2, page_size=16)
+GPU_VARIANT = ("bfloat16", 128)  # the gpu profile's only dtype and head_dim
+SLOW_LOAD_S = 15.0  # a phase-2 probe slower than this compiled a module
+
+
+@dataclass(frozen=True)
+class Probe:
+    """A small run that needs exactly one module: through an adapter, or a direct library call."""
+
+    label: str
+    backend: str | None = None
+    case: Case | None = None
+    call: str | None = None  # "merge_state" or "segment_packbits"
+
+
+def _case(mode: str, req: Request, dtype: str, head_dim: int, window: int, cap: float, sinks: bool) -> Case:
+    return Case(
+        mode=mode,
+        requests=(req,),
+        dtype=dtype,
+        head_dim=head_dim,
+        window_left=window,
+        soft_cap=cap,
+        sinks=sinks,
+        **GPU_SHAPE,
+    )
+
+
+def variant_probes(
+    dtype: str, head_dim: int, windows: set[int], caps: set[float], decode: bool, sinks: bool
+) -> list[Probe]:
+    """Probes for the fa2 prefill module (also serving tensor-core decode) of each window x cap,
+    the CUDA-core decode module of each (if `decode`) and the AttentionSink module (if `sinks`)."""
+    out = []
+    tag = f"{dtype},{head_dim}"
+    for w in sorted(windows):
+        for cap in sorted(caps):
+            name = f"{tag},swa={w >= 0},cap={cap > 0}"
+            out.append(
+                Probe(
+                    f"prefill[{name}]",
+                    "flashinfer_paged",
+                    _case("EXTEND", Request(0, 20), dtype, head_dim, w, cap, False),
+                )
+            )
+            if decode:
+                case = _case("DECODE", Request(20, 1), dtype, head_dim, w, cap, False)
+                out.append(Probe(f"decode_cc[{name}]", "flashinfer_dec_cc", case))
+        if sinks:
+            case = _case("EXTEND", Request(0, 20), dtype, head_dim, w, 0.0, True)
+            out.append(Probe(f"sink[{tag},swa={w >= 0}]", "flashinfer_paged", case))
+    return out
+
+
+def flashinfer_backends() -> list[str]:
+    from harness import backends
+
+    return [n for n in backends.names() if n.startswith("flashinfer")]
+
+
+def pinned_cases() -> list[tuple[str, Case]]:
+    """(backend, case) for every case pinned in cases/pinned.py that a FlashInfer adapter runs: the
+    suite runs them in every profile, at their own dtype and head_dim."""
+    from harness import backends
+    from harness.modes import FAMILIES
+    from harness.suite import pinned_examples
+
+    out = []
+    for family in FAMILIES:
+        for case in pinned_examples(family):
+            out += [(n, case) for n in flashinfer_backends() if backends.load(n).supports(case) is None]
+    return out
+
+
+def module_probes() -> list[Probe]:
+    """Every variant the gpu profile draws, the variants the pinned cases need, and the two
+    helper modules (merge_state's cascade, plan's custom-mask packer)."""
+    out = variant_probes(*GPU_VARIANT, {-1, 8}, {0.0, 30.0}, True, True)
+    for _, c in pinned_cases():
+        windows = {-1, 8} if c.window_left >= 0 else {-1}
+        out += variant_probes(c.dtype, c.head_dim, windows, {c.soft_cap}, c.mode == "DECODE", c.sinks)
+    out += [Probe("cascade", call="merge_state"), Probe("packbits", call="segment_packbits")]
+    return list({p.label: p for p in out}.values())
+
+
+def _call(name: str) -> None:
+    import flashinfer
+    import torch
+
+    if name == "merge_state":
+        v = torch.zeros(4, 8, 128, dtype=torch.bfloat16, device="cuda")
+        s = torch.zeros(4, 8, dtype=torch.float32, device="cuda")
+        flashinfer.merge_state(v, s, v, s)
+    else:
+        bits = torch.ones(24, dtype=torch.bool, device="cuda")
+        flashinfer.segment_packbits(bits, torch.tensor([0, 9, 24], device="cuda"), bitorder="little")
+
+
+class _Recorded(Exception):
+    """Raised in place of a module build: the probe has shown which module it needs."""
+
+
+def discover_specs(probes: list[Probe]) -> dict:
+    """Module name -> FlashInfer JitSpec, found by running each probe up to its first module load."""
+    from flashinfer.jit import core
+
+    from harness import backends
+    from harness.checks.numeric import check_case
+
+    found: dict = {}
+
+    def record(spec) -> None:  # noqa: ANN001 - a flashinfer JitSpec
+        found.setdefault(spec.name, spec)
+        raise _Recorded(spec.name)
+
+    original = core.JitSpec.build_and_load
+    core.JitSpec.build_and_load = record
+    try:
+        for p in probes:
+            try:
+                if p.call:
+                    _call(p.call)
+                else:  # check_case reports the raise as a CRASH result; the spec is recorded
+                    check_case(backends.load(p.backend), p.case, "cuda")
+            except _Recorded:
+                pass
+    finally:
+        core.JitSpec.build_and_load = original
+    return found
+
+
+def coverage_cases() -> list[tuple[str, Case]]:
+    """(backend, case) for every mode x window x soft cap x sinks x determinism an adapter supports
+    in the gpu profile, and the pinned cases."""
+    from harness import backends
+
+    shapes = {
+        "EXTEND": [Request(0, 24), Request(40, 24)],
+        "DECODE": [Request(40, 1)],
+        "DRAFT_EXTEND_V2": [Request(40, 4)],
+        "TARGET_VERIFY": [Request(40, 4, tree=(-1, 0, 0, 1)), Request(40, 4, tree=(-1, 0, 1, 2))],
+        "CROSS": [Request(0, 12, 30), Request(5, 1, 30)],
+    }
+    dtype, head_dim = GPU_VARIANT
+    out = []
+    for name in flashinfer_backends():
+        backend = backends.load(name)
+        for mode in sorted(str(m) for m in backend.capabilities.modes):
+            for req in shapes[mode]:
+                for window in (-1,) if mode == "CROSS" else (-1, 8):
+                    for cap in (0.0, 30.0):
+                        for sinks in (False, True):
+                            for det in (False, True):
+                                case = _case(mode, req, dtype, head_dim, window, cap, sinks)
+                                case = case.replace(deterministic=det)
+                                if backend.supports(case) is None:
+                                    out.append((name, case))
+    return out + pinned_cases()
+
+
+def list_modules() -> list[str]:
+    """Names of the compiled FlashInfer modules: the JIT cache and the restored prebuilt ones."""
+    from flashinfer.jit import env
+
+    names = set()
+    for root in (env.FLASHINFER_JIT_DIR, env.FLASHINFER_AOT_DIR):
+        if root.is_dir():
+            names |= {d.name for d in root.iterdir() if d.is_dir() and any(d.glob("*.so"))}
+    return sorted(names)
+
+
+def build(jobs: int) -> bool:
+    """Phase 1: find every module, then build them in one ninja. True if the build succeeded."""
+    from flashinfer.jit import build_jit_specs
+
+    specs = discover_specs(module_probes())
+    print(f"phase 1: {len(specs)} modules to build or load:")
+    for name in sorted(specs):
+        print(f"  {name}")
+    os.environ["FLASHINFER_JIT_PREBUILD_MAX_JOBS"] = str(jobs)
+    try:
+        build_jit_specs(list(specs.values()), verbose=False, skip_prebuilt=True)
+    except Exception as e:  # noqa: BLE001 - phase 2 still runs and reports what each adapter does
+        print(f"build failed: {type(e).__name__}: {str(e)[-2000:]}")
+        return False
+    return True
+
+
+def check_coverage() -> int:
+    """Phase 2: every adapter over its feature combinations; returns how many probes were slow."""
+    from harness import backends
+    from harness.checks.numeric import check_case
+
+    slow = 0
+    for name, case in coverage_cases():
+        t = time.perf_counter()
+        try:
+            res = check_case(backends.load(name), case, "cuda")
+            outcome = f"{res.status}: {res.reason[:110]}"
+        except Exception as e:  # noqa: BLE001 - reported, and the next probe still runs
+            outcome = f"error: {type(e).__name__}: {e}"[:140]
+        dt = time.perf_counter() - t
+        slow += dt > SLOW_LOAD_S
+        flag = "  <- compiled here" if dt > SLOW_LOAD_S else ""
+        feats = f"{case.mode} P={case.requests[0].prefix_len} w={case.window_left} cap={case.soft_cap:g}"
+        feats += f" sinks={int(case.sinks)} det={int(case.deterministic)} d={case.head_dim}"
+        print(f"cover  {name:<18} {feats:<58} {dt:5.1f}s  {outcome}{flag}")
+    return slow
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        prog="python -m harness.flashinfer_warmup", description=__doc__.splitlines()[0]
+    )
+    p.add_argument(
+        "--jobs", type=int, default=os.cpu_count() or 8, help="nvcc jobs at a time (each takes GBs)"
+    )
+    args = p.parse_args(argv)
+    start = time.perf_counter()
+    built = build(args.jobs)
+    t_build = time.perf_counter() - start
+    slow = check_coverage()
+    modules = list_modules()
+    print(f"modules ({len(modules)}):")
+    for m in modules:
+        print(f"  {m}")
+    total = time.perf_counter() - start
+    print(f"warm-up: build {t_build:.0f}s, total {total:.0f}s; {slow} coverage probe(s) compiled late")
+    return 0 if built and not slow else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

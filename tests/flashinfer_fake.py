@@ -1,0 +1,377 @@
+"""A recording fake of the flashinfer 0.7.2.post1 wrapper API that also computes, for CPU tests.
+
+Installed as `sys.modules["flashinfer"]`, it lets the adapters run end to end on the CPU. Each fake
+keeps the real signature (keyword names from flashinfer/prefill.py, decode.py, cascade.py and
+attention/_core.py of 0.7.2.post1), checks what the real code checks, records every call, and
+computes with FlashInfer's semantics as its kernels implement them (written from the kernel
+sources, independently of the adapters and of references/):
+
+- a request's KV is `(pages - 1) * page_size + last_page_len` keys, 0 without pages; only those
+  rows are loaded, and loaded rows that the mask hides still pass through P @ V (0 * NaN = NaN).
+- causal is bottom-right: query j of E sees key k of L iff k <= L - E + j; `window_left` W keeps
+  k >= L - E + j - W, anchored at the end of each wrapper's own KV, in every mask mode.
+- a custom mask replaces causality; plan's mask offsets are q_len * ((pages - 1) * page_size +
+  last_page_len), unclamped, as `_compute_page_mask_indptr` computes them.
+- plan() fixes the compiled variant (window on/off, soft cap on/off); run() uses the wrapper's
+  current `_window_left` / `_logits_soft_cap`, which is what the deprecated forward() sets.
+- LSE is log2 of the softmax denominator (base 2); merge_state takes and returns base 2.
+- plain wrappers accept `sinks=` and drop it; the AttentionSink variant adds the sink to the
+  denominator, has no soft cap, and ignores custom masks.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import sys
+
+import torch
+
+__version__ = "0.7.2.post1"
+
+CALLS: list[tuple[str, dict]] = []  # (what, arguments by name), in call order
+
+
+def calls(what: str) -> list[dict]:
+    return [a for w, a in CALLS if w == what]
+
+
+def reset() -> None:
+    CALLS.clear()
+
+
+def _attend(q, keys, vals, visible, scale, cap, sink):
+    """q [E, Hq, D], keys/vals [L, Hkv, D], visible [E, L] -> out [E, Hq, D] (q dtype), lse2 [E, Hq]."""
+    e, hq, _ = q.shape
+    g = hq // keys.shape[1]
+    k = keys.float().repeat_interleave(g, dim=1).transpose(0, 1)
+    v = vals.float().repeat_interleave(g, dim=1).transpose(0, 1)
+    s = torch.matmul(q.float().transpose(0, 1), k.transpose(1, 2)) * scale  # [Hq, E, L]
+    if cap > 0:
+        s = cap * torch.tanh(s / cap)
+    s = torch.where(visible[None], s, torch.tensor(-math.inf))
+    m = s.amax(-1, keepdim=True) if s.shape[-1] else torch.full((hq, e, 1), -math.inf)
+    if sink is not None:
+        m = torch.maximum(m, sink.float().view(hq, 1, 1))
+    base = torch.where(torch.isinf(m), torch.zeros_like(m), m)
+    p = torch.where(visible[None], torch.exp(s - base), torch.zeros_like(s))
+    denom = p.sum(-1, keepdim=True)
+    if sink is not None:
+        denom = denom + torch.exp(sink.float().view(hq, 1, 1) - base)
+    out = torch.matmul(p, v) / torch.where(denom > 0, denom, torch.ones_like(denom))
+    lse = torch.where(denom > 0, base + torch.log(denom), torch.tensor(-math.inf)).squeeze(-1)
+    return out.transpose(0, 1).to(q.dtype), (lse / math.log(2.0)).transpose(0, 1)
+
+
+def _bottom_right(e, n, causal, window):
+    """[E, L] visibility of FlashInfer's causal / window masks, anchored at the end of the KV."""
+    diag = torch.arange(e)[:, None] + (n - e)
+    key = torch.arange(n)[None, :]
+    keep = key <= diag if causal else torch.ones(e, n, dtype=torch.bool)
+    if window is not None:
+        keep = keep & (key >= diag - window)
+    return keep
+
+
+def _gather_pages(cache, pages, n, layout):
+    """The first n rows of the given pages of an NHD [P, ps, H, D] or HND [P, H, ps, D] cache."""
+    if not pages:
+        shape = (0, cache.shape[2 if layout == "NHD" else 1], cache.shape[-1])
+        return cache.new_zeros(shape)
+    blocks = cache[torch.tensor(pages)]
+    if layout == "HND":
+        blocks = blocks.transpose(1, 2)
+    return blocks.reshape(-1, blocks.shape[2], blocks.shape[3])[:n]
+
+
+def _kv_len(npages, last, page_size):
+    return 0 if npages == 0 else (npages - 1) * page_size + last
+
+
+class _Variant:
+    """What plan() compiled and recorded, and the run-time state forward() would overwrite."""
+
+    sink_variant = False
+
+    def _plan_common(self, window_left, logits_soft_cap, sm_scale, head_dim):
+        self._window_left = window_left
+        self._logits_soft_cap = logits_soft_cap or 0.0
+        self._sm_scale = sm_scale if sm_scale is not None else 1.0 / math.sqrt(head_dim)
+        self._swa_module = window_left >= 0
+        self._cap_module = (logits_soft_cap or 0.0) > 0
+
+    def _run_window(self, window_left):
+        window = self._window_left if window_left is None else window_left
+        assert window == self._window_left  # as the real run() asserts
+        return window if self._swa_module and window >= 0 else None
+
+    def _run_cap(self):
+        return self._logits_soft_cap if self._cap_module and not self.sink_variant else 0.0
+
+
+class BatchPrefillWithPagedKVCacheWrapper(_Variant):
+    def __init__(self, float_workspace_buffer, kv_layout="NHD", use_cuda_graph=False, backend="auto", **kw):
+        assert kv_layout in ("NHD", "HND")
+        self._kv_layout = kv_layout
+        CALLS.append(("paged.init", {"kv_layout": kv_layout, "backend": backend, **kw}))
+
+    def plan(
+        self,
+        qo_indptr,
+        paged_kv_indptr,
+        paged_kv_indices,
+        paged_kv_last_page_len,
+        num_qo_heads,
+        num_kv_heads,
+        head_dim_qk,
+        page_size,
+        head_dim_vo=None,
+        custom_mask=None,
+        packed_custom_mask=None,
+        causal=False,
+        pos_encoding_mode="NONE",
+        use_fp16_qk_reduction=False,
+        sm_scale=None,
+        window_left=-1,
+        logits_soft_cap=None,
+        rope_scale=None,
+        rope_theta=None,
+        q_data_type="float16",
+        kv_data_type=None,
+        o_data_type=None,
+        non_blocking=True,
+        seq_lens=None,
+        fixed_split_size=None,
+        disable_split_kv=False,
+        **rest,
+    ) -> None:
+        args = dict(locals())
+        args.pop("self")
+        args.update(args.pop("rest"))
+        CALLS.append(("paged.plan", args))
+        qo = [int(x) for x in qo_indptr.tolist()]
+        indptr = [int(x) for x in paged_kv_indptr.tolist()]
+        last = [int(x) for x in paged_kv_last_page_len.tolist()]
+        assert len(qo) == len(indptr) == len(last) + 1
+        self._qo, self._page_size = qo, page_size
+        self._pages = [
+            [int(p) for p in paged_kv_indices[indptr[b] : indptr[b + 1]].tolist()] for b in range(len(last))
+        ]
+        self._lens = [_kv_len(len(p), last[b], page_size) for b, p in enumerate(self._pages)]
+        self._mask = None
+        if custom_mask is not None:
+            seg = [
+                (qo[b + 1] - qo[b]) * ((len(p) - 1) * page_size + last[b]) for b, p in enumerate(self._pages)
+            ]
+            if any(s < 0 for s in seg) or sum(seg) != custom_mask.numel():
+                raise ValueError(
+                    f"custom mask segments {seg} do not fit a mask of {custom_mask.numel()} bits"
+                )
+            flat = custom_mask.flatten().bool().cpu()
+            offs = [0]
+            for s in seg:
+                offs.append(offs[-1] + s)
+            self._mask = [flat[offs[b] : offs[b + 1]].view(qo[b + 1] - qo[b], -1) for b in range(len(seg))]
+        self._causal = causal
+        self._plan_common(window_left, logits_soft_cap, sm_scale, head_dim_qk)
+
+    def run(self, q, paged_kv_cache, *args, return_lse=False, window_left=None, sinks=None, **rest):
+        CALLS.append(("paged.run", {"args": args, "window_left": window_left, "sinks": sinks, **rest}))
+        k_cache, v_cache = paged_kv_cache
+        window = self._run_window(window_left)
+        sink = args[0] if self.sink_variant else None  # plain fa2 wrappers drop `sinks`
+        outs, lses = [], []
+        for b, pages in enumerate(self._pages):
+            qb = q[self._qo[b] : self._qo[b + 1]]
+            n = self._lens[b]
+            kb = _gather_pages(k_cache, pages, n, self._kv_layout)
+            vb = _gather_pages(v_cache, pages, n, self._kv_layout)
+            if self._mask is not None and not self.sink_variant:
+                vis = self._mask[b] & _bottom_right(len(qb), n, False, window)
+            else:
+                causal = self._causal and self._mask is None
+                vis = _bottom_right(len(qb), n, causal, window)
+            o, lse = _attend(qb, kb, vb, vis, self._sm_scale, self._run_cap(), sink)
+            outs.append(o)
+            lses.append(lse)
+        out, lse = torch.cat(outs), torch.cat(lses)
+        return (out, lse) if return_lse else out
+
+
+class BatchAttentionWithAttentionSinkWrapper(BatchPrefillWithPagedKVCacheWrapper):
+    sink_variant = True
+
+    def __init__(self, float_workspace_buffer, kv_layout="NHD", use_cuda_graph=False, backend="auto", **kw):
+        super().__init__(float_workspace_buffer, kv_layout, use_cuda_graph, backend, **kw)
+        self._ctor_swa = kw.get("window_left", -1) >= 0
+
+    def _plan_common(self, window_left, logits_soft_cap, sm_scale, head_dim):
+        super()._plan_common(window_left, logits_soft_cap, sm_scale, head_dim)
+        self._swa_module = self._ctor_swa  # the JIT module was chosen in the constructor
+
+
+class BatchPrefillWithRaggedKVCacheWrapper(_Variant):
+    def __init__(self, float_workspace_buffer, kv_layout="NHD", use_cuda_graph=False, backend="auto", **kw):
+        CALLS.append(("ragged.init", {"kv_layout": kv_layout, "backend": backend, **kw}))
+
+    def plan(
+        self,
+        qo_indptr,
+        kv_indptr,
+        num_qo_heads,
+        num_kv_heads,
+        head_dim_qk,
+        head_dim_vo=None,
+        custom_mask=None,
+        packed_custom_mask=None,
+        causal=False,
+        pos_encoding_mode="NONE",
+        use_fp16_qk_reduction=False,
+        window_left=-1,
+        logits_soft_cap=None,
+        sm_scale=None,
+        rope_scale=None,
+        rope_theta=None,
+        q_data_type="float16",
+        kv_data_type=None,
+        o_data_type=None,
+        non_blocking=True,
+        fixed_split_size=None,
+        disable_split_kv=False,
+        **rest,
+    ) -> None:
+        args = dict(locals())
+        args.pop("self")
+        args.update(args.pop("rest"))
+        CALLS.append(("ragged.plan", args))
+        assert custom_mask is None and packed_custom_mask is None, "the adapters pass no ragged mask"
+        self._qo = [int(x) for x in qo_indptr.tolist()]
+        self._kv = [int(x) for x in kv_indptr.tolist()]
+        self._causal = causal
+        self._plan_common(window_left, logits_soft_cap, sm_scale, head_dim_qk)
+
+    def run(self, q, k, v, *args, return_lse=False, **rest):
+        CALLS.append(("ragged.run", {"args": args, **rest}))
+        window = self._run_window(None)
+        outs, lses = [], []
+        for b in range(len(self._qo) - 1):
+            qb = q[self._qo[b] : self._qo[b + 1]]
+            kb, vb = k[self._kv[b] : self._kv[b + 1]], v[self._kv[b] : self._kv[b + 1]]
+            vis = _bottom_right(len(qb), len(kb), self._causal, window)
+            o, lse = _attend(qb, kb, vb, vis, self._sm_scale, self._run_cap(), None)
+            outs.append(o)
+            lses.append(lse)
+        out, lse = torch.cat(outs), torch.cat(lses)
+        return (out, lse) if return_lse else out
+
+
+class BatchDecodeWithPagedKVCacheWrapper(_Variant):
+    def __init__(
+        self,
+        float_workspace_buffer,
+        kv_layout="NHD",
+        use_cuda_graph=False,
+        use_tensor_cores=False,
+        backend="auto",
+        **kw,
+    ) -> None:
+        self._kv_layout = kv_layout
+        self._tc = use_tensor_cores
+        CALLS.append(
+            (
+                "decode.init",
+                {"kv_layout": kv_layout, "use_tensor_cores": use_tensor_cores, "backend": backend},
+            )
+        )
+
+    def plan(
+        self,
+        indptr,
+        indices,
+        last_page_len,
+        num_qo_heads,
+        num_kv_heads,
+        head_dim,
+        page_size,
+        *,
+        pos_encoding_mode="NONE",
+        window_left=-1,
+        window_right=0,
+        logits_soft_cap=None,
+        q_data_type="float16",
+        kv_data_type=None,
+        o_data_type=None,
+        data_type=None,
+        sm_scale=None,
+        rope_scale=None,
+        rope_theta=None,
+        non_blocking=True,
+        block_tables=None,
+        seq_lens=None,
+        fixed_split_size=None,
+        disable_split_kv=False,
+        q_len_per_req=1,
+        is_causal=None,
+    ) -> None:
+        args = dict(locals())
+        args.pop("self")
+        CALLS.append(("decode.plan", {**args, "tensor_cores": self._tc}))
+        if q_len_per_req > 1 and not self._tc:
+            raise ValueError("q_len_per_req > 1 requires tensor-core decode")
+        if fixed_split_size is not None and not self._tc:
+            raise ValueError("fixed_split_size is only supported by tensor core decode for now.")
+        ptr = [int(x) for x in indptr.tolist()]
+        last = [int(x) for x in last_page_len.tolist()]
+        self._pages = [[int(p) for p in indices[ptr[b] : ptr[b + 1]].tolist()] for b in range(len(last))]
+        self._lens = [_kv_len(len(p), last[b], page_size) for b, p in enumerate(self._pages)]
+        if q_len_per_req > 1 and min(self._lens) < q_len_per_req:
+            raise ValueError("q_len_per_req requires kv_len >= q_len_per_req for every request")
+        self._q_len = q_len_per_req
+        self._plan_common(window_left, logits_soft_cap, sm_scale, head_dim)
+
+    def run(self, q, paged_kv_cache, *args, return_lse=False, window_left=None, sinks=None, **rest):
+        CALLS.append(("decode.run", {"args": args, "window_left": window_left, "sinks": sinks, **rest}))
+        assert q.shape[0] == len(self._pages) * self._q_len, "q rows must be batch * q_len_per_req"
+        k_cache, v_cache = paged_kv_cache
+        window = self._run_window(window_left)
+        outs, lses = [], []
+        for b, pages in enumerate(self._pages):
+            qb = q[b * self._q_len : (b + 1) * self._q_len]
+            n = self._lens[b]
+            kb = _gather_pages(k_cache, pages, n, self._kv_layout)
+            vb = _gather_pages(v_cache, pages, n, self._kv_layout)
+            vis = _bottom_right(self._q_len, n, self._q_len > 1, window)
+            o, lse = _attend(qb, kb, vb, vis, self._sm_scale, self._run_cap(), None)
+            outs.append(o)
+            lses.append(lse)
+        out, lse = torch.cat(outs), torch.cat(lses)
+        return (out, lse) if return_lse else out
+
+
+def merge_state(v_a, s_a, v_b, s_b):
+    """Base-2 LSE in and out, as flashinfer.cascade.merge_state."""
+    CALLS.append(("merge_state", {}))
+    s_a, s_b = s_a.float(), s_b.float()
+    top = torch.maximum(s_a, s_b)
+    top = torch.where(torch.isinf(top), torch.zeros_like(top), top)
+    w_a, w_b = torch.exp2(s_a - top), torch.exp2(s_b - top)
+    v = (v_a.float() * w_a[..., None] + v_b.float() * w_b[..., None]) / (w_a + w_b)[..., None]
+    return v.to(v_a.dtype), top + torch.log2(w_a + w_b)
+
+
+def install(monkeypatch) -> None:
+    """Put this fake at sys.modules['flashinfer'] for one test, with a small workspace, log cleared.
+    Cases run in this process (an isolation worker would import the real flashinfer, or none)."""
+    from harness.backends import flashinfer_glue
+
+    monkeypatch.setenv("ATTN_HARNESS_ISOLATE", "0")
+    monkeypatch.setitem(sys.modules, "flashinfer", sys.modules[__name__])
+    monkeypatch.setattr(flashinfer_glue, "WORKSPACE_BYTES", 1024)
+    monkeypatch.setattr(flashinfer_glue, "_WORKSPACES", {})
+    reset()
+
+
+def on_cpu(backend):
+    """The adapter, allowed to run on the CPU (where only this fake can serve it)."""
+    backend.capabilities = dataclasses.replace(backend.capabilities, devices=frozenset({"cpu", "cuda"}))
+    return backend

@@ -1,0 +1,292 @@
+"""The FlashInfer glue's arguments, checked on the CPU against a recording fake of flashinfer.
+
+What each test pins: the page table addresses exactly a request's keys (in this layer's pool);
+an empty key range is encoded so FlashInfer's two length formulas both read 0; the ragged path's
+prefix pass reads from the first query's window and masks by global position; every option and,
+in deterministic mode, the split parameters reach plan() on every path; the SWA pool is read
+through translated page ids; LSE comes back in natural log. The fake (tests/flashinfer_fake.py)
+records the calls; the GPU run checks the real library.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+
+import pytest
+import torch
+
+from harness import backends
+from harness.backends import flashinfer_glue as glue
+from harness.backends.flashinfer_glue import paged_kv_table
+from harness.batch import build_batch, make_inputs
+from harness.case import Case, Request
+from harness.mutants import by_name
+from tests import flashinfer_fake as fake
+
+NAMES = ["flashinfer_ragged", "flashinfer_paged", "flashinfer_dec_cc", "flashinfer_dec_tc", "flashinfer_enc"]
+
+
+@pytest.fixture
+def fi(monkeypatch):
+    fake.install(monkeypatch)
+    return fake
+
+
+def run(name_or_backend, case):
+    b = fake.on_cpu(backends.load(name_or_backend) if isinstance(name_or_backend, str) else name_or_backend)
+    assert b.supports(case) is None, b.supports(case)
+    inputs = make_inputs(case)
+    batch = build_batch(case, inputs, "cpu")
+    return b, batch, inputs, b.run(batch)
+
+
+def test_page_table_addresses_exactly_the_requests_keys(fi):
+    case = Case(
+        "EXTEND", (Request(37, 5), Request(16, 9), Request(0, 3)), page_size=16, kv_layout="HND", seed=4
+    )
+    b, batch, inputs, _ = run("flashinfer_paged", case)
+    ranges = [(16, 42), (0, 25), (0, 3)]
+    table = b.page_table(batch, ranges)
+    assert table.indptr.tolist() == [0, 2, 4, 5]
+    assert table.last_page_len.tolist() == [10, 9, 3] and table.kv_lens.tolist() == [26, 25, 3]
+    for r, (lo, hi) in enumerate(ranges):
+        pages = table.indices[table.indptr[r] : table.indptr[r + 1]].tolist()
+        keys = fake._gather_pages(batch.pool.k, pages, hi - lo, "HND")  # as FlashInfer reads them
+        assert torch.equal(keys, inputs.k[r][lo:hi])
+
+
+def test_an_empty_range_reads_zero_keys_in_both_of_flashinfers_length_formulas():
+    table = paged_kv_table([[3], [], [5, 6]], [4, 0, 17], 16)
+    assert table.indptr.tolist() == [0, 1, 1, 3] and table.last_page_len.tolist() == [4, 16, 1]
+    pages = (table.indptr[1:] - table.indptr[:-1]).tolist()
+    last = table.last_page_len.tolist()
+    kernel = [0 if n == 0 else (n - 1) * 16 + last[i] for i, n in enumerate(pages)]  # page.cuh get_length
+    mask_rows = [(n - 1) * 16 + last[i] for i, n in enumerate(pages)]  # _compute_page_mask_indptr
+    assert kernel == mask_rows == table.kv_lens.tolist() == [4, 0, 17]
+    with pytest.raises(ValueError, match="cannot hold"):
+        paged_kv_table([[3]], [17], 16)
+
+
+def test_prefix_pass_reads_from_the_first_querys_window_and_masks_by_global_position(fi):
+    w = 7
+    case = Case("EXTEND", (Request(40, 30), Request(3, 20), Request(0, 4)), window_left=w, page_size=16)
+    run("flashinfer_ragged", case)
+    (ragged,) = fi.calls("ragged.plan")
+    (paged,) = fi.calls("paged.plan")
+    assert ragged["causal"] and ragged["window_left"] == w
+    assert not paged["causal"] and paged["window_left"] == -1
+    # request 0: first query at 40 sees keys from 33, whose page starts at 32; request 1 from 0.
+    assert paged["paged_kv_indptr"].tolist() == [0, 1, 2, 2]
+    assert paged["seq_lens"].tolist() == [8, 3, 0]
+    expected = []
+    for (p, e), lo in zip(((40, 30), (3, 20), (0, 4)), (32, 0, 0)):
+        for j in range(e):
+            expected += [k >= p + j - w for k in range(lo, p)]
+    assert paged["custom_mask"].tolist() == expected
+    assert len(fi.calls("merge_state")) == 1
+
+
+def test_prefix_pass_without_a_window_reads_the_whole_prefix_unmasked(fi):
+    run("flashinfer_ragged", Case("EXTEND", (Request(40, 3), Request(0, 2)), page_size=16))
+    (paged,) = fi.calls("paged.plan")
+    assert (
+        paged["custom_mask"] is None and paged["window_left"] == -1 and paged["seq_lens"].tolist() == [40, 0]
+    )
+
+
+def test_no_prefix_means_no_paged_pass_and_no_merge(fi):
+    run("flashinfer_ragged", Case("EXTEND", (Request(0, 30), Request(0, 3)), window_left=4))
+    assert not fi.calls("paged.plan") and not fi.calls("merge_state")
+
+
+def test_lse_is_converted_from_base_2_to_natural_log(fi):
+    b = glue.FlashInferGlue()
+    lse = b.natural_lse(torch.tensor([1.0, 3.0, -math.inf]))
+    assert torch.allclose(lse[:2], torch.tensor([math.log(2.0), 3 * math.log(2.0)])) and lse[2] == -math.inf
+    case = Case("EXTEND", (Request(20, 6),), window_left=5)
+    _, _, _, out = run("flashinfer_ragged", case)
+    from references.torch_ref import reference
+
+    ref = reference(case, make_inputs(case)).lse
+    assert (out.lse.double() - ref).abs().max() < 1e-3
+
+
+SPLIT_CASES = [
+    (
+        "flashinfer_ragged",
+        Case("EXTEND", (Request(40, 30), Request(3, 20)), window_left=7, deterministic=True),
+    ),
+    ("flashinfer_ragged", Case("EXTEND", (Request(40, 3),), deterministic=True)),
+    (
+        "flashinfer_paged",
+        Case("EXTEND", (Request(40, 3),), window_left=7, hybrid_swa_pool=True, deterministic=True),
+    ),
+    (
+        "flashinfer_paged",
+        Case("TARGET_VERIFY", (Request(9, 3, tree=(-1, 0, 0)),), window_left=2, deterministic=True),
+    ),
+    ("flashinfer_paged", Case("DRAFT_EXTEND_V2", (Request(9, 3),), sinks=True, deterministic=True)),
+    ("flashinfer_dec_tc", Case("DECODE", (Request(40, 1),), window_left=7, deterministic=True)),
+    ("flashinfer_dec_tc", Case("DRAFT_EXTEND_V2", (Request(40, 3),), deterministic=True)),
+    ("flashinfer_enc", Case("CROSS", (Request(0, 5, 30),), deterministic=True)),
+    ("flashinfer_enc", Case("CROSS", (Request(3, 1, 30),), deterministic=True)),
+]
+
+
+@pytest.mark.parametrize("deterministic", [True, False], ids=["deterministic", "default"])
+@pytest.mark.parametrize(
+    "name,case", SPLIT_CASES, ids=[f"{n}-{c.mode}-{i}" for i, (n, c) in enumerate(SPLIT_CASES)]
+)
+def test_split_parameters_reach_plan_on_every_path_in_deterministic_mode(fi, name, case, deterministic):
+    case = case.replace(deterministic=deterministic)
+    b = backends.load(name)
+    if deterministic and glue.query_tile_follows_batch(case):
+        # Refused (fa2's query tile follows the batch), yet the plan still gets the split
+        # parameters, as an engine's deterministic mode passes them: run past the refusal.
+        assert b.supports(case) == glue.PREFILL_NOT_INVARIANT
+        b.supports = lambda c: None
+    run(b, case)
+    plans = [(w, a) for w, a in fake.CALLS if w.endswith(".plan")]
+    assert plans
+    for what, args in plans:
+        pages = 1 if what == "ragged.plan" else case.page_size
+        split = (4096 if name in ("flashinfer_ragged", "flashinfer_paged") else 2048) // pages
+        assert args["fixed_split_size"] == (split if deterministic else None), what
+        assert args["disable_split_kv"] is False
+
+
+@pytest.mark.parametrize(
+    "name,on_path,off_path",
+    [
+        (
+            "flashinfer_dec_tc~split_dropped_swa",
+            Case("DECODE", (Request(40, 1),), window_left=7, deterministic=True),
+            Case("DECODE", (Request(40, 1),), deterministic=True),
+        ),
+        ("flashinfer_enc~split_dropped_cross", Case("CROSS", (Request(3, 1, 30),), deterministic=True), None),
+    ],
+)
+def test_split_mutants_drop_the_parameters_on_their_path_only(fi, name, on_path, off_path):
+    run(by_name(name).make(), on_path)
+    assert fi.calls("decode.plan")[-1]["fixed_split_size"] is None
+    if off_path is not None:
+        run(by_name(name).make(), off_path)
+        assert fi.calls("decode.plan")[-1]["fixed_split_size"] == 2048 // 16
+
+
+def test_every_option_goes_to_plan_and_nothing_to_run(fi):
+    case = Case("EXTEND", (Request(40, 30),), window_left=7, soft_cap=5.0, sm_scale=0.3, dtype="float16")
+    for name in ("flashinfer_ragged", "flashinfer_paged"):
+        run(name, case)
+    run("flashinfer_dec_cc", Case("DECODE", (Request(40, 1),), window_left=7, soft_cap=5.0, sm_scale=0.3))
+    for what, args in fake.CALLS:
+        if what.endswith(".plan"):
+            assert args["sm_scale"] == 0.3 and args["logits_soft_cap"] == 5.0, what
+            assert args["window_left"] in (7, -1), what
+            assert args["q_data_type"] == args["kv_data_type"], what
+        if what.endswith(".run"):
+            assert args.get("window_left") is None and "logits_soft_cap" not in args, what
+        if what.endswith(".init"):
+            assert args["backend"] == glue.KERNEL_BACKEND, what
+
+
+def test_the_options_at_run_mutant_plans_without_them(fi):
+    case = Case("EXTEND", (Request(4, 6),), window_left=2, soft_cap=5.0)
+    run(by_name("flashinfer_paged~options_at_run").make(), case)
+    (plan,) = fi.calls("paged.plan")
+    assert plan["window_left"] == -1 and plan["logits_soft_cap"] == 0.0
+
+
+def test_hybrid_pool_is_read_through_translated_page_ids(fi):
+    case = Case(
+        "TARGET_VERIFY", (Request(50, 5, tree=(-1, 0, 0, 1, 2)),), window_left=9, hybrid_swa_pool=True
+    )
+    _, batch, _, _ = run("flashinfer_paged", case)
+    (plan,) = fi.calls("paged.plan")
+    swa_pages = batch.pool.num_pages  # default storage: as large as the full pool; owned pages first
+    owned = {int(s) // 16 for s in batch.full_to_swa.unique().tolist() if s}
+    ids = set(plan["paged_kv_indices"].tolist())
+    assert ids and ids <= owned and 0 not in ids and max(ids) < swa_pages
+    fake.reset()
+    run(by_name("flashinfer_paged~swa_untranslated").make(), case)
+    (plan,) = fi.calls("paged.plan")
+    assert not set(plan["paged_kv_indices"].tolist()) & owned
+
+
+def test_verify_mask_is_the_tree_with_the_window_by_depth(fi):
+    tree = (-1, 0, 0, 1, 3)  # depths 0 1 1 2 3
+    case = Case("TARGET_VERIFY", (Request(20, 5, tree=tree),), window_left=2, page_size=16)
+    run("flashinfer_paged", case)
+    (plan,) = fi.calls("paged.plan")
+    assert plan["window_left"] == -1 and plan["causal"]
+    mask = plan["custom_mask"].view(5, -1)  # keys 16..24: prefix 16..19, drafts 20..24
+    depth = [0, 1, 1, 2, 3]
+    anc = [{0}, {0, 1}, {0, 2}, {0, 1, 3}, {0, 1, 3, 4}]
+    for j in range(5):
+        want = [k >= 20 + depth[j] - 2 for k in range(16, 20)]
+        want += [i in anc[j] and depth[i] >= depth[j] - 2 for i in range(5)]
+        assert mask[j].tolist() == want, j
+
+
+def test_sinks_go_through_the_sink_variant_as_its_extra_tensor(fi):
+    case = Case("EXTEND", (Request(9, 6),), window_left=3, sinks=True)
+    _, batch, _, _ = run("flashinfer_paged", case)
+    (init,) = fi.calls("paged.init")
+    assert init["window_left"] == 3 and init["head_dim_qk"] == case.head_dim
+    (call,) = fi.calls("paged.run")
+    assert call["args"][0] is batch.sinks and call["sinks"] is None
+
+
+@pytest.mark.parametrize(
+    "name,case,words",
+    [
+        ("flashinfer_paged", Case("EXTEND", (Request(3, 4),), sinks=True, soft_cap=5.0), "no soft cap"),
+        (
+            "flashinfer_paged",
+            Case("TARGET_VERIFY", (Request(3, 2, tree=(-1, 0)),), sinks=True),
+            "custom masks",
+        ),
+        ("flashinfer_ragged", Case("EXTEND", (Request(3, 4),), sinks=True), "no sink variant"),
+        ("flashinfer_dec_tc", Case("DECODE", (Request(3, 1),), sinks=True), "drop them"),
+        ("flashinfer_dec_tc", Case("TARGET_VERIFY", (Request(3, 3, tree=(-1, 0, 0)),)), "custom mask"),
+        ("flashinfer_dec_cc", Case("DECODE", (Request(3, 1),), deterministic=True), "fixed_split_size"),
+        (
+            "flashinfer_dec_cc",
+            Case("DECODE", (Request(3, 1),), num_q_heads=10, num_kv_heads=2),
+            "group size 5",
+        ),
+        ("flashinfer_dec_cc", Case("DRAFT_EXTEND_V2", (Request(3, 2),)), "one query per request"),
+        ("flashinfer_enc", Case("CROSS", (Request(0, 2, 3),), sinks=True), "not wired"),
+        ("flashinfer_paged", Case("EXTEND", (Request(3, 4),), head_dim=32), "head_dim 32"),
+    ],
+)
+def test_unsupported_cases_are_skips_with_the_reason(name, case, words):
+    why = backends.load(name).supports(case)
+    assert why and words in why, why
+
+
+def test_without_flashinfer_or_at_another_version_the_reason_says_so(monkeypatch):
+    monkeypatch.setitem(sys.modules, "flashinfer", None)
+    assert "does not import" in glue.why_unavailable()
+    monkeypatch.setitem(sys.modules, "flashinfer", fake)
+    assert glue.why_unavailable() is None
+    monkeypatch.setattr(fake, "__version__", "0.6.0")
+    assert "0.6.0 is installed" in glue.why_unavailable()
+    for name in NAMES:
+        assert backends.load(name).available("cpu") == f"{name} does not run on cpu"
+
+
+def test_the_ln_merge_mutant_is_a_correct_merge_fed_the_wrong_base(fi):
+    g = torch.Generator().manual_seed(0)
+    o_a, o_b = (torch.randn(5, 4, 8, generator=g).to(torch.bfloat16) for _ in range(2))
+    s_a, s_b = torch.randn(5, 4, generator=g) * 3, torch.randn(5, 4, generator=g) * 3
+    right, s2 = fake.merge_state(o_a, s_a, o_b, s_b)
+    mutant = by_name("flashinfer_ragged~lse_merged_as_ln").make()
+    ln2 = math.log(2.0)
+    as_ln, s_ln = mutant.merge(o_a, s_a * ln2, o_b, s_b * ln2)
+    assert torch.allclose(as_ln.float(), right.float(), atol=1e-2) and torch.allclose(
+        s_ln, s2 * ln2, atol=1e-5
+    )
+    wrong, _ = mutant.merge(o_a, s_a, o_b, s_b)
+    assert (wrong.float() - right.float()).abs().max() > 0.1

@@ -1,0 +1,65 @@
+"""The warm-up's probes: every JIT variant the gpu profile and the pinned cases need, one module each.
+
+Phase 1 of `python -m harness.flashinfer_warmup` learns which module a probe needs by stopping it
+at its first module load, so each probe must need exactly one module and must be a case its
+adapter runs. Checked here on the recording fake; the device run builds them.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from harness import backends
+from harness.batch import build_batch, make_inputs
+from harness.flashinfer_warmup import GPU_VARIANT, coverage_cases, module_probes, pinned_cases
+from tests import flashinfer_fake as fake
+
+PROBES = [p for p in module_probes() if p.backend]
+
+
+def test_the_gpu_profile_variants_are_all_probed():
+    labels = {p.label for p in module_probes()}
+    tag = ",".join(map(str, GPU_VARIANT))
+    for swa in (False, True):
+        assert f"sink[{tag},swa={swa}]" in labels
+        for cap in (False, True):
+            assert {f"prefill[{tag},swa={swa},cap={cap}]", f"decode_cc[{tag},swa={swa},cap={cap}]"} <= labels
+    assert {"cascade", "packbits"} <= labels
+
+
+def test_pinned_cases_get_probes_for_their_own_dtype_and_head_dim():
+    pins = pinned_cases()
+    assert pins, "cases/pinned.py pins cases that the FlashInfer adapters run"
+    for _, case in pins:
+        assert any(p.case.head_dim == case.head_dim and p.case.dtype == case.dtype for p in PROBES), case
+
+
+@pytest.mark.parametrize("probe", PROBES, ids=[p.label for p in PROBES])
+def test_each_probe_runs_and_needs_one_module(monkeypatch, probe):
+    fake.install(monkeypatch)
+    backend = fake.on_cpu(backends.load(probe.backend))
+    assert backend.supports(probe.case) is None
+    backend.run(build_batch(probe.case, make_inputs(probe.case), "cpu"))
+    inits = [(w, a) for w, a in fake.CALLS if w.endswith(".init")]
+    plans = [(w, a) for w, a in fake.CALLS if w.endswith(".plan")]
+    assert len(inits) == len(plans) == 1 and not fake.calls("merge_state"), fake.CALLS
+    (what, args), (_, plan) = inits[0], plans[0]
+    assert plan.get("custom_mask") is None  # no mask: the mask packer is a module of its own
+    if probe.label.startswith("decode_cc"):
+        assert what == "decode.init" and not args["use_tensor_cores"]
+    elif probe.label.startswith("sink"):
+        assert "head_dim_qk" in args  # the AttentionSink wrapper
+    else:
+        assert what == "paged.init" and "head_dim_qk" not in args
+
+
+def test_coverage_runs_only_supported_cases_and_every_mode():
+    cases = coverage_cases()
+    assert all(backends.load(n).supports(c) is None for n, c in cases)
+    assert {(n, str(c.mode)) for n, c in cases} >= {
+        ("flashinfer_ragged", "EXTEND"),
+        ("flashinfer_paged", "TARGET_VERIFY"),
+        ("flashinfer_dec_cc", "DECODE"),
+        ("flashinfer_dec_tc", "DRAFT_EXTEND_V2"),
+        ("flashinfer_enc", "CROSS"),
+    }
