@@ -1,0 +1,70 @@
+"""fa3: FlashAttention-3 (`flash_attn_interface.flash_attn_with_kvcache`, Hopper) over the paged pool.
+
+Queries are varlen (`cu_seqlens_q`, `max_seqlen_q`), keys come through `page_table` +
+`cache_seqlens` (any page size). FA3 spells "no window" -1: `window_size=(-1, -1)` with
+`causal=True` is plain causal, `(W, 0)` a window. `num_splits=0` lets FA3 pick a split count
+from the batch, so deterministic mode pins it to 1. FA3 has no learnable-sink argument and no
+mask hook, so sinks and verify trees (topk > 1) are declared unsupported.
+
+Only tested against a recording fake of the library here: FA3 cannot be installed on the device
+machine this project runs on.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from harness.backends.base import BackendOutput, Capabilities
+from harness.backends.flash_attn_glue import FlashAttnGlue
+from harness.batch import Batch
+from harness.modes import Mode
+
+
+class FA3(FlashAttnGlue):
+    name = "fa3"
+    library = "flash-attn-3"
+    entry = ("flash_attn_interface", "flash_attn_with_kvcache")
+    capabilities = Capabilities(
+        modes=frozenset(Mode),
+        dtypes=frozenset({"bfloat16", "float16"}),
+        head_dims=frozenset(range(8, 257, 8)),
+        kv_layouts=frozenset({"NHD"}),
+        window=True,
+        soft_cap=True,
+        hybrid_pool=True,
+        deterministic=True,
+        returns_lse=True,
+        whole_page_loads=True,
+        why_not={
+            "sinks": "FA3's flash_attn_with_kvcache has no learnable-sink argument",
+            "tree": "FA3 has no custom mask: verify trees with topk > 1 need one",
+        },
+    )
+
+    def window_size(self, batch: Batch) -> tuple[int, int]:
+        """(W, 0) on a windowed layer, (-1, -1) otherwise (FA3's "unbounded")."""
+        w = self.window_left(batch)
+        return (-1, -1) if w < 0 else (w, 0)
+
+    def run(self, batch: Batch) -> BackendOutput:
+        self.write_kv(batch)
+        extents = self.kv_extents(batch)
+        out, lse, *_ = self.kernel()(
+            batch.q,
+            batch.pool.k,
+            batch.pool.v,
+            cache_seqlens=torch.tensor(extents, dtype=torch.int32, device=batch.device),
+            page_table=self.page_table(batch, extents),
+            cu_seqlens_q=batch.qo_indptr,
+            max_seqlen_q=max(batch.cpu_list("extend_lens")),
+            softmax_scale=batch.case.scale,
+            causal=self.causal(batch),
+            window_size=self.window_size(batch),
+            softcap=batch.case.soft_cap,
+            num_splits=self.num_splits(batch),
+            return_softmax_lse=True,
+        )
+        return BackendOutput(out=out, lse=self.lse_rows(lse))
+
+
+BACKENDS = {"fa3": FA3}

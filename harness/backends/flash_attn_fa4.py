@@ -1,0 +1,149 @@
+"""fa4: flash-attn-4 (`flash_attn.cute.flash_attn_varlen_func`, CuTe DSL) over the paged pool.
+
+Queries are varlen (`cu_seqlens_q`), keys come through `page_table` + `seqused_k` (the KV extent
+of the mode). Windows are `window_size=(W, 0)`; no window is `(None, None)`: FA4 reads `(-1, 0)`
+as a local window whose left edge sits one key right of the query, i.e. an empty one. Trees of
+TARGET_VERIFY (topk > 1) go through a `mask_mod` that reads two per-query tables built here.
+On sm90 FA4 has no split-KV (`num_splits` must be 1), so every call is batch-invariant. Pages
+whose size equals the kernel's key tile (128 at head_dim 128) load by TMA, whole: the tail rows of
+a request's last page are read and masked, hence `whole_page_loads`.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+
+import torch
+
+from harness.backends.base import BackendOutput, Capabilities
+from harness.backends.flash_attn_glue import FlashAttnGlue, is_tree
+from harness.batch import Batch
+from harness.modes import Mode
+
+# (major) compute capabilities whose FA4 forward reads a paged KV cache (sm80 and sm120 do not).
+PAGED_ARCHS = (9, 10, 11)
+
+
+@cache
+def tree_mask_mod():  # noqa: ANN201 - a CuTe DSL function
+    """The FA4 mask_mod of a verify tree, compiled once per process (imports the DSL lazily).
+
+    aux_tensors[0][row]: first prefix key the query of packed row `row` sees (its window start).
+    aux_tensors[1][row * E + i]: 1 if that query sees draft i of its request (ancestor or itself,
+    inside the window). q_idx and kv_idx are positions inside the request; a tile's tail rows
+    past the request are clamped (the kernel masks them anyway).
+    """
+    import cutlass
+    import cutlass.cute as cute
+    from flash_attn.cute import utils
+
+    @cute.jit
+    def verify_tree_mask(batch, head, q_idx, kv_idx, seqlen_info, aux_tensors):  # noqa: ANN001 - the DSL reads annotations
+        num_q = seqlen_info.seqlen_q
+        num_prefix = seqlen_info.seqlen_k - num_q
+        q = cute.make_rmem_tensor(1, cutlass.Int32)
+        q.store(q_idx)
+        kv = cute.make_rmem_tensor(1, cutlass.Int32)
+        kv.store(kv_idx)
+        row = seqlen_info.offset_q + cutlass.min(q[0], num_q - 1)
+        draft = cutlass.min(cutlass.max(kv[0] - num_prefix, 0), num_q - 1)
+        first = utils.scalar_to_ssa(aux_tensors[0][row], cutlass.Int32)
+        seen = utils.scalar_to_ssa(aux_tensors[1][row * num_q + draft], cutlass.Int32)
+        prefix_end = utils.scalar_to_ssa(num_prefix, cutlass.Int32)
+        zero = utils.scalar_to_ssa(0, cutlass.Int32)
+        in_prefix = (kv_idx < prefix_end) & (kv_idx >= first)
+        in_tree = (kv_idx >= prefix_end) & (seen > zero)
+        return in_prefix | in_tree
+
+    return verify_tree_mask
+
+
+class FA4(FlashAttnGlue):
+    name = "fa4"
+    library = "flash-attn-4"
+    entry = ("flash_attn.cute", "flash_attn_varlen_func")
+    capabilities = Capabilities(
+        modes=frozenset(Mode),
+        dtypes=frozenset({"bfloat16", "float16"}),
+        head_dims=frozenset(range(8, 257, 8)),
+        kv_layouts=frozenset({"NHD"}),
+        window=True,
+        soft_cap=True,
+        sinks=True,
+        hybrid_pool=True,
+        deterministic=True,
+        returns_lse=True,
+        tree=True,
+        whole_page_loads=True,
+    )
+
+    def available(self, device: str) -> str | None:
+        why = super().available(device)
+        if why or device != "cuda":
+            return why
+        major, minor = torch.cuda.get_device_capability()
+        if major not in PAGED_ARCHS:
+            return f"FA4 reads a paged KV cache on sm90/sm100/sm110 only, not sm{major}{minor}"
+        return None
+
+    # --- engine glue, one decision per method -------------------------------------------------
+
+    def window_size(self, batch: Batch) -> tuple[int | None, int | None]:
+        """(W, 0) on a windowed layer; (None, None) otherwise: FA4 spells "unbounded" None."""
+        w = self.window_left(batch)
+        return (None, None) if w < 0 else (w, 0)
+
+    def num_splits(self, batch: Batch) -> int:
+        """1: sm90 FA4 has no split-KV, and deterministic mode needs none anywhere."""
+        return 1
+
+    def tree_tables(self, batch: Batch) -> list[torch.Tensor]:
+        """The two tables `tree_mask_mod` reads: per query its first visible prefix key, and per
+        (query, draft) whether it may see that draft. Window by position (P + depth), not index."""
+        e = batch.num_draft
+        pos = batch.positions.long().view(-1, e)  # [B, E]: P + depth of each draft
+        see = batch.tree_mask.clone()  # [B, E(query), E(draft)]: ancestor or itself
+        w = self.window_left(batch)
+        first = torch.zeros_like(pos)
+        if w >= 0:
+            see &= pos[:, None, :] >= pos[:, :, None] - w
+            first = (pos - w).clamp(min=0)
+        return [first.reshape(-1).to(torch.int32).contiguous(), see.reshape(-1).to(torch.int32).contiguous()]
+
+    def mask_args(self, batch: Batch) -> dict:
+        """Causal/window arguments; a tree replaces them with its mask_mod (causal then off)."""
+        if is_tree(batch):
+            return {
+                "causal": False,
+                "window_size": (None, None),
+                "mask_mod": tree_mask_mod(),
+                "aux_tensors": self.tree_tables(batch),
+            }
+        return {"causal": self.causal(batch), "window_size": self.window_size(batch)}
+
+    # --- the forward --------------------------------------------------------------------------
+
+    def run(self, batch: Batch) -> BackendOutput:
+        self.write_kv(batch)
+        extents = self.kv_extents(batch)
+        out, lse = self.kernel()(
+            batch.q,
+            batch.pool.k,
+            batch.pool.v,
+            cu_seqlens_q=batch.qo_indptr,
+            seqused_k=torch.tensor(extents, dtype=torch.int32, device=batch.device),
+            page_table=self.page_table(batch, extents),
+            max_seqlen_q=max(batch.cpu_list("extend_lens")),
+            max_seqlen_k=self.max_seqlen_k(extents),
+            softmax_scale=batch.case.scale,
+            softcap=batch.case.soft_cap,
+            learnable_sink=batch.sinks,
+            num_splits=self.num_splits(batch),
+            deterministic=batch.case.deterministic,
+            return_lse=True,
+            **self.mask_args(batch),
+        )
+        return BackendOutput(out=out, lse=self.lse_rows(lse))
+
+
+BACKENDS = {"fa4": FA4}

@@ -1,0 +1,128 @@
+"""Compile fa4's kernel variants ahead of time, without a GPU, into flash-attn-4's disk cache.
+
+FA4 JIT-compiles one kernel per variant the first time a process meets it (about 5 s each on
+sm90): per code path (causal, local window, non-causal CROSS, verify-tree mask_mod), GQA ratio,
+soft cap value, sinks or not, page size equal to the key tile (TMA) or not, and query rows above
+one tile or not. This walks every variant the `gpu` profile can draw (plus the pinned cases and
+the model-level check's soft cap), runs the fa4 adapter itself on a CPU batch of each, and hands
+the exact arguments it built, as fake CUDA tensors (torch FakeTensorMode), to flash_attn.cute,
+which compiles and exports each kernel to
+FLASH_ATTENTION_CUTE_DSL_CACHE_DIR. A device run with the same cache directory (and the same
+flash-attn-4, CuTe DSL and Python minor version: FA4 keys the directory on them) loads instead
+of compiling; a miss just compiles.
+
+Needs Python 3.12, torch, and the flash-attn-4 bundle (.device/core, .device/cutlass) on the path:
+  FLASH_ATTENTION_ARCH=sm_90 CUTE_DSL_ARCH=sm_90a FLASH_ATTENTION_NUM_SMS=132 \
+  FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=1 FLASH_ATTENTION_CUTE_DSL_CACHE_DIR=DIR \
+  python -m harness.backends.flash_attn_fa4_precompile [--part I/N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import time
+
+import torch
+
+from harness.backends.flash_attn_fa4 import FA4
+from harness.batch import build_batch, make_inputs
+from harness.case import Case, Request
+
+HEADS = ((8, 8), (8, 2), (8, 1))  # the gpu profile's (q heads, kv heads)
+SOFT_CAPS = (0.0, 30.0, 5.0)  # strategies' soft cap values: each value is its own kernel
+TREE = (-1, 0, 0, 1, 2)
+# cases/test_model.py's Gemma2-like model: soft cap 4, 8 q / 2 kv heads, no sinks (harness/checks/model.py).
+MODEL_SOFT_CAPS = {4.0: (8, 2)}
+
+
+def variant_cases() -> list[Case]:
+    """One Case per FA4 compile variant reachable under the gpu profile, then the pinned cases."""
+    out = []
+    paths = {
+        "causal": lambda e: dict(mode="EXTEND", requests=(Request(7, e),)),
+        "local": lambda e: dict(mode="EXTEND", requests=(Request(7, e),), window_left=5),
+        "cross": lambda e: dict(mode="CROSS", requests=(Request(0, e, 9),)),
+        "tree": lambda e: dict(mode="TARGET_VERIFY", requests=(Request(7, 5, tree=TREE),)),
+    }
+    for path, heads, cap, sinks, page, rows in itertools.product(
+        paths, HEADS, SOFT_CAPS, (False, True), (16, 128), (1, 200)
+    ):
+        if path == "tree" and rows > 1:
+            continue  # drafts never fill a query tile
+        out.append(
+            Case(
+                **paths[path](rows),
+                num_q_heads=heads[0],
+                num_kv_heads=heads[1],
+                head_dim=128,
+                soft_cap=cap,
+                sinks=sinks,
+                page_size=page,
+            )
+        )
+    from cases.pinned import PINNED
+
+    fa4 = FA4()
+    pinned = [Case.from_dict(d) for family in PINNED.values() for d in family]
+    for (cap, heads), path, page, rows in itertools.product(
+        MODEL_SOFT_CAPS.items(), ("causal", "local", "tree"), (16, 128), (1, 200)
+    ):
+        if path != "tree" or rows == 1:
+            out.append(
+                Case(
+                    **paths[path](rows),
+                    num_q_heads=heads[0],
+                    num_kv_heads=heads[1],
+                    head_dim=128,
+                    soft_cap=cap,
+                    page_size=page,
+                )
+            )
+    out.sort(key=lambda c: (c.soft_cap > 0) + c.sinks)  # the variants drawn most often first
+    return out + [c for c in pinned if fa4.supports(c) is None]
+
+
+def _fake_cuda(x, mode):  # noqa: ANN001, ANN202 - tensors, lists of tensors, or anything else
+    if isinstance(x, torch.Tensor):
+        with mode:
+            return torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device="cuda")
+    if isinstance(x, list):
+        return [_fake_cuda(t, mode) for t in x]
+    return x
+
+
+def compile_only(fn):  # noqa: ANN001, ANN201 - wraps flash_attn_varlen_func
+    """A stand-in kernel: compiles `fn` on fake CUDA copies of the arguments, returns zeros."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    def call(q, k, v, **kwargs):  # noqa: ANN001, ANN202
+        mode = FakeTensorMode()
+        args = [_fake_cuda(t, mode) for t in (q, k, v)]
+        fake = {name: _fake_cuda(value, mode) for name, value in kwargs.items()}
+        with mode:
+            fn(*args, **fake)
+        total_q, heads = q.shape[0], q.shape[1]
+        return torch.zeros(total_q, heads, v.shape[-1], dtype=q.dtype), torch.zeros(heads, total_q)
+
+    return call
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--part", default="0/1", help="I/N: compile every N-th variant from the I-th")
+    args = p.parse_args(argv)
+    part, parts = (int(x) for x in args.part.split("/"))
+    fa4 = FA4()
+    kernel = compile_only(fa4.kernel())
+    fa4.kernel = lambda: kernel
+    todo = variant_cases()[part::parts]
+    start = time.perf_counter()
+    for i, case in enumerate(todo, 1):
+        fa4.run(build_batch(case, make_inputs(case), "cpu", fa4.capabilities.whole_page_loads))
+        print(f"[{part}/{parts}] {i}/{len(todo)} {time.perf_counter() - start:.0f}s", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

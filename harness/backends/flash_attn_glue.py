@@ -1,0 +1,116 @@
+"""Engine glue shared by the flash-attn adapters (fa4, fa3, fa2): what every version needs from a Batch.
+
+A serving engine drives flash-attn with varlen queries (`cu_seqlens_q`), a per-request KV extent
+(`seqused_k` / `cache_seqlens`) and a page table over an NHD pool ([pages, page_size, heads, dim]).
+Each decision is one small method, so that a mutant can override exactly one of them:
+the KV extent per mode, the slots of this layer's pool (translated on a hybrid SWA layer), the page
+table, the window, the split count, and the LSE layout. This module registers no backend.
+"""
+
+from __future__ import annotations
+
+import importlib
+from functools import cache
+
+import torch
+
+from harness import modes
+from harness.backends.base import Backend
+from harness.batch import Batch
+from harness.modes import Mode
+from harness.pool import page_table_from_req_to_token, translate_slots
+
+
+@cache
+def import_attr(module: str, attr: str) -> tuple[object | None, str | None]:
+    """(module.attr, None) if it imports, else (None, why): the reason becomes a skip reason."""
+    try:
+        mod = importlib.import_module(module)
+    except Exception as e:  # a broken install (missing DSL libraries) is a reason, not a crash
+        return None, f"{module} does not import here: {type(e).__name__}: {e}"
+    fn = getattr(mod, attr, None)
+    if fn is None:
+        return None, f"{module} imports but has no {attr} (another package owns that name here)"
+    return fn, None
+
+
+def is_tree(batch: Batch) -> bool:
+    """TARGET_VERIFY with topk > 1: some draft has a sibling, so causality alone cannot mask it."""
+    if batch.mode != Mode.TARGET_VERIFY:
+        return False
+    return any(p != j - 1 for r in batch.case.requests for j, p in enumerate(r.tree))
+
+
+class FlashAttnGlue(Backend):
+    """Base adapter: subclasses name the library entry point and implement `call`."""
+
+    library = "flash_attn"
+    entry: tuple[str, str] = ("", "")  # (module, function) imported lazily
+
+    def available(self, device: str) -> str | None:
+        why = super().available(device)
+        if why:
+            return why
+        return import_attr(*self.entry)[1]
+
+    def kernel(self):  # noqa: ANN201 - the library function
+        fn, why = import_attr(*self.entry)
+        if fn is None:
+            raise RuntimeError(why)
+        return fn
+
+    # --- engine glue, one decision per method -------------------------------------------------
+
+    def write_kv(self, batch: Batch) -> None:
+        """Store this forward's new K/V at `out_cache_loc` before attention (not in CROSS)."""
+        if batch.k_new.shape[0]:
+            batch.pool.write(self.layer_slots(batch, batch.out_cache_loc), batch.k_new, batch.v_new)
+
+    def kv_extents(self, batch: Batch) -> list[int]:
+        """Keys per request, from `seq_lens` and the mode's convention (DRAFT_EXTEND_V2: bumped)."""
+        seq = batch.cpu_list("seq_lens")
+        enc = batch.cpu_list("encoder_lens")
+        return [modes.kv_extent(batch.mode, seq[r], batch.num_draft, enc[r]) for r in range(len(seq))]
+
+    def layer_slots(self, batch: Batch, slots: torch.Tensor) -> torch.Tensor:
+        """Full-pool slots -> this layer's pool (the SWA pool on a sliding-window layer)."""
+        return translate_slots(slots, batch.full_to_swa)
+
+    def token_slots(self, batch: Batch, extents: list[int]) -> torch.Tensor:
+        """[B, pages * page_size] full-pool slots covering every extent; past a row: reserved slot 0.
+
+        The width follows the extents, as an engine slices `req_to_token[:, :max_seqlen_k]` out of
+        a table sized for the longest context: a wrong extent reads the reserved page, never past
+        the table.
+        """
+        ps = batch.case.page_size
+        width = -(-max(max(extents), 1) // ps) * ps
+        r2t = batch.req_to_token
+        if r2t.shape[1] < width:
+            r2t = torch.nn.functional.pad(r2t, (0, width - r2t.shape[1]))
+        return r2t[:, :width]
+
+    def page_table(self, batch: Batch, extents: list[int]) -> torch.Tensor:
+        """[B, pages] int32 page ids of this layer's pool: the translated first slot of each page."""
+        slots = self.layer_slots(batch, self.token_slots(batch, extents))
+        return page_table_from_req_to_token(slots, batch.case.page_size).to(torch.int32).contiguous()
+
+    def window_left(self, batch: Batch) -> int:
+        """This layer's window W (keys p - W .. p), -1 for none; cross-attention has none."""
+        return -1 if batch.mode == Mode.CROSS else batch.case.window_left
+
+    def causal(self, batch: Batch) -> bool:
+        """Every self-attention mode is causal (bottom-right aligned); CROSS is not."""
+        return batch.mode != Mode.CROSS
+
+    def num_splits(self, batch: Batch) -> int:
+        """1 (no split-KV) in deterministic mode: a split count that follows the batch changes bits."""
+        return 1 if batch.case.deterministic else 0
+
+    def max_seqlen_k(self, extents: list[int]) -> int:
+        """max_i(P_i + E_i): the longest extent, not max(P) + max(E)."""
+        return max(extents)
+
+    def lse_rows(self, lse: torch.Tensor | None) -> torch.Tensor | None:
+        """flash-attn returns varlen LSE as [Hq, total_q] in natural log; the harness wants [total_q, Hq]."""
+        return None if lse is None else lse.transpose(0, 1).float()

@@ -1,0 +1,82 @@
+"""fa4 mutants: flash-attn-4's glue with one decision broken. They run on the GPU (device cuda);
+tests/test_flash_attn.py also hunts them on the CPU against a fake of the library."""
+
+from __future__ import annotations
+
+import torch
+
+from harness.backends.flash_attn_fa4 import FA4
+from harness.backends.flash_attn_glue import is_tree
+from harness.batch import Batch
+from harness.modes import Mode
+from harness.mutants import Mutant, named
+from harness.pool import page_table_from_req_to_token
+
+
+class _DraftExtendPrefixOnly(FA4):
+    def kv_extents(self, batch: Batch) -> list[int]:
+        if batch.mode == Mode.DRAFT_EXTEND_V2:
+            return batch.cpu_list("seq_lens_before_bump")  # P keys: the drafts just written are missed
+        return super().kv_extents(batch)
+
+
+class _DraftExtendDraftsTwice(FA4):
+    def kv_extents(self, batch: Batch) -> list[int]:
+        if batch.mode == Mode.DRAFT_EXTEND_V2:  # verify's "seq_lens + num_draft" on bumped seq_lens
+            return [s + batch.num_draft for s in batch.cpu_list("seq_lens")]
+        return super().kv_extents(batch)
+
+
+class _SwaTreeUntranslated(FA4):
+    def page_table(self, batch: Batch, extents: list[int]) -> torch.Tensor:
+        if not is_tree(batch):
+            return super().page_table(batch, extents)
+        slots = self.token_slots(batch, extents)  # full-pool pages used on the SWA pool
+        return page_table_from_req_to_token(slots, batch.case.page_size).to(torch.int32).contiguous()
+
+
+class _NoWindowAsMinusOne(FA4):
+    def window_size(self, batch: Batch) -> tuple[int | None, int | None]:
+        w = self.window_left(batch)
+        return (-1, 0) if w < 0 else (w, 0)  # FA2/FA3's "no window", an empty window to FA4
+
+
+MUTANTS: list[Mutant] = [
+    Mutant(
+        "fa4~de_v2_prefix_only",
+        "DRAFT_EXTEND_V2 reads seqused_k = P: the draft tokens just written are missed",
+        "kv_extents",
+        ("draft_extend_v2",),
+        False,
+        named(_DraftExtendPrefixOnly, "fa4~de_v2_prefix_only"),
+        device="cuda",
+    ),
+    Mutant(
+        "fa4~de_v2_drafts_twice",
+        "DRAFT_EXTEND_V2 adds num_draft to the already bumped seq_lens: reads P + 2 * num_draft keys",
+        "kv_extents",
+        ("draft_extend_v2",),
+        False,
+        named(_DraftExtendDraftsTwice, "fa4~de_v2_drafts_twice"),
+        device="cuda",
+    ),
+    Mutant(
+        "fa4~swa_tree_untranslated",
+        "verify tree (topk > 1) on a hybrid SWA pool reads the SWA pool through the full pool's page table",
+        "page_table",
+        ("verify",),
+        True,
+        named(_SwaTreeUntranslated, "fa4~swa_tree_untranslated"),
+        device="cuda",
+        force={"hybrid_swa_pool": True},
+    ),
+    Mutant(
+        "fa4~no_window_as_minus_one",
+        "window_size=(-1, 0) passed for 'no window': FA4 reads it as an empty local window",
+        "window_size",
+        ("prefix",),
+        False,
+        named(_NoWindowAsMinusOne, "fa4~no_window_as_minus_one"),
+        device="cuda",
+    ),
+]

@@ -1,0 +1,87 @@
+"""On the GPU: fa4's injected glue bugs are caught on the real kernel, and fa4 is batch-invariant.
+
+Each fa4 mutant is hunted with the suite's own strategies under the `gpu` profile (bf16,
+head_dim 128). One case per FA4 code path (the verify-tree mask_mod and the hybrid-pool
+translation among them) must pass, and prints what its first call cost (JIT compile, or a load
+from FA4's disk cache). Cases run in the harness's isolated worker, so a device fault is a
+result. Skipped, with the reason, without CUDA or without flash-attn-4 (setup.sh prints whether
+its CuTe DSL libraries were unpacked).
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from harness import isolation, profiles
+from harness.backends.flash_attn_fa4 import FA4
+from harness.case import Case, Request
+from harness.mutants import hunt
+from harness.mutants.flash_attn import MUTANTS
+
+SKIP = FA4().available("cuda")
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(SKIP is not None, reason=f"fa4 unavailable: {SKIP}")]
+
+GPU = dict(head_dim=128, num_q_heads=8, num_kv_heads=2)
+TREE = (-1, 0, 0, 1, 2)
+PATHS = {  # one case per FA4 code path (each is its own kernel variant)
+    "causal-page16": Case("EXTEND", (Request(40, 9), Request(0, 30)), **GPU),
+    "local-page128-tma": Case("EXTEND", (Request(300, 20),), window_left=100, page_size=128, **GPU),
+    "tree-mask_mod-hybrid": Case(
+        "TARGET_VERIFY",
+        (Request(50, 5, tree=TREE), Request(7, 5, tree=TREE)),
+        window_left=9,
+        hybrid_swa_pool=True,
+        **GPU,
+    ),
+    "cross": Case("CROSS", (Request(0, 24, 70), Request(0, 5, 9)), **GPU),
+}
+DET = dict(deterministic=True, **GPU)
+INVARIANT = {
+    "prefix-swa": Case("EXTEND", (Request(5000, 40), Request(30, 9)), window_left=3000, **DET),
+    "verify-tree-swa": Case("TARGET_VERIFY", (Request(5000, 5, tree=TREE),), window_left=4200, **DET),
+    "draft_extend_v2": Case("DRAFT_EXTEND_V2", (Request(5000, 4), Request(9, 4)), **DET),
+}
+HUNTS = [(m, f) for m in MUTANTS for f in m.families]
+SHRINK_RUNS = 40  # each new shrink candidate may compile a kernel variant: bound the GPU time
+
+
+@pytest.mark.parametrize("label", list(PATHS))
+def test_each_path_passes_and_its_first_call_pays_the_jit(label):
+    fa4, c = FA4(), PATHS[label]
+    t0 = time.perf_counter()
+    first = isolation.check(fa4, c, "cuda")
+    t1 = time.perf_counter()
+    again = isolation.check(fa4, c.replace(seed=c.seed + 1), "cuda")
+    t2 = time.perf_counter()
+    print(
+        f"\nfa4 {label}: first call {t1 - t0:.1f}s (JIT or cache load + run), "
+        f"again {t2 - t1:.2f}s; {first.reason}"
+    )
+    assert first.status == "pass" and again.status == "pass", first.failure_text() + again.failure_text()
+
+
+@pytest.mark.parametrize("label", sorted(INVARIANT))
+def test_fa4_is_batch_invariant(label):
+    res = isolation.check_invariant(FA4(), INVARIANT[label], "cuda", 4096, 512)
+    print(f"\nfa4 {label}: {res.status}: {res.reason}")
+    assert res.status == "pass", res.reason
+
+
+@pytest.mark.parametrize("mutant,family", HUNTS, ids=[f"{m.name.split('~')[1]}@{f}" for m, f in HUNTS])
+def test_fa4_mutant_is_caught(mutant, family):
+    profiles.load("gpu")
+    try:
+        d = hunt(mutant, family, device="cuda", shrink_runs=SHRINK_RUNS)
+    finally:
+        profiles.load("ci")
+    size = d.shrunk.batch_size if d.shrunk else None
+    print(
+        f"\n{mutant.name} on {family}: caught={d.caught} ({d.status}) after {d.examples} examples, "
+        f"{d.seconds:.1f}s; shrunk to {size} request(s): "
+        f"{d.shrunk.to_json() if d.shrunk else None}; {d.reason}"
+    )
+    assert d.caught, f"mutant {mutant.name} ({mutant.bug}) survived {d.examples} examples of {family}"
+    if "untranslated" in mutant.name:  # a poison read or a crash, never a numeric near-miss
+        assert d.status == "crash" or "NaN" in d.reason, d.reason
