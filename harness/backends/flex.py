@@ -1,0 +1,575 @@
+"""FlexAttention (`torch.nn.attention.flex_attention`): an eager and a `torch.compile`d variant.
+
+The glue a serving engine writes around flex, one launch per batch (the eager variant splits big
+batches, as it materialises the scores): this forward's K/V go into the
+pool, each request's keys are gathered through `req_to_token` (translated to the SWA pool on a
+sliding-window layer of a hybrid pool) and laid end to end like documents, and so are the queries.
+One `mask_mod` decides who sees whom from per-token metadata derived from the engine's numbers:
+document ids, absolute positions (`positions` for queries; keys from the KV extent of
+harness/modes.py), the draft index of verify keys into `tree_mask`, and keys that every query of
+its document sees (CROSS encoder keys, the virtual sink key). The soft cap is a `score_mod`.
+
+Sinks: where the kernel returns the log-sum-exp, the output is renormalised per head,
+`out * exp(lse) / (exp(lse) + exp(sink)) = out * sigmoid(lse - sink)`. The compiled kernel on the
+CPU has no LSE output, so there the sink joins as one extra key per document whose score the
+`score_mod` replaces by the sink logit and whose value row is zero: the same softmax denominator.
+
+Shapes: the compiled CPU kernel is built for static shapes (inductor's C++ template fails to
+compile dynamic-shape masks that index captured tensors in torch 2.13), so launches are padded
+to buckets of 128 * 4**k rows and each new bucket compiles once; on CUDA the compiled kernel takes
+dynamic shapes. Every scalar that varies per batch (window, soft cap, sinks) is a tensor the
+functions capture, so a new batch of an already-seen shape does not recompile.
+
+Deterministic mode: one launch per request, so a request's computation, shapes included, never
+depends on the rest of the batch: whatever the kernel decides from shapes (tiles, splits, packing)
+it decides from the request alone, and flex's forward has no atomics.
+The masks here are written independently of references/masks.py on purpose.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import os
+import shutil
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import cache
+
+import torch
+
+from harness import modes
+from harness.backends.base import Backend, BackendOutput, Capabilities
+from harness.batch import Batch
+from harness.modes import Mode
+from harness.pool import translate_slots
+
+# A window bound that admits every key: what "no window" (-1) becomes inside the mask.
+NO_WINDOW = 1 << 40
+# Padded launch sizes of the compiled CPU kernel: 128 * 4**k rows. Coarse buckets mean few C++
+# compiles; padding rows and keys belong to no request, so their blocks are skipped.
+MIN_BUCKET, BUCKET_GROWTH = 128, 4
+CPU_SUITE_ENV = "ATTN_HARNESS_FLEX_CPU_SUITE"
+# "static" makes the compiled CUDA kernel use padded static shapes too (the CPU always does).
+SHAPES_ENV = "ATTN_HARNESS_FLEX_SHAPES"
+
+# The compiled CUDA kernel's tiles. Measured on the H100 with torch 2.11: the autotuned default for
+# bf16, head_dim 128 with this score_mod needs 267264 bytes of shared memory (limit 232448), so
+# inductor raised NoValidChoicesError on some launches. 64 x 64 tiles in two stages fit, and
+# divide the block mask's 128 x 128 blocks as flex requires.
+CUDA_KERNEL_OPTIONS = {"BLOCK_M": 64, "BLOCK_N": 64, "num_stages": 2, "num_warps": 4}
+
+# The terms of the mask besides "same request"; see FlexBase.mask_mod.
+MASK_TERMS = frozenset({"free", "causal", "window", "tree"})
+
+MaskMod = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+ScoreMod = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+@dataclass
+class Launch:
+    """One flex call: some requests' queries and keys laid end to end, with per-token metadata.
+
+    Index tensors are int64 on the batch's device: q_* have one entry per (padded) query row,
+    kv_* one per (padded) key. Padding rows and keys carry document ids that match nothing.
+    Flags are int64 0/1 too (the most plainly supported dtype for a captured tensor in a kernel).
+    """
+
+    q: torch.Tensor  # [1, Hq, Lq, D]
+    k: torch.Tensor  # [1, Hkv, Lk, D]
+    v: torch.Tensor
+    q_doc: torch.Tensor
+    q_pos: torch.Tensor
+    q_tree_row: torch.Tensor  # offset of the query's row in the flattened tree mask (verify)
+    kv_doc: torch.Tensor
+    kv_pos: torch.Tensor
+    kv_draft: torch.Tensor  # draft index of a verify draft key, -1 otherwise
+    kv_free: torch.Tensor  # 1: every query of the document sees it (encoder keys, sink key)
+    kv_sink: torch.Tensor  # 1: the virtual sink key
+    tree: torch.Tensor  # the flattened [B, E, E] tree mask as 0/1 (verify; else [1]), zero-padded
+    window: torch.Tensor  # int64 scalar: W, or NO_WINDOW
+    cap: torch.Tensor  # float32 scalar: soft cap, 0 for none
+    sink_logit: torch.Tensor  # float32 [Hq]: per-head sink logit (zeros without sinks)
+    num_queries: int  # real query rows (the rest is padding)
+    terms: frozenset[str]  # the mask terms this launch needs, of MASK_TERMS
+
+
+def bucket(n: int) -> int:
+    """The padded length of n rows: the smallest MIN_BUCKET * BUCKET_GROWTH**k >= n."""
+    size = MIN_BUCKET
+    while size < n:
+        size *= BUCKET_GROWTH
+    return size
+
+
+@cache
+def _flex_api() -> tuple[Callable, Callable, dict]:
+    """flex_attention, create_block_mask, and the keyword that asks for the LSE in this torch.
+
+    torch >= 2.9 takes `return_aux=AuxRequest(lse=True)` (and deprecates `return_lse`); older
+    versions only know `return_lse=True`. Both return the LSE in natural log.
+    """
+    from torch.nn.attention import flex_attention as fa
+
+    if "return_aux" in inspect.signature(fa.flex_attention).parameters:
+        lse_kwargs = {"return_aux": fa.AuxRequest(lse=True)}
+    else:
+        lse_kwargs = {"return_lse": True}
+    return fa.flex_attention, fa.create_block_mask, lse_kwargs
+
+
+def _unpack_lse(result: tuple) -> tuple[torch.Tensor, torch.Tensor]:
+    out, aux = result
+    return out, aux if isinstance(aux, torch.Tensor) else aux.lse
+
+
+def _cxx_compiler() -> str | None:
+    for name in (os.environ.get("CXX"), "g++", "c++", "clang++"):
+        if name and shutil.which(name):
+            return shutil.which(name)
+    return None
+
+
+class FlexBase(Backend):
+    """The shared glue; variants differ in how they call flex (`call_flex`, `returns_lse_on`)."""
+
+    library = "torch.nn.attention.flex_attention"
+    capabilities = Capabilities(
+        modes=frozenset(Mode),
+        dtypes=frozenset({"bfloat16", "float16", "float32"}),
+        head_dims=frozenset({16, 32, 64, 128, 256}),
+        kv_layouts=frozenset({"NHD", "HND"}),
+        devices=frozenset({"cpu", "cuda"}),
+        window=True,
+        soft_cap=True,
+        sinks=True,
+        hybrid_pool=True,
+        deterministic=True,
+        returns_lse=True,
+        tree=True,
+    )
+
+    def available(self, device: str) -> str | None:
+        why = super().available(device)
+        if why:
+            return why
+        try:
+            _flex_api()
+        except ImportError as e:
+            return f"torch {torch.__version__} has no usable flex_attention: {e}"
+        return None
+
+    # --- engine glue, one decision per method -------------------------------------------------
+
+    def write_kv(self, batch: Batch) -> None:
+        """Store this forward's new K/V at `out_cache_loc` before attention."""
+        if batch.k_new.shape[0]:
+            batch.pool.write(self.layer_slots(batch, batch.out_cache_loc), batch.k_new, batch.v_new)
+
+    def kv_lens(self, batch: Batch) -> list[int]:
+        """Keys to read per request, from `seq_lens` and the mode's convention."""
+        seq = batch.cpu_list("seq_lens")
+        enc = batch.cpu_list("encoder_lens")
+        return [modes.kv_extent(batch.mode, seq[r], batch.num_draft, enc[r]) for r in range(len(seq))]
+
+    def window_left(self, batch: Batch) -> int:
+        """This layer's window (-1: none), as the engine passes it to the attention call."""
+        return batch.case.window_left
+
+    def kv_start(self, batch: Batch, r: int) -> int:
+        """First key worth gathering: on a windowed layer, the earliest key the first query can see.
+        (On a hybrid pool the keys before it may be freed: reading them would read slot 0.)"""
+        w = self.window_left(batch)
+        if w < 0 or batch.mode == Mode.CROSS:
+            return 0
+        q0, q1 = int(batch.qo_indptr[r]), int(batch.qo_indptr[r + 1])
+        return max(0, int(batch.positions[q0:q1].min()) - w)
+
+    def kv_slots(self, batch: Batch, r: int, lo: int, hi: int) -> torch.Tensor:
+        """Full-pool slots of request r's positions lo..hi-1 (CROSS: its encoder tokens)."""
+        return batch.req_to_token[r, lo:hi]
+
+    def layer_slots(self, batch: Batch, slots: torch.Tensor) -> torch.Tensor:
+        """Translate full-pool slots into this layer's pool (the SWA pool on a hybrid SWA layer)."""
+        return translate_slots(slots, batch.full_to_swa)
+
+    def key_positions(self, batch: Batch, r: int, lo: int, hi: int) -> list[int]:
+        """Absolute positions of keys lo..hi-1: their index; verify drafts sit at their query's position."""
+        if batch.mode == Mode.TARGET_VERIFY:
+            q0 = int(batch.qo_indptr[r])
+            drafts = batch.positions[q0 : q0 + batch.num_draft].tolist()
+            return list(range(lo, hi - batch.num_draft)) + [int(p) for p in drafts]
+        return list(range(lo, hi))
+
+    def sinks_via_lse(self, batch: Batch) -> bool:
+        """Renormalise with the kernel's LSE where it has one; otherwise a virtual sink key."""
+        return self.returns_lse_on(batch.device.type)
+
+    def launches(self, batch: Batch) -> list[list[int]]:
+        """Requests per flex call: all in one (block-sparse), or one each in deterministic mode."""
+        if batch.case.deterministic:
+            return [[r] for r in range(batch.batch_size)]
+        return [list(range(batch.batch_size))]
+
+    def padded_len(self, n: int, device: str) -> int:
+        """Rows a launch is padded to (identity unless a variant compiles per shape)."""
+        return n
+
+    # --- the mask and score functions ---------------------------------------------------------
+
+    def document_mask(self, q_doc: torch.Tensor, kv_doc: torch.Tensor) -> MaskMod:
+        def same_request(b, h, q, k):  # noqa: ANN001, ANN202 - flex's mask_mod signature
+            return q_doc[q] == kv_doc[k]
+
+        return same_request
+
+    def causal_mask(self, q_pos: torch.Tensor, kv_pos: torch.Tensor) -> MaskMod:
+        def causal(b, h, q, k):  # noqa: ANN001, ANN202
+            return kv_pos[k] <= q_pos[q]
+
+        return causal
+
+    def window_mask(self, q_pos: torch.Tensor, kv_pos: torch.Tensor, window: torch.Tensor) -> MaskMod:
+        """Sliding window: a query at p keeps keys p - W .. p (W + 1 keys)."""
+
+        def in_window(b, h, q, k):  # noqa: ANN001, ANN202
+            return kv_pos[k] >= q_pos[q] - window
+
+        return in_window
+
+    def tree_mask(self, q_tree_row: torch.Tensor, kv_draft: torch.Tensor, tree: torch.Tensor) -> MaskMod:
+        """Verify: a draft key is visible to its descendants and itself (batch.tree_mask)."""
+
+        def ancestor_or_self(b, h, q, k):  # noqa: ANN001, ANN202
+            d = kv_draft[k]
+            return (d < 0) | (tree[q_tree_row[q] + d.clamp(min=0)] != 0)
+
+        return ancestor_or_self
+
+    def free_keys(self, kv_free: torch.Tensor) -> MaskMod:
+        def seen_by_all(b, h, q, k):  # noqa: ANN001, ANN202
+            return kv_free[k] != 0
+
+        return seen_by_all
+
+    def mask_terms(self, launch: Launch) -> frozenset[str]:
+        """Every term, always: one function for every batch, so a compiled kernel is reused."""
+        return MASK_TERMS
+
+    def mask_mod(self, launch: Launch) -> MaskMod:
+        """Same request, and either a key every query sees (`free`) or one that is causal & in the
+        window & in the tree (the terms of `mask_terms`)."""
+        terms = self.mask_terms(launch)
+        same = self.document_mask(launch.q_doc, launch.kv_doc)
+        free = self.free_keys(launch.kv_free) if "free" in terms else None
+        ordered = []
+        if "causal" in terms:
+            ordered.append(self.causal_mask(launch.q_pos, launch.kv_pos))
+        if "window" in terms:
+            ordered.append(self.window_mask(launch.q_pos, launch.kv_pos, launch.window))
+        if "tree" in terms:
+            ordered.append(self.tree_mask(launch.q_tree_row, launch.kv_draft, launch.tree))
+
+        def visible(b, h, q, k):  # noqa: ANN001, ANN202
+            vis = same(b, h, q, k)
+            if not ordered:  # CROSS: its queries see every key of the request
+                return vis
+            seen = ordered[0](b, h, q, k)
+            for term in ordered[1:]:
+                seen = seen & term(b, h, q, k)
+            if free is not None:
+                seen = seen | free(b, h, q, k)
+            return vis & seen
+
+        return visible
+
+    def score_mod(self, launch: Launch) -> ScoreMod:
+        """Soft cap c > 0: c * tanh(s / c) on the scaled score; the sink key scores its logit."""
+        cap, kv_sink, sink_logit = launch.cap, launch.kv_sink, launch.sink_logit
+        safe = torch.where(cap > 0, cap, torch.ones_like(cap))
+
+        def capped_or_sink(s, b, h, q, k):  # noqa: ANN001, ANN202
+            capped = torch.where(cap > 0, safe * torch.tanh(s / safe), s)
+            return torch.where(kv_sink[k] != 0, sink_logit[h].to(s.dtype), capped)
+
+        return capped_or_sink
+
+    # --- laying a launch out ------------------------------------------------------------------
+
+    def pack(self, batch: Batch, requests: list[int]) -> Launch:
+        """Gather the requests' K/V from the pool and lay queries and keys end to end, padded."""
+        case = batch.case
+        dev = batch.device
+        virtual_sink = batch.sinks is not None and not self.sinks_via_lse(batch)
+        kv_lens = self.kv_lens(batch)
+        qo = batch.cpu_list("qo_indptr")
+        positions = batch.cpu_list("positions")
+        q_parts, k_parts, v_parts = [], [], []
+        q_doc: list[int] = []
+        q_pos: list[int] = []
+        q_tree_row: list[int] = []
+        kv_doc: list[int] = []
+        kv_pos: list[int] = []
+        kv_draft: list[int] = []
+        kv_free: list[int] = []
+        kv_sink: list[int] = []
+        e = batch.num_draft
+        for doc, r in enumerate(requests):
+            q0, q1 = qo[r], qo[r + 1]
+            q_parts.append(batch.q[q0:q1])
+            q_doc += [doc] * (q1 - q0)
+            q_pos += positions[q0:q1]
+            if batch.mode == Mode.TARGET_VERIFY:
+                q_tree_row += [(r * e + j) * e for j in range(q1 - q0)]
+            else:
+                q_tree_row += [0] * (q1 - q0)
+            lo, hi = self.kv_start(batch, r), kv_lens[r]
+            k, v = batch.pool.read(self.layer_slots(batch, self.kv_slots(batch, r, lo, hi)))
+            k_parts.append(k)
+            v_parts.append(v)
+            n = hi - lo
+            kv_doc += [doc] * n
+            kv_pos += self.key_positions(batch, r, lo, hi)
+            if batch.mode == Mode.TARGET_VERIFY:
+                kv_draft += [-1] * (n - e) + list(range(e))
+            else:
+                kv_draft += [-1] * n
+            kv_free += [int(batch.mode == Mode.CROSS)] * n
+            kv_sink += [0] * n
+            if virtual_sink:
+                k_parts.append(torch.zeros_like(k[:1]))
+                v_parts.append(torch.zeros_like(v[:1]))
+                kv_doc.append(doc)
+                kv_pos.append(0)
+                kv_draft.append(-1)
+                kv_free.append(1)
+                kv_sink.append(1)
+        nq, nk = len(q_doc), len(kv_doc)
+        lq, lk = self.padded_len(nq, dev.type), self.padded_len(nk, dev.type)
+
+        def rows(parts: list[torch.Tensor], length: int) -> torch.Tensor:
+            x = torch.cat(parts)
+            pad = x.new_zeros((length - x.shape[0], *x.shape[1:]))
+            return torch.cat([x, pad]).transpose(0, 1).unsqueeze(0).contiguous()
+
+        def ints(values: list[int], length: int, fill: int) -> torch.Tensor:
+            return torch.tensor(values + [fill] * (length - len(values)), dtype=torch.int64, device=dev)
+
+        w = self.window_left(batch)
+        terms = {"free"} if batch.mode == Mode.CROSS else {"causal"}
+        if w >= 0:
+            terms.add("window")
+        if batch.mode == Mode.TARGET_VERIFY:
+            terms.add("tree")
+        if virtual_sink:
+            terms.add("free")
+        tree = [1] if batch.tree_mask is None else [int(x) for x in batch.tree_mask.reshape(-1).tolist()]
+        return Launch(
+            q=rows(q_parts, lq),
+            k=rows(k_parts, lk),
+            v=rows(v_parts, lk),
+            q_doc=ints(q_doc, lq, -1),
+            q_pos=ints(q_pos, lq, 0),
+            q_tree_row=ints(q_tree_row, lq, 0),
+            kv_doc=ints(kv_doc, lk, -2),
+            kv_pos=ints(kv_pos, lk, 0),
+            kv_draft=ints(kv_draft, lk, -1),
+            kv_free=ints(kv_free, lk, 0),
+            kv_sink=ints(kv_sink, lk, 0),
+            tree=ints(tree, self.padded_len(len(tree), dev.type), 0),
+            window=torch.tensor(w if w >= 0 else NO_WINDOW, dtype=torch.int64, device=dev),
+            cap=torch.tensor(float(case.soft_cap), dtype=torch.float32, device=dev),
+            sink_logit=(
+                batch.sinks.float()
+                if virtual_sink
+                else torch.zeros(case.num_q_heads, dtype=torch.float32, device=dev)
+            ),
+            num_queries=nq,
+            terms=frozenset(terms),
+        )
+
+    def block_mask(self, launch: Launch, device: torch.device):  # noqa: ANN201 - a flex BlockMask
+        """The launch's BlockMask, always built on the batch's device (the default would be CUDA)."""
+        _, create_block_mask, _ = _flex_api()
+        lq, lk = launch.q.shape[2], launch.k.shape[2]
+        return create_block_mask(self.mask_mod(launch), 1, None, lq, lk, device=device)
+
+    def apply_sinks(self, out: torch.Tensor, lse: torch.Tensor, sinks: torch.Tensor) -> torch.Tensor:
+        """out [1, Hq, L, D] * exp(lse) / (exp(lse) + exp(sink)), as sigmoid(lse - sink): stable, and
+        0 where no key is visible (lse = -inf)."""
+        factor = torch.sigmoid(lse.float() - sinks.float().view(1, -1, 1))
+        return (out.float() * factor.unsqueeze(-1)).to(out.dtype)
+
+    # --- the variant's call -------------------------------------------------------------------
+
+    def returns_lse_on(self, device: str) -> bool:
+        """Whether this variant's kernel returns the LSE on `device`."""
+        return True
+
+    def call_flex(
+        self,
+        launch: Launch,
+        score_mod: ScoreMod,
+        block_mask: object,
+        scale: float,
+        want_lse: bool,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        raise NotImplementedError
+
+    # --- the forward --------------------------------------------------------------------------
+
+    def run(self, batch: Batch) -> BackendOutput:
+        self.write_kv(batch)
+        case = batch.case
+        want_lse = self.returns_lse_on(batch.device.type)
+        out = torch.empty_like(batch.q)
+        lse = torch.empty(batch.q.shape[:2], dtype=torch.float32, device=batch.device) if want_lse else None
+        qo = batch.cpu_list("qo_indptr")
+        for requests in self.launches(batch):
+            launch = self.pack(batch, requests)
+            o, l_ = self.call_flex(
+                launch, self.score_mod(launch), self.block_mask(launch, batch.device), case.scale, want_lse
+            )
+            if batch.sinks is not None and self.sinks_via_lse(batch):
+                o = self.apply_sinks(o, l_, batch.sinks)
+            o = o[0, :, : launch.num_queries].transpose(0, 1)
+            at = 0
+            for r in requests:
+                n = qo[r + 1] - qo[r]
+                out[qo[r] : qo[r + 1]] = o[at : at + n]
+                if lse is not None:
+                    lse[qo[r] : qo[r + 1]] = l_[0, :, at : at + n].transpose(0, 1).float()
+                at += n
+        return BackendOutput(out=out, lse=lse)
+
+
+class FlexEager(FlexBase):
+    """flex_attention without torch.compile: flex's own unfused implementation (scores in fp32)."""
+
+    name = "flex_eager"
+    # The unfused path materialises [Hq, Lq, Lk] scores: launches are split to bound that.
+    max_scores = 1 << 27
+
+    def mask_terms(self, launch: Launch) -> frozenset[str]:
+        """Only the terms the batch needs: the unfused path evaluates each one through vmap on every
+        call, and it compiles nothing that a changing mask would invalidate."""
+        return launch.terms
+
+    def launches(self, batch: Batch) -> list[list[int]]:
+        if batch.case.deterministic:
+            return super().launches(batch)
+        groups: list[list[int]] = []
+        qo = batch.cpu_list("qo_indptr")
+        kv = self.kv_lens(batch)
+        nq = nk = 0
+        for r in range(batch.batch_size):
+            q, k = qo[r + 1] - qo[r], kv[r] + 1
+            if groups and (nq + q) * (nk + k) * batch.case.num_q_heads > self.max_scores:
+                groups.append([])
+                nq = nk = 0
+            if not groups:
+                groups.append([])
+            groups[-1].append(r)
+            nq, nk = nq + q, nk + k
+        return groups
+
+    def call_flex(
+        self,
+        launch: Launch,
+        score_mod: ScoreMod,
+        block_mask: object,
+        scale: float,
+        want_lse: bool,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        flex, _, lse_kwargs = _flex_api()
+        gqa = launch.q.shape[1] != launch.k.shape[1]
+        kwargs = lse_kwargs if want_lse else {}
+        with warnings.catch_warnings():  # "called without torch.compile()": this variant's point
+            warnings.filterwarnings("ignore", message="flex_attention called without torch.compile")
+            res = flex(
+                launch.q, launch.k, launch.v, score_mod, block_mask, scale=scale, enable_gqa=gqa, **kwargs
+            )
+        return _unpack_lse(res) if want_lse else (res, None)
+
+
+@cache
+def _compiled_flex(dynamic: bool) -> Callable:
+    flex, _, _ = _flex_api()
+    return torch.compile(flex, dynamic=dynamic, fullgraph=True)
+
+
+def _dynamo_limits() -> dict:
+    """Dynamo settings for the compiled call: a high recompile limit, and an error (never a silent
+    eager fallback) if it is hit, so the compiled backend never reports eager results."""
+    cfg = torch._dynamo.config
+    want = {"recompile_limit": 512, "accumulated_recompile_limit": 4096, "fail_on_recompile_limit_hit": True}
+    return {k: v for k, v in want.items() if hasattr(cfg, k)}
+
+
+class FlexCompiled(FlexBase):
+    """torch.compile(flex_attention): Triton on CUDA, inductor's C++ template on the CPU.
+
+    On the CPU every new padded shape costs a C++ compile (seconds), so the suite (cases/) skips
+    the CPU device unless ATTN_HARNESS_FLEX_CPU_SUITE=1; CPU CI runs it on a dedicated subset
+    (tests/test_flex.py). `cpu_in_suite` forces it on (the tests and the mutants use it).
+    """
+
+    name = "flex_compiled"
+    cpu_in_suite = False
+    capabilities = dataclasses.replace(
+        FlexBase.capabilities,
+        returns_lse=False,
+        why_not={
+            "returns_lse": "the compiled CPU kernel has no LSE output (inductor raises "
+            "NotImplementedError); on CUDA the LSE is returned and checked, and sinks use it",
+        },
+    )
+
+    def available(self, device: str) -> str | None:
+        why = super().available(device)
+        if why or device != "cpu":
+            return why
+        if _cxx_compiler() is None:
+            return "torch.compile on the CPU needs a C++ compiler (g++/clang++ or $CXX); none found"
+        if not (self.cpu_in_suite or os.environ.get(CPU_SUITE_ENV) == "1"):
+            return (
+                "compiled flex on the CPU costs seconds of C++ compilation per new shape; CPU CI "
+                f"runs it on a dedicated subset (tests/test_flex.py); set {CPU_SUITE_ENV}=1 to run it here"
+            )
+        return None
+
+    def returns_lse_on(self, device: str) -> bool:
+        return device != "cpu"
+
+    def static_shapes(self, device: str) -> bool:
+        """Static shapes (padded to buckets) on the CPU, where inductor's dynamic-shape flex template
+        does not compile; dynamic shapes on CUDA unless ATTN_HARNESS_FLEX_SHAPES=static."""
+        return device == "cpu" or os.environ.get(SHAPES_ENV, "").strip().lower() == "static"
+
+    def padded_len(self, n: int, device: str) -> int:
+        """With static shapes, padded to a few bucket sizes so that shapes repeat."""
+        return bucket(n) if self.static_shapes(device) else n
+
+    def call_flex(
+        self,
+        launch: Launch,
+        score_mod: ScoreMod,
+        block_mask: object,
+        scale: float,
+        want_lse: bool,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        _, _, lse_kwargs = _flex_api()
+        flex = _compiled_flex(dynamic=not self.static_shapes(launch.q.device.type))
+        gqa = launch.q.shape[1] != launch.k.shape[1]
+        kwargs = dict(lse_kwargs) if want_lse else {}
+        if launch.q.device.type == "cuda":
+            kwargs["kernel_options"] = CUDA_KERNEL_OPTIONS
+        with torch._dynamo.config.patch(**_dynamo_limits()):
+            res = flex(
+                launch.q, launch.k, launch.v, score_mod, block_mask, scale=scale, enable_gqa=gqa, **kwargs
+            )
+        return _unpack_lse(res) if want_lse else (res, None)
+
+
+BACKENDS = {"flex_eager": FlexEager, "flex_compiled": FlexCompiled}

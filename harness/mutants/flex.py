@@ -1,0 +1,99 @@
+"""FlexAttention mutants: the window term of the backend's mask_mod broken, eager and compiled.
+
+Both override `window_mask`, the one mask function that encodes the sliding window. A DECODE
+request has one query, and the glue gathers its keys from that query's window start on
+(`kv_start`), so there the window term of the mask is redundant and ignoring it is no bug: the
+window-ignored mutant is hunted where a request's queries span more than one window.
+
+The compiled mutants are hunted at one fixed dtype and head shape (`force`), so a hunt costs a
+few C++ compiles on the CPU rather than one per drawn head shape. CPU CI hunts the compiled
+off-by-one (the subtle one); the compiled window-ignored mutant is hunted on the GPU only, as the
+eager one already shows the same mask function caught on the CPU.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from harness.backends.flex import FlexCompiled, FlexEager, MaskMod
+from harness.mutants import Mutant, named
+
+
+def _ignored(q_pos: torch.Tensor, kv_pos: torch.Tensor, window: torch.Tensor) -> MaskMod:
+    def every_key(b, h, q, k):  # noqa: ANN001, ANN202 - flex's mask_mod signature
+        return kv_pos[k] >= 0  # the window never masks: every query sees the whole prefix
+
+    return every_key
+
+
+def _short(q_pos: torch.Tensor, kv_pos: torch.Tensor, window: torch.Tensor) -> MaskMod:
+    def short_window(b, h, q, k):  # noqa: ANN001, ANN202
+        return kv_pos[k] > q_pos[q] - window  # W keys instead of W + 1
+
+    return short_window
+
+
+class _EagerWindowIgnored(FlexEager):
+    def window_mask(self, q_pos: torch.Tensor, kv_pos: torch.Tensor, window: torch.Tensor) -> MaskMod:
+        return _ignored(q_pos, kv_pos, window)
+
+
+class _EagerWindowShort(FlexEager):
+    def window_mask(self, q_pos: torch.Tensor, kv_pos: torch.Tensor, window: torch.Tensor) -> MaskMod:
+        return _short(q_pos, kv_pos, window)
+
+
+class _CompiledWindowIgnored(FlexCompiled):
+    cpu_in_suite = True
+
+    def window_mask(self, q_pos: torch.Tensor, kv_pos: torch.Tensor, window: torch.Tensor) -> MaskMod:
+        return _ignored(q_pos, kv_pos, window)
+
+
+class _CompiledWindowShort(FlexCompiled):
+    cpu_in_suite = True
+
+    def window_mask(self, q_pos: torch.Tensor, kv_pos: torch.Tensor, window: torch.Tensor) -> MaskMod:
+        return _short(q_pos, kv_pos, window)
+
+
+# One dtype and head shape for the compiled hunts: each new one would be a C++ compile.
+COMPILED_SHAPE = {"dtype": "bfloat16", "num_q_heads": 8, "num_kv_heads": 2, "head_dim": 64}
+
+MUTANTS: list[Mutant] = [
+    Mutant(
+        "flex_eager~window_ignored",
+        "flex mask_mod without its window term: every query sees the whole prefix",
+        "window_mask",
+        ("prefix", "prefill", "draft_extend_v2", "verify"),
+        True,
+        named(_EagerWindowIgnored, "flex_eager~window_ignored"),
+    ),
+    Mutant(
+        "flex_eager~window_short",
+        "flex mask_mod window off by one: W keys instead of W + 1",
+        "window_mask",
+        ("prefix", "prefill", "decode", "draft_extend_v2", "verify"),
+        True,
+        named(_EagerWindowShort, "flex_eager~window_short"),
+    ),
+    Mutant(
+        "flex_compiled~window_ignored",
+        "compiled flex kernel with a mask_mod without its window term",
+        "window_mask",
+        ("prefix",),
+        True,
+        named(_CompiledWindowIgnored, "flex_compiled~window_ignored"),
+        device="cuda",
+        force=COMPILED_SHAPE,
+    ),
+    Mutant(
+        "flex_compiled~window_short",
+        "compiled flex kernel with the window off by one: W keys instead of W + 1",
+        "window_mask",
+        ("prefix",),
+        True,
+        named(_CompiledWindowShort, "flex_compiled~window_short"),
+        force=COMPILED_SHAPE,
+    ),
+]

@@ -1,0 +1,190 @@
+"""FlexAttention on the CPU: the compiled kernel on a dedicated subset of the `ci` profile, its
+compile cost, both sink strategies, the LSE plumbing, and its batch invariance.
+
+The compiled variant is skipped by the suite on the CPU (each new shape is a C++ compile), so it
+runs here on small `ci`-profile shapes at one dtype and head shape (bf16, 8 query / 2 KV heads,
+head_dim 64; batches of up to 3, prefixes up to 120): every family, with and without a window,
+and the pinned cases. The eager variant runs in the suite itself (cases/), its batch invariance
+included (cases/test_deterministic.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+
+import pytest
+import torch
+from hypothesis import example, given, settings
+
+from harness import profiles
+from harness.backends.flex import CPU_SUITE_ENV, SHAPES_ENV, FlexCompiled, FlexEager, _unpack_lse, bucket
+from harness.checks.invariance import check_invariance
+from harness.checks.numeric import check_case
+from harness.modes import FAMILIES, FAMILY_MODE, Mode
+from harness.strategies import cases
+from harness.suite import pinned_examples
+from tests.helpers import case
+
+SHAPE = {"dtype": "bfloat16", "num_q_heads": 8, "num_kv_heads": 2, "head_dim": 64}
+EXAMPLES = 4  # per family and window; shapes repeat, so most examples reuse a compiled kernel
+
+
+class _CompiledHere(FlexCompiled):
+    cpu_in_suite = True
+
+
+class _EagerVirtualSink(FlexEager):
+    """The eager kernel with the sink as a virtual key, the compiled CPU kernel's strategy."""
+
+    def sinks_via_lse(self, batch):  # noqa: ANN001, ANN201
+        return False
+
+
+def _subset_sizes() -> profiles.Sizes:
+    """The `ci` sizes at one dtype and head shape, batches of up to 3 and prefixes up to 120: each
+    launch then pads to 128 or 512 rows, so the subset costs about two C++ compiles."""
+    return dataclasses.replace(
+        profiles.SIZES["ci"],
+        max_batch=3,
+        max_prefix=120,
+        heads=((SHAPE["num_q_heads"], SHAPE["num_kv_heads"]),),
+        head_dims=(SHAPE["head_dim"],),
+        dtypes=(SHAPE["dtype"],),
+    )
+
+
+TARGETS = [(f, w) for f in FAMILIES for w in (("full",) if FAMILY_MODE[f] == Mode.CROSS else ("full", "swa"))]
+
+
+@pytest.mark.parametrize("family,window", TARGETS, ids=[f"{f}-{w}" for f, w in TARGETS])
+def test_compiled_kernel_passes_the_ci_subset(family, window, record):
+    profiles.load("ci")
+    backend = _CompiledHere()
+    why = backend.available("cpu")
+    if why:
+        pytest.skip(why)
+    backend.name = "flex_compiled"  # recorded under the registry name in the summary table
+    strategy = cases(family, window == "swa", backend.capabilities, _subset_sizes())
+    pins = [
+        c.replace(**SHAPE)
+        for c in pinned_examples(family)
+        if (c.window_left >= 0) == (window == "swa") and backend.supports(c.replace(**SHAPE)) is None
+    ]
+
+    def check(c):  # noqa: ANN001, ANN202
+        res = check_case(backend, c, "cpu")
+        record(res)
+        assert res.status == "pass", res.failure_text()
+
+    test = settings(max_examples=EXAMPLES, derandomize=True, database=None, deadline=None)(
+        given(strategy)(check)
+    )
+    for c in pins:
+        test = example(c)(test)
+    test()
+
+
+def test_static_shapes_pad_to_few_buckets(monkeypatch):
+    monkeypatch.delenv(SHAPES_ENV, raising=False)
+    assert [bucket(n) for n in (1, 128, 129, 512, 513, 2048, 2049)] == [128, 128, 512, 512, 2048, 2048, 8192]
+    assert FlexCompiled().padded_len(130, "cpu") == 512 and FlexCompiled().padded_len(130, "cuda") == 130
+    assert FlexEager().padded_len(130, "cpu") == 130
+    monkeypatch.setenv(SHAPES_ENV, "static")
+    assert FlexCompiled().padded_len(130, "cuda") == 512
+
+
+def test_the_suite_runs_compiled_on_the_cpu_only_when_asked(monkeypatch):
+    monkeypatch.delenv(CPU_SUITE_ENV, raising=False)
+    why = FlexCompiled().available("cpu")
+    if why and "C++ compiler" in why:
+        pytest.skip(why)
+    assert why and CPU_SUITE_ENV in why and "tests/test_flex.py" in why
+    monkeypatch.setenv(CPU_SUITE_ENV, "1")
+    assert FlexCompiled().available("cpu") is None
+    assert FlexEager().available("cpu") is None
+
+
+def _graphs() -> int:
+    from torch._dynamo.utils import counters
+
+    return counters["stats"]["unique_graphs"]
+
+
+def test_compiled_cost_a_new_batch_of_a_seen_shape_does_not_recompile():
+    """The first call compiles once; other batches in the same padded bucket (other lengths, window,
+    soft cap, sinks, mode) reuse the kernel."""
+    b = _CompiledHere()
+    if b.available("cpu"):
+        pytest.skip(b.available("cpu"))
+    mqa = {**SHAPE, "num_q_heads": 4, "num_kv_heads": 1}  # a head shape no other test compiles
+    first = case("EXTEND", ((40, 30), (3, 20)), window_left=7, **mqa)
+    same_bucket = [
+        case("EXTEND", ((20, 9),), window_left=3, soft_cap=5.0, sinks=True, **mqa),
+        case("DECODE", ((60, 1), (2, 1)), **mqa),
+        case("CROSS", ((0, 5, 9),), sinks=True, **mqa),
+    ]
+    check_case(FlexEager(), first)  # the harness's lazy imports (they re-key dynamo guards) first
+    t0, g0 = time.perf_counter(), _graphs()
+    assert check_case(b, first).status == "pass"
+    t1, g1 = time.perf_counter(), _graphs()
+    for c in same_bucket:
+        assert check_case(b, c).status == "pass", c
+    t2, g2 = time.perf_counter(), _graphs()
+    print(
+        f"\nflex_compiled cpu: first case {t1 - t0:.1f}s ({g1 - g0} graph), "
+        f"{len(same_bucket)} more in its bucket {t2 - t1:.2f}s ({g2 - g1} graphs)"
+    )
+    assert g1 == g0 + 1, "the first call did not compile exactly once"
+    assert g2 == g1, "a new batch of an already compiled shape recompiled"
+
+
+@pytest.mark.parametrize("backend", [FlexEager(), _EagerVirtualSink()], ids=["lse", "virtual_key"])
+@pytest.mark.parametrize(
+    "c",
+    [
+        case("EXTEND", ((40, 30), (3, 20)), window_left=7, sinks=True, q_amplitude=8.0),
+        case("TARGET_VERIFY", ((50, 5, 0, (-1, 0, 0, 1, 2)),), window_left=3, sinks=True, soft_cap=5.0),
+        case("CROSS", ((0, 5, 9), (2, 1, 3)), sinks=True),
+    ],
+    ids=["extend", "tree", "encoder"],
+)
+def test_both_sink_strategies_match_the_reference(backend, c):
+    res = check_case(backend, c)
+    assert res.status == "pass", res.failure_text()
+
+
+def test_sink_renormalisation_is_the_softmax_with_one_more_logit():
+    lse = torch.tensor([[[0.5, -3.0, float("-inf"), 80.0]]])  # [1, Hq=1, L=4]
+    sink = torch.tensor([2.0])
+    out = torch.ones(1, 1, 4, 2)
+    got = FlexEager().apply_sinks(out, lse, sink)[0, 0, :, 0]
+    want = [math.exp(x) / (math.exp(x) + math.exp(2.0)) for x in (0.5, -3.0)]
+    assert torch.allclose(got[:2], torch.tensor(want), rtol=1e-6)
+    assert got[2] == 0.0  # no visible key: zero, not NaN
+    assert torch.isclose(got[3], torch.tensor(1.0))  # exp(80) does not overflow the formula
+
+
+def test_lse_is_read_from_either_return_form():
+    """torch >= 2.9 returns (out, AuxOutput) for return_aux; older versions (out, lse)."""
+    from torch.nn.attention.flex_attention import AuxOutput
+
+    out, lse = torch.zeros(1), torch.ones(1)
+    assert _unpack_lse((out, lse))[1] is lse
+    assert _unpack_lse((out, AuxOutput(lse=lse, max_scores=None)))[1] is lse
+
+
+def test_eager_lse_is_checked_in_natural_log():
+    res = check_case(FlexEager(), case("EXTEND", ((40, 30), (3, 20)), window_left=7))
+    assert res.status == "pass", res.failure_text()
+    assert res.verdict.lse_err is not None and res.verdict.lse_err <= res.verdict.lse_budget
+
+
+def test_compiled_is_batch_invariant_in_deterministic_mode():
+    b = _CompiledHere()
+    if b.available("cpu"):
+        pytest.skip(b.available("cpu"))
+    c = case("DECODE", ((60, 1), (5, 1)), deterministic=True, window_left=20, sinks=True, **SHAPE)
+    res = check_invariance(b, c, long_kv=60)
+    assert res.passed, res.reason
