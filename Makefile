@@ -13,7 +13,7 @@ else
 SETUP :=
 endif
 
-.PHONY: check test lint clean mutants
+.PHONY: check test lint clean mutants bench
 
 .venv/.installed: pyproject.toml
 	python3 -m venv .venv
@@ -35,6 +35,11 @@ test: $(SETUP)
 # fails if one survives. Narrow it with ARGS, e.g. ARGS="--backend torch_split --json m.json".
 mutants: $(SETUP)
 	$(PYTHON) -m harness mutants $(ARGS)
+
+# The harness's own benchmark (throughput, phases, reference scale, detection) on the device present:
+# a table, and reports/bench.json. Narrow it with ARGS, e.g. ARGS="--section throughput --cases 32".
+bench: $(SETUP)
+	$(PYTHON) -m harness bench $(ARGS)
 
 lint: $(SETUP)
 	$(PYTHON) -m ruff check .

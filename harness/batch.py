@@ -150,47 +150,45 @@ def build_batch(
     page_ids = pool.allocate_pages(
         pages_per, [s // ps for s in new_start], case.page_layout, first_id, full_total, gen
     )
-    slots = [pool.page_slots(page_ids[r], ps, rows[r]) for r in range(bsz)]
+    slots = [pool.slot_table(page_ids[r], ps, rows[r]) for r in range(bsz)]  # int64, per request
 
     max_row = max(rows)
     req_to_token = torch.zeros(bsz, max_row, dtype=torch.int32)
     for r in range(bsz):
-        req_to_token[r, : rows[r]] = torch.tensor(slots[r], dtype=torch.int32)
+        req_to_token[r, : rows[r]] = slots[r]
 
     full_to_swa = None
     storage_pages = full_total
     if swa_plan is not None:
         full_to_swa = torch.zeros(full_total * ps, dtype=torch.int32)
-        for r in range(bsz):
-            for i, swa_page in swa_plan.swa_pages[r].items():
-                full_page = page_ids[r][i]
-                full_to_swa[full_page * ps : (full_page + 1) * ps] = torch.arange(
-                    swa_page * ps, (swa_page + 1) * ps, dtype=torch.int32
-                )
+        kept = [(page_ids[r][i], swa) for r in range(bsz) for i, swa in swa_plan.swa_pages[r].items()]
+        if kept:  # every slot of a kept full page maps to the same offset in its SWA page
+            full_page, swa_page = torch.tensor(kept, dtype=torch.int64).T
+            offset = torch.arange(ps)
+            dst = (swa_page[:, None] * ps + offset).flatten().to(torch.int32)
+            full_to_swa[(full_page[:, None] * ps + offset).flatten()] = dst
         storage_pages = swa_plan.num_owned + 1 if case.swa_pool_exact else full_total
 
     layer_pool = pool.empty_pool(storage_pages, ps, case.num_kv_heads, case.head_dim, dt, case.kv_layout)
 
-    def layer_slots(full: list[int]) -> torch.Tensor:
-        t = torch.tensor(full, dtype=torch.int64)
-        return pool.translate_slots(t, full_to_swa).long() if full_to_swa is not None else t
+    def layer_slots(full: torch.Tensor) -> torch.Tensor:
+        return pool.translate_slots(full, full_to_swa).long() if full_to_swa is not None else full
 
     # Cached K/V (prefix, or the encoder's output in CROSS) is already in the pool.
     for r, req in enumerate(reqs):
         if cross:
-            cached = list(range(req.encoder_len))
+            lo, hi = 0, req.encoder_len
         else:
             lo = _first_kept_position(case, r) // ps * ps if full_to_swa is not None else 0
-            cached = list(range(lo, req.prefix_len))
-        if cached:
-            idx = torch.tensor(cached)
-            layer_pool.write(layer_slots([slots[r][t] for t in cached]), inputs.k[r][idx], inputs.v[r][idx])
+            hi = req.prefix_len
+        if hi > lo:
+            layer_pool.write(layer_slots(slots[r][lo:hi]), inputs.k[r][lo:hi], inputs.v[r][lo:hi])
         if whole_page_loads:
             kv_end = req.encoder_len if cross else rows[r]
             last_page_end = -(-kv_end // ps) * ps
             tail = [page_ids[r][t // ps] * ps + t % ps for t in range(kv_end, last_page_end)]
             if tail:
-                layer_pool.fill_slots(layer_slots(tail), pool.CANARY)
+                layer_pool.fill_slots(layer_slots(torch.tensor(tail, dtype=torch.int64)), pool.CANARY)
     if whole_page_loads:
         layer_pool.fill_slots(torch.arange(ps), pool.CANARY)
 
@@ -200,10 +198,11 @@ def build_batch(
     for e in extend:
         qo_indptr.append(qo_indptr[-1] + e)
     positions = []
-    out_cache_loc = []
-    for r, req in enumerate(reqs):
+    for req in reqs:
         positions += modes.query_positions(case.mode, req.prefix_len, req.extend_len, req.tree)
-        out_cache_loc += slots[r][new_start[r] : new_start[r] + req.extend_len]
+    out_cache_loc = torch.cat(
+        [slots[r][new_start[r] : new_start[r] + req.extend_len] for r, req in enumerate(reqs)]
+    )
 
     q = torch.cat(inputs.q)
     if cross:
@@ -236,7 +235,7 @@ def build_batch(
         qo_indptr=i32(qo_indptr),
         positions=i32(positions),
         req_to_token=req_to_token.to(device),
-        out_cache_loc=i32(out_cache_loc),
+        out_cache_loc=out_cache_loc.to(device=device, dtype=torch.int32),
         tree_mask=tree_mask.to(device) if tree_mask is not None else None,
         pool=layer_pool,
         full_to_swa=full_to_swa.to(device) if full_to_swa is not None else None,

@@ -1,4 +1,4 @@
-"""python -m harness {list, check, repro, report}: the command line.
+"""python -m harness {list, check, repro, report, mutants, bench}: the command line.
 
 Bad input (unknown backend, malformed JSON, an invalid Case or results file) exits 2 with one line
 naming the problem; a failing check or repro exits 1. Each subcommand is a pair of functions,
@@ -302,6 +302,74 @@ def cmd_mutants(args: argparse.Namespace) -> int:
     return 0 if mutation.passed(rows) else 1
 
 
+# --- bench ------------------------------------------------------------------------------------
+
+
+def _int_list(text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of integers") from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: give positive integers, e.g. 8192,32768")
+    return values
+
+
+def add_bench(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--device", choices=("cpu", "cuda"), help="default: cuda where available, else cpu")
+    p.add_argument(
+        "--backend", action="append", help="only this backend (repeatable; default: every one available here)"
+    )
+    p.add_argument("--section", help="comma-separated: throughput,phases,scale,detection (default: all)")
+    p.add_argument("--cases", type=int, default=64, help="cases in the throughput mix (default 64)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the throughput mix (default 0)")
+    p.add_argument(
+        "--scale-tokens", type=_int_list, default=None, help="request lengths (default 8192,32768,131072)"
+    )
+    p.add_argument(
+        "--scale-timeout", type=float, default=180.0, help="seconds per reference run in scale (default 180)"
+    )
+    p.add_argument("--max-examples", type=int, default=200, help="examples per detection hunt (default 200)")
+    p.add_argument(
+        "--detection-budget", type=float, help="stop starting detection hunts after this many seconds"
+    )
+    p.add_argument("--json", default=str(DEFAULT_REPORTS / "bench.json"), help="default: reports/bench.json")
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from harness import backends, bench
+
+    device = args.device or _default_device()
+    sections = tuple(s.strip() for s in (args.section or ",".join(bench.SECTIONS)).split(",") if s.strip())
+    bad = [s for s in sections if s not in bench.SECTIONS]
+    if bad or not sections:
+        raise UsageError(f"unknown section {bad[0] if bad else ''!r}; known: {', '.join(bench.SECTIONS)}")
+    if args.cases < 1 or args.max_examples < 1:
+        raise UsageError("--cases and --max-examples must be at least 1")
+    if args.backend:
+        chosen = [load_backend(n) for n in args.backend]
+    else:
+        chosen = [b for b in backends.all_backends() if b.available(device) is None]
+    opts = bench.Options(
+        device=device,
+        backends=chosen,
+        sections=sections,
+        cases=args.cases,
+        seed=args.seed,
+        scale_tokens=args.scale_tokens or bench.SCALE_TOKENS,
+        scale_timeout=args.scale_timeout,
+        max_examples=args.max_examples,
+        detection_budget=args.detection_budget,
+        mutant_backends=args.backend,
+    )
+    print(f"attn-harness bench on {device}: {', '.join(sections)}", flush=True)
+    doc = bench.run(opts, lambda line: print(line, flush=True), lambda d: bench.write_json(args.json, d))
+    print(bench.table(doc))
+    bench.write_json(args.json, doc)
+    print(f"json: {args.json}")
+    return 0 if doc["passed"] else 1
+
+
 # --- report -----------------------------------------------------------------------------------
 
 
@@ -337,6 +405,9 @@ COMMANDS: dict[str, Command] = {
     "repro": Command("replay one case (a JSON file or a JSON literal)", add_repro, cmd_repro),
     "report": Command("re-render index.html and junit.xml from a results.json", add_report, cmd_report),
     "mutants": Command("hunt the mutation catalogue with the suite's strategies", add_mutants, cmd_mutants),
+    "bench": Command(
+        "benchmark the harness: throughput, phases, reference scale, detection", add_bench, cmd_bench
+    ),
 }
 
 

@@ -98,15 +98,15 @@ def allocate_pages(
     if need > len(free):
         raise ValueError(f"pool of {total_pages} pages cannot hold {need} pages from id {first_id}")
     out: list[list[int]] = [[] for _ in pages_per_request]
-    if layout == "contiguous":
-        it = iter(free)
+    if layout in ("contiguous", "shuffled"):  # one run of ids, cut into requests in order
+        if layout == "contiguous":
+            ids = free[:need]
+        else:
+            ids = (torch.randperm(len(free), generator=gen)[:need] + first_id).tolist()  # = free[i]
+        at = 0
         for r, n in enumerate(pages_per_request):
-            out[r] = [next(it) for _ in range(n)]
-    elif layout == "shuffled":
-        perm = torch.randperm(len(free), generator=gen)[:need].tolist()
-        it = iter(free[i] for i in perm)
-        for r, n in enumerate(pages_per_request):
-            out[r] = [next(it) for _ in range(n)]
+            out[r] = ids[at : at + n]
+            at += n
     elif layout == "interleaved":
         it = iter(free)
         for i in range(max(pages_per_request, default=0)):
@@ -133,9 +133,18 @@ def spare_pages(owned: int) -> int:
     return max(2, owned // 4)
 
 
+def slot_table(pages: list[int], page_size: int, length: int) -> torch.Tensor:
+    """Slots of positions 0..length-1 for a request whose pages are `pages`, as an int64 tensor
+    (page * page_size + offset, built page-wise: no Python loop over tokens)."""
+    if not length:
+        return torch.zeros(0, dtype=torch.int64)
+    used = torch.tensor(pages[: -(-length // page_size)], dtype=torch.int64)
+    return (used[:, None] * page_size + torch.arange(page_size)).flatten()[:length]
+
+
 def page_slots(pages: list[int], page_size: int, length: int) -> list[int]:
     """Slots of positions 0..length-1 for a request whose pages are `pages`."""
-    return [pages[t // page_size] * page_size + t % page_size for t in range(length)]
+    return slot_table(pages, page_size, length).tolist()
 
 
 def page_table_from_req_to_token(req_to_token: torch.Tensor, page_size: int) -> torch.Tensor:

@@ -67,6 +67,20 @@ class RequestMask:
             vis[:, d0 - k0 :] &= self.draft_visible[q0:q1, d0 - self.num_prefix : k1 - self.num_prefix]
         return vis
 
+    def fully_visible(self, q0: int, q1: int, k0: int, k1: int) -> bool:
+        """Whether `block(q0, q1, k0, k1)` is all True, from the positions' extremes alone (lets a
+        loop skip building and applying the mask of the many blocks inside every query's reach)."""
+        if not self.causal:
+            return True
+        if self.draft_visible is not None and k1 > self.num_prefix:
+            return False
+        qp = self.query_pos[q0:q1]
+        kp = self.key_pos[k0:k1]
+        pmin, kmax = int(qp.min()), int(kp.max())
+        if kmax > pmin:
+            return False
+        return self.window_left < 0 or int(kp.min()) >= int(qp.max()) - self.window_left
+
     def dense(self) -> torch.Tensor:
         return self.block(0, self.num_queries, 0, self.num_keys)
 

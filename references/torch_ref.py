@@ -12,6 +12,7 @@ end, fp32 accumulation): its distance from the exact result is the noise floor f
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -27,20 +28,49 @@ class RefOutput:
     lse: torch.Tensor  # [sum E, Hq], natural log over the visible keys (sinks excluded); -inf if none
 
 
+# Native mode's second pass needs a query block's rounded scores again: kept up to this many bytes,
+# recomputed beyond (a long request without a window), so memory stays bounded either way.
+NATIVE_KEEP_BYTES = 512 << 20
+
+
 def block_sizes(device: torch.device) -> tuple[int, int]:
     """(queries, keys) per block: small on the CPU (float64), larger on a GPU to cut launches."""
     return (1024, 4096) if device.type == "cuda" else (256, 1024)
 
 
-def _scores(q, k, scale, cap, round_to):  # noqa: ANN001, ANN202 - hot inner helper
-    """[Hkv, G, nq, D] x [Hkv, nk, D] -> [Hkv, G, nq, nk], capped, optionally rounded like dtype."""
-    if round_to is None:
-        s = torch.matmul(q, k.unsqueeze(1).transpose(-1, -2)) * scale
-        return cap * torch.tanh(s / cap) if cap > 0 else s
-    qs = (q * scale).to(round_to).float()
-    s = torch.matmul(qs, k.unsqueeze(1).transpose(-1, -2)).to(round_to).float()
+class _Scratch:
+    """Reusable storage for a key block's scores: a fresh multi-MiB tensor per block costs more in
+    page faults than the arithmetic on it (measured on the CPU), so each block reuses one buffer."""
+
+    def __init__(self, numel: int, acc: torch.dtype, low: torch.dtype | None, device: torch.device) -> None:
+        self.acc = torch.empty(numel, dtype=acc, device=device)
+        self.low = None if low is None else torch.empty(numel, dtype=low, device=device)
+
+    def scores(self, shape: tuple[int, ...]) -> torch.Tensor:
+        return self.acc[: math.prod(shape)].view(shape)
+
+    def round(self, t: torch.Tensor) -> torch.Tensor:
+        """Round `t` to the low dtype in place (stored back in `t`'s dtype), as `.to(low).to(acc)`."""
+        low = self.low[: t.numel()].view(t.shape)
+        low.copy_(t)
+        return t.copy_(low)
+
+
+def _query_block(q, scale, round_to):  # noqa: ANN001, ANN202 - hot inner helper
+    """The query block as the score matmul takes it: native mode scales it and rounds it first."""
+    return q if round_to is None else (q * scale).to(round_to).float()
+
+
+def _scores(qb, k, scale, cap, scratch, s):  # noqa: ANN001, ANN202 - hot inner helper
+    """[Hkv, G, nq, D] x [Hkv, nk, D] -> [Hkv, G, nq, nk] into `s`, capped; in native mode
+    (scratch.low set) `qb` is already scaled and every step is rounded like the dtype."""
+    torch.matmul(qb, k.unsqueeze(1).transpose(-1, -2), out=s)
+    if scratch.low is None:
+        s.mul_(scale)
+        return s.div_(cap).tanh_().mul_(cap) if cap > 0 else s
+    scratch.round(s)
     if cap > 0:
-        s = (cap * torch.tanh(s / cap)).to(round_to).float()
+        scratch.round(s.div_(cap).tanh_().mul_(cap))
     return s
 
 
@@ -64,27 +94,37 @@ def _request(
     vh = v.to(device=device, dtype=acc).permute(1, 0, 2)
     sink = None if sinks is None else sinks.to(device=device, dtype=acc).reshape(hkv, g, 1)
     bq, bk = block_sizes(device)
+    item = torch.finfo(acc).bits // 8
+    scratch = _Scratch(hq * min(e, bq) * min(k.shape[0], bk), acc, round_to, device)
     out = torch.zeros(hkv, g, e, d, dtype=acc, device=device)
     lse = torch.full((hkv, g, e), -torch.inf, dtype=acc, device=device)
     neg_inf = torch.tensor(-torch.inf, dtype=acc, device=device)
     for q0 in range(0, e, bq):
         q1 = min(e, q0 + bq)
         lo, hi = mask.key_range(q0, q1)
-        qb = qh[:, :, q0:q1]
+        qb = _query_block(qh[:, :, q0:q1], scale, round_to)
         m = torch.full((hkv, g, q1 - q0), -torch.inf, dtype=acc, device=device)
         l_sum = torch.zeros_like(m)
         o = torch.zeros(hkv, g, q1 - q0, d, dtype=acc, device=device)
-        blocks = []
+        # Native mode needs the scores twice; it keeps them when they fit in NATIVE_KEEP_BYTES.
+        keep = round_to is not None and hq * (q1 - q0) * (hi - lo) * item <= NATIVE_KEEP_BYTES
+        blocks = []  # (k0, k1, hidden keys or None, kept scores or None), for the second pass
         for k0 in range(lo, hi, bk):
             k1 = min(hi, k0 + bk)
-            s = _scores(qb, kh[:, k0:k1], scale, cap, round_to)
-            vis = mask.block(q0, q1, k0, k1).to(device)
-            s = torch.where(vis, s, neg_inf)
-            blocks.append((k0, k1, vis))
+            shape = (hkv, g, q1 - q0, k1 - k0)
+            kept = torch.empty(shape, dtype=acc, device=device) if keep else None
+            s = _scores(
+                qb, kh[:, k0:k1], scale, cap, scratch, scratch.scores(shape) if kept is None else kept
+            )
+            hidden = None if mask.fully_visible(q0, q1, k0, k1) else ~mask.block(q0, q1, k0, k1).to(device)
+            if hidden is not None:
+                s.masked_fill_(hidden, -torch.inf)
+            blocks.append((k0, k1, hidden, kept))
             m_new = torch.maximum(m, s.amax(-1))
             base = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)
             alpha = torch.exp(m - base)
-            p = torch.exp(s - base.unsqueeze(-1))
+            b = base.unsqueeze(-1)
+            p = (s.sub_(b) if kept is None else torch.sub(s, b, out=scratch.scores(shape))).exp_()
             l_sum = l_sum * alpha + p.sum(-1)
             if round_to is None:
                 o = o * alpha.unsqueeze(-1) + torch.matmul(p, vh[:, k0:k1].unsqueeze(1))
@@ -103,10 +143,14 @@ def _request(
             # Second pass: normalised probabilities rounded to the dtype, as a low-precision P @ V.
             ob = torch.zeros_like(o)
             base = torch.where(torch.isinf(top), torch.zeros_like(top), top)
-            for k0, k1, vis in blocks:
-                s = _scores(qb, kh[:, k0:k1], scale, cap, round_to)
-                s = torch.where(vis, s, neg_inf)
-                p = (torch.exp(s - base.unsqueeze(-1)) / safe.unsqueeze(-1)).to(round_to).float()
+            for k0, k1, hidden, s in blocks:
+                if s is None:
+                    s = _scores(
+                        qb, kh[:, k0:k1], scale, cap, scratch, scratch.scores((hkv, g, q1 - q0, k1 - k0))
+                    )
+                    if hidden is not None:
+                        s.masked_fill_(hidden, -torch.inf)
+                p = scratch.round(s.sub_(base.unsqueeze(-1)).exp_().div_(safe.unsqueeze(-1)))
                 ob = ob + torch.matmul(p, vh[:, k0:k1].unsqueeze(1))
             ob = ob.to(round_to).to(acc)
         out[:, :, q0:q1] = torch.where(has_keys.unsqueeze(-1), ob, torch.zeros_like(ob))

@@ -76,3 +76,27 @@ def test_key_range_contains_every_visible_key(p, e, w, q0, n):
     vis = m.block(q0, q1, 0, m.num_keys)
     cols = torch.nonzero(vis.any(0)).flatten()
     assert cols.numel() > 0 and int(cols.min()) >= lo and int(cols.max()) < hi
+
+
+@given(
+    st.sampled_from(["EXTEND", "DECODE", "TARGET_VERIFY", "CROSS"]),
+    st.integers(0, 40),
+    st.integers(1, 12),
+    st.integers(-1, 20),
+    st.data(),
+)
+def test_fully_visible_only_where_the_whole_block_is_visible(mode, p, e, w, data):
+    """The reference skips masking the blocks `fully_visible` admits: it must never admit a block
+    with a hidden key, and it admits every all-visible block outside verify's draft keys."""
+    e = 1 if mode == "DECODE" else e
+    tree = tuple(data.draw(st.integers(-1, j - 1)) for j in range(e)) if mode == "TARGET_VERIFY" else None
+    m = request_mask(mode, p, e, -1 if mode == "CROSS" else w, encoder_len=p + 3, tree=tree)
+    q0 = data.draw(st.integers(0, m.num_queries - 1))
+    q1 = data.draw(st.integers(q0 + 1, m.num_queries))
+    k0 = data.draw(st.integers(0, m.num_keys - 1))
+    k1 = data.draw(st.integers(k0 + 1, m.num_keys))
+    whole = bool(m.block(q0, q1, k0, k1).all())
+    if m.fully_visible(q0, q1, k0, k1):
+        assert whole
+    elif mode != "TARGET_VERIFY" or k1 <= m.num_prefix:
+        assert not whole

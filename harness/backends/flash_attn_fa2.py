@@ -19,6 +19,7 @@ from harness.backends.base import BackendOutput, Capabilities
 from harness.backends.flash_attn_glue import FlashAttnGlue
 from harness.batch import Batch
 from harness.modes import Mode
+from harness.timing import phase
 
 
 class FA2(FlashAttnGlue):
@@ -67,8 +68,10 @@ class FA2(FlashAttnGlue):
 
     def run(self, batch: Batch) -> BackendOutput:
         self.write_kv(batch)
-        k, v, lens = self.gather_kv(batch, self.kv_extents(batch))
-        cu_k = torch.tensor([0] + lens, dtype=torch.int32, device=batch.device).cumsum(0, dtype=torch.int32)
+        with phase("plan"):  # gathering the keys and their varlen offsets
+            k, v, lens = self.gather_kv(batch, self.kv_extents(batch))
+            cu_k = torch.tensor([0] + lens, dtype=torch.int32, device=batch.device)
+            cu_k = cu_k.cumsum(0, dtype=torch.int32)
         out, lse, _ = self.kernel()(
             batch.q,
             k,

@@ -18,6 +18,7 @@ from harness.backends.base import BackendOutput, Capabilities
 from harness.backends.flash_attn_glue import FlashAttnGlue
 from harness.batch import Batch
 from harness.modes import Mode
+from harness.timing import phase
 
 
 class FA3(FlashAttnGlue):
@@ -48,15 +49,19 @@ class FA3(FlashAttnGlue):
 
     def run(self, batch: Batch) -> BackendOutput:
         self.write_kv(batch)
-        extents = self.kv_extents(batch)
+        with phase("plan"):  # the varlen metadata: extents and page table
+            extents = self.kv_extents(batch)
+            meta = dict(
+                cache_seqlens=torch.tensor(extents, dtype=torch.int32, device=batch.device),
+                page_table=self.page_table(batch, extents),
+                cu_seqlens_q=batch.qo_indptr,
+                max_seqlen_q=max(batch.cpu_list("extend_lens")),
+            )
         out, lse, *_ = self.kernel()(
             batch.q,
             batch.pool.k,
             batch.pool.v,
-            cache_seqlens=torch.tensor(extents, dtype=torch.int32, device=batch.device),
-            page_table=self.page_table(batch, extents),
-            cu_seqlens_q=batch.qo_indptr,
-            max_seqlen_q=max(batch.cpu_list("extend_lens")),
+            **meta,
             softmax_scale=batch.case.scale,
             causal=self.causal(batch),
             window_size=self.window_size(batch),

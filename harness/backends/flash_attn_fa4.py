@@ -19,6 +19,7 @@ from harness.backends.base import BackendOutput, Capabilities
 from harness.backends.flash_attn_glue import FlashAttnGlue, is_tree
 from harness.batch import Batch
 from harness.modes import Mode
+from harness.timing import phase
 
 # (major) compute capabilities whose FA4 forward reads a paged KV cache (sm80 and sm120 do not).
 PAGED_ARCHS = (9, 10, 11)
@@ -125,23 +126,27 @@ class FA4(FlashAttnGlue):
 
     def run(self, batch: Batch) -> BackendOutput:
         self.write_kv(batch)
-        extents = self.kv_extents(batch)
+        with phase("plan"):  # the varlen metadata: extents, page table, mask arguments
+            extents = self.kv_extents(batch)
+            meta = dict(
+                cu_seqlens_q=batch.qo_indptr,
+                seqused_k=torch.tensor(extents, dtype=torch.int32, device=batch.device),
+                page_table=self.page_table(batch, extents),
+                max_seqlen_q=max(batch.cpu_list("extend_lens")),
+                max_seqlen_k=self.max_seqlen_k(extents),
+                **self.mask_args(batch),
+            )
         out, lse = self.kernel()(
             batch.q,
             batch.pool.k,
             batch.pool.v,
-            cu_seqlens_q=batch.qo_indptr,
-            seqused_k=torch.tensor(extents, dtype=torch.int32, device=batch.device),
-            page_table=self.page_table(batch, extents),
-            max_seqlen_q=max(batch.cpu_list("extend_lens")),
-            max_seqlen_k=self.max_seqlen_k(extents),
             softmax_scale=batch.case.scale,
             softcap=batch.case.soft_cap,
             learnable_sink=batch.sinks,
             num_splits=self.num_splits(batch),
             deterministic=batch.case.deterministic,
             return_lse=True,
-            **self.mask_args(batch),
+            **meta,
         )
         return BackendOutput(out=out, lse=self.lse_rows(lse))
 

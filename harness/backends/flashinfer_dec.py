@@ -18,6 +18,7 @@ from harness.backends.flashinfer_glue import FlashInferGlue, capabilities
 from harness.batch import Batch
 from harness.case import Case
 from harness.modes import Mode
+from harness.timing import phase
 
 SINKS_DROPPED = (
     "FlashInfer 0.7.2.post1's fa2 decode paths accept sinks= at run() and drop them "
@@ -32,10 +33,12 @@ class _FlashInferDecode(FlashInferGlue):
 
     def run(self, batch: Batch) -> BackendOutput:
         self.write_kv(batch)
-        table = self.page_table(batch, self.key_ranges(batch))
-        wrapper = self.wrapper(self.kind, batch)
-        q_len = batch.case.requests[0].extend_len  # one per request, the same for the whole batch
-        self.plan_decode(wrapper, batch, table, self.kernel_options(batch, self.window_left(batch)), q_len)
+        with phase("plan"):
+            table = self.page_table(batch, self.key_ranges(batch))
+            wrapper = self.wrapper(self.kind, batch)
+            q_len = batch.case.requests[0].extend_len  # one per request, the same for the whole batch
+            options = self.kernel_options(batch, self.window_left(batch))
+            self.plan_decode(wrapper, batch, table, options, q_len)
         out, lse = wrapper.run(batch.q, self.kv_cache(batch), return_lse=True)
         return BackendOutput(out=out, lse=self.natural_lse(lse))
 

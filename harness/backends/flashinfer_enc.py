@@ -13,6 +13,7 @@ from harness.backends.base import BackendOutput
 from harness.backends.flashinfer_glue import FlashInferGlue, capabilities
 from harness.batch import Batch
 from harness.modes import Mode
+from harness.timing import phase
 
 
 class FlashInferEnc(FlashInferGlue):
@@ -31,14 +32,15 @@ class FlashInferEnc(FlashInferGlue):
         return all(n == 1 for n in batch.cpu_list("extend_lens"))
 
     def run(self, batch: Batch) -> BackendOutput:
-        table = self.page_table(batch, self.key_ranges(batch))
-        options = self.kernel_options(batch, -1)
-        if self.decoder_step(batch):
-            wrapper = self.wrapper("decode_tc", batch)
-            self.plan_decode(wrapper, batch, table, options, 1)
-        else:
-            wrapper = self.wrapper("paged", batch)
-            self.plan_paged(wrapper, batch, batch.qo_indptr.cpu(), table, False, options)
+        with phase("plan"):
+            table = self.page_table(batch, self.key_ranges(batch))
+            options = self.kernel_options(batch, -1)
+            if self.decoder_step(batch):
+                wrapper = self.wrapper("decode_tc", batch)
+                self.plan_decode(wrapper, batch, table, options, 1)
+            else:
+                wrapper = self.wrapper("paged", batch)
+                self.plan_paged(wrapper, batch, batch.qo_indptr.cpu(), table, False, options)
         out, lse = wrapper.run(batch.q, self.kv_cache(batch), return_lse=True)
         return BackendOutput(out=out, lse=self.natural_lse(lse))
 

@@ -20,6 +20,7 @@ from harness.backends.flashinfer_glue import FlashInferGlue, capabilities
 from harness.batch import Batch
 from harness.case import Case
 from harness.modes import Mode
+from harness.timing import phase
 
 
 class FlashInferPaged(FlashInferGlue):
@@ -73,13 +74,14 @@ class FlashInferPaged(FlashInferGlue):
 
     def run(self, batch: Batch) -> BackendOutput:
         self.write_kv(batch)
-        ranges = self.key_ranges(batch)
-        table = self.page_table(batch, ranges)
-        mask = self.verify_mask(batch, ranges) if batch.mode == Mode.TARGET_VERIFY else None
         sinks = batch.sinks is not None
-        wrapper = self.wrapper("sink" if sinks else "paged", batch)
-        options = self.kernel_options(batch, self.paged_window(batch))
-        self.plan_paged(wrapper, batch, batch.qo_indptr.cpu(), table, True, options, mask)
+        with phase("plan"):
+            ranges = self.key_ranges(batch)
+            table = self.page_table(batch, ranges)
+            mask = self.verify_mask(batch, ranges) if batch.mode == Mode.TARGET_VERIFY else None
+            wrapper = self.wrapper("sink" if sinks else "paged", batch)
+            options = self.kernel_options(batch, self.paged_window(batch))
+            self.plan_paged(wrapper, batch, batch.qo_indptr.cpu(), table, True, options, mask)
         extra = (batch.sinks,) if sinks else ()  # the sink variant takes them as its extra tensor
         out, lse = wrapper.run(batch.q, self.kv_cache(batch), *extra, return_lse=True)
         return BackendOutput(out=out, lse=self.natural_lse(lse))

@@ -23,6 +23,7 @@ from harness.backends.base import BackendOutput
 from harness.backends.flashinfer_glue import PREFILL_NOT_INVARIANT, FlashInferGlue, capabilities, flashinfer
 from harness.batch import Batch
 from harness.modes import Mode
+from harness.timing import phase
 
 
 @dataclass(frozen=True)
@@ -88,16 +89,20 @@ class FlashInferRagged(FlashInferGlue):
         return flashinfer().merge_state(o_a, s_a, o_b, s_b)
 
     def run(self, batch: Batch) -> BackendOutput:
-        qo = batch.qo_indptr.cpu()
-        ragged = self.wrapper("ragged", batch)
-        self.plan_ragged(ragged, batch, qo, self.kernel_options(batch, self.ragged_window(batch)))
+        with phase("plan"):
+            qo = batch.qo_indptr.cpu()
+            ragged = self.wrapper("ragged", batch)
+            self.plan_ragged(ragged, batch, qo, self.kernel_options(batch, self.ragged_window(batch)))
         out, lse = ragged.run(batch.q, batch.k_new, batch.v_new, return_lse=True)
-        pre = self.prefix_pass(batch)
-        if any(hi > lo for lo, hi in pre.ranges):  # some request has cached keys to read
-            table = self.page_table(batch, pre.ranges)
-            paged = self.wrapper("paged", batch)
-            options = self.kernel_options(batch, pre.window_left)
-            self.plan_paged(paged, batch, qo, table, False, options, pre.custom_mask)
+        with phase("plan"):
+            pre = self.prefix_pass(batch)
+            cached = any(hi > lo for lo, hi in pre.ranges)  # some request has cached keys to read
+            if cached:
+                table = self.page_table(batch, pre.ranges)
+                paged = self.wrapper("paged", batch)
+                options = self.kernel_options(batch, pre.window_left)
+                self.plan_paged(paged, batch, qo, table, False, options, pre.custom_mask)
+        if cached:
             out_p, lse_p = paged.run(batch.q, self.kv_cache(batch), return_lse=True)
             out, lse = self.merge(out, lse, out_p, lse_p)
         self.write_kv(batch)

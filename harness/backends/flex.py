@@ -44,6 +44,7 @@ from harness.backends.base import Backend, BackendOutput, Capabilities
 from harness.batch import Batch
 from harness.modes import Mode
 from harness.pool import translate_slots
+from harness.timing import phase
 
 # A window bound that admits every key: what "no window" (-1) becomes inside the mask.
 NO_WINDOW = 1 << 40
@@ -427,10 +428,10 @@ class FlexBase(Backend):
         lse = torch.empty(batch.q.shape[:2], dtype=torch.float32, device=batch.device) if want_lse else None
         qo = batch.cpu_list("qo_indptr")
         for requests in self.launches(batch):
-            launch = self.pack(batch, requests)
-            o, l_ = self.call_flex(
-                launch, self.score_mod(launch), self.block_mask(launch, batch.device), case.scale, want_lse
-            )
+            with phase("plan"):  # packing the launch and building its BlockMask
+                launch = self.pack(batch, requests)
+                block_mask = self.block_mask(launch, batch.device)
+            o, l_ = self.call_flex(launch, self.score_mod(launch), block_mask, case.scale, want_lse)
             if batch.sinks is not None and self.sinks_via_lse(batch):
                 o = self.apply_sinks(o, l_, batch.sinks)
             o = o[0, :, : launch.num_queries].transpose(0, 1)

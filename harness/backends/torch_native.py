@@ -17,6 +17,7 @@ from harness.backends.base import Backend, BackendOutput, Capabilities
 from harness.batch import Batch
 from harness.modes import Mode
 from harness.pool import translate_slots
+from harness.timing import phase
 
 
 def row_slots(batch: Batch, r: int, lo: int, hi: int) -> torch.Tensor:
@@ -172,10 +173,12 @@ class TorchNative(Backend):
         self.write_kv(batch)
         outs = []
         for r, n in enumerate(self.kv_lens(batch)):
-            q0, q1 = int(batch.qo_indptr[r]), int(batch.qo_indptr[r + 1])
-            lo = self.kv_start(batch, r)
-            k, v = batch.pool.read(self.layer_slots(batch, self.kv_slots(batch, r, lo, n)))
-            outs.append(self.attend(batch.q[q0:q1], k, v, self.build_mask(batch, r, lo, n), batch))
+            with phase("plan"):  # the gather and the mask: what an engine's metadata step builds
+                q0, q1 = int(batch.qo_indptr[r]), int(batch.qo_indptr[r + 1])
+                lo = self.kv_start(batch, r)
+                k, v = batch.pool.read(self.layer_slots(batch, self.kv_slots(batch, r, lo, n)))
+                mask = self.build_mask(batch, r, lo, n)
+            outs.append(self.attend(batch.q[q0:q1], k, v, mask, batch))
         return BackendOutput(out=torch.cat(outs))
 
 

@@ -26,6 +26,7 @@ from harness.backends.torch_native import row_slots
 from harness.batch import TORCH_DTYPES, Batch
 from harness.modes import Mode
 from harness.pool import translate_slots
+from harness.timing import phase
 
 LN2 = math.log(2.0)
 LOG2E = 1.0 / LN2
@@ -193,29 +194,31 @@ class TorchSplit(Backend):
                 torch.zeros(q.shape, dtype=torch.float32, device=batch.device),
                 torch.full(q.shape[:2], -math.inf, device=batch.device),
             )
-        k, v = batch.pool.read(self.layer_slots(batch, row_slots(batch, r, lo, hi)))
-        mask = torch.ones(q1 - q0, hi - lo, dtype=torch.bool, device=batch.device)
-        w = self.window_left(batch)
-        if w >= 0 and batch.mode != Mode.CROSS:
-            qpos = self.prefix_query_positions(batch, r)
-            mask &= torch.arange(lo, hi, device=batch.device)[None, :] >= qpos[:, None] - w
-        size = self.split_size(batch, hi - lo)
-        splits = -(-(hi - lo) // size)
-        pad = splits * size - (hi - lo)  # the last split is padded with masked-out zero keys
-        k, v = (F.pad(t, (0, 0, 0, 0, 0, pad)).reshape(splits, size, *t.shape[1:]) for t in (k, v))
-        mask = F.pad(mask, (0, pad)).reshape(q1 - q0, splits, size).transpose(0, 1)
+        with phase("plan"):  # gather, window mask and split layout
+            k, v = batch.pool.read(self.layer_slots(batch, row_slots(batch, r, lo, hi)))
+            mask = torch.ones(q1 - q0, hi - lo, dtype=torch.bool, device=batch.device)
+            w = self.window_left(batch)
+            if w >= 0 and batch.mode != Mode.CROSS:
+                qpos = self.prefix_query_positions(batch, r)
+                mask &= torch.arange(lo, hi, device=batch.device)[None, :] >= qpos[:, None] - w
+            size = self.split_size(batch, hi - lo)
+            splits = -(-(hi - lo) // size)
+            pad = splits * size - (hi - lo)  # the last split is padded with masked-out zero keys
+            k, v = (F.pad(t, (0, 0, 0, 0, 0, pad)).reshape(splits, size, *t.shape[1:]) for t in (k, v))
+            mask = F.pad(mask, (0, pad)).reshape(q1 - q0, splits, size).transpose(0, 1)
         return merge_base2(self.attend(q, k, v, mask, batch))
 
     def ragged_pass(self, batch: Batch, r: int) -> Partial:
         """This forward's new tokens over their own in-flight K/V: causal, windowed, tree-masked."""
         q0, q1 = int(batch.qo_indptr[r]), int(batch.qo_indptr[r + 1])
-        pos = batch.positions[q0:q1].long()
-        mask = pos[None, :] <= pos[:, None]
-        w = self.ragged_window_left(batch)
-        if w >= 0:
-            mask &= pos[None, :] >= pos[:, None] - w
-        if batch.mode == Mode.TARGET_VERIFY:
-            mask &= batch.tree_mask[r]
+        with phase("plan"):  # the causal / window / tree mask
+            pos = batch.positions[q0:q1].long()
+            mask = pos[None, :] <= pos[:, None]
+            w = self.ragged_window_left(batch)
+            if w >= 0:
+                mask &= pos[None, :] >= pos[:, None] - w
+            if batch.mode == Mode.TARGET_VERIFY:
+                mask &= batch.tree_mask[r]
         k, v = batch.k_new[q0:q1].unsqueeze(0), batch.v_new[q0:q1].unsqueeze(0)
         return merge_base2(self.attend(batch.q[q0:q1], k, v, mask.unsqueeze(0), batch))
 

@@ -14,6 +14,7 @@ from harness.checks import crossref
 from harness.checks.errormap import error_map
 from harness.compare import compare
 from harness.results import CaseResult
+from harness.timing import phase
 from references.torch_ref import reference
 
 
@@ -28,12 +29,14 @@ def check_case(backend: Backend, case: Case, device: str = "cpu") -> CaseResult:
     if why:
         return CaseResult("skip", backend.name, device, case, reason=why)
     start = time.perf_counter()
-    inputs = make_inputs(case)
-    batch = build_batch(case, inputs, device, backend.capabilities.whole_page_loads)
+    with phase("build"):
+        inputs = make_inputs(case)
+        batch = build_batch(case, inputs, device, backend.capabilities.whole_page_loads)
     try:
-        result = backend.run(batch)
-        if device == "cuda":
-            torch.cuda.synchronize()
+        with phase("kernel"):
+            result = backend.run(batch)
+            if device == "cuda":
+                torch.cuda.synchronize()
     except Exception as e:  # the backend failed: a CRASH result (harness/isolation.py), not the end
         frame = traceback.extract_tb(e.__traceback__)[-1]
         where = f"{frame.filename.rsplit('/', 1)[-1]}:{frame.lineno} in {frame.name}"
@@ -43,15 +46,19 @@ def check_case(backend: Backend, case: Case, device: str = "cpu") -> CaseResult:
             "crash", backend.name, device, case, None, reason, time.perf_counter() - start, extra=extra
         )
     ref_dev = reference_device(device)
-    exact = reference(case, inputs, "exact", ref_dev)
-    native = reference(case, inputs, "native", ref_dev)
-    verdict = compare(case, result.out, exact.out, native.out, result.lse, exact.lse, native.lse)
-    status = "pass" if verdict.passed else "fail"
-    res = CaseResult(status, backend.name, device, case, verdict, verdict.reason, time.perf_counter() - start)
-    if status == "fail" and result.out.shape == exact.out.shape:
-        res.error_map = error_map(case, result.out, exact.out, verdict.budget)
+    with phase("reference"):
+        exact = reference(case, inputs, "exact", ref_dev)
+        native = reference(case, inputs, "native", ref_dev)
+    with phase("compare"):
+        verdict = compare(case, result.out, exact.out, native.out, result.lse, exact.lse, native.lse)
+        status = "pass" if verdict.passed else "fail"
+        took = time.perf_counter() - start
+        res = CaseResult(status, backend.name, device, case, verdict, verdict.reason, took)
+        if status == "fail" and result.out.shape == exact.out.shape:
+            res.error_map = error_map(case, result.out, exact.out, verdict.budget)
     if device == "cpu" and crossref.hf_available():  # the two references must agree on every CPU case
-        disagree = crossref.disagreement(case, inputs, exact.out)
+        with phase("crossref"):
+            disagree = crossref.disagreement(case, inputs, exact.out)
         if disagree:
             res.status, res.reason = "fail", f"{disagree}; backend: {res.reason}"
     return res

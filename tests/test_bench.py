@@ -1,0 +1,166 @@
+"""`python -m harness bench`: every section's rows and fields, honest counts, timeouts as rows, a mix
+that replays, and clear errors. Small sizes only: the bench's numbers are measured, not asserted."""
+
+import json
+import time
+
+import pytest
+
+from harness import bench, mutation, timing
+from harness.backends import load
+from harness.cli import main
+from harness.modes import Mode
+from harness.mutants import by_name
+
+# The fields docs/bench.md documents, per section.
+THROUGHPUT = {
+    "backend",
+    "device",
+    "cases",
+    "checked",
+    "passed",
+    "failed",
+    "crashed",
+    "skipped",
+    "seconds",
+    "cases_per_s",
+    "warm_seconds",
+    "failures",
+    "reason",
+}
+PHASES = {"backend", "device", "checked", "wall_seconds", "ms_per_case", "fractions", "overhead"}
+SCALE = {
+    "device",
+    "tokens",
+    "window_left",
+    "status",
+    "exact_seconds",
+    "exact_peak_bytes",
+    "native_seconds",
+    "native_peak_bytes",
+    "check_seconds",
+    "peak_bytes",
+    "target",
+    "verdict",
+    "reason",
+}
+DETECTION = {
+    "mutant",
+    "backend",
+    "device",
+    "family",
+    "check",
+    "outcome",
+    "examples",
+    "seconds",
+    "hunt_seconds",
+    "seed_class",
+    "within_target",
+    "reason",
+}
+FAST_MUTANT = "torch_native~window_ignored"
+
+
+def test_the_json_has_every_section_with_its_documented_fields(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(mutation, "every_mutant", lambda exact_pool=False: [by_name(FAST_MUTANT)])
+    out = tmp_path / "bench.json"
+    argv = ["bench", "--device", "cpu", "--backend", "torch_native", "--cases", "3", "--scale-tokens", "64"]
+    assert main(argv + ["--max-examples", "50", "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    for heading in ("throughput on cpu", "phases:", "scale:", "detection:"):
+        assert heading in text
+    doc = json.loads(out.read_text())
+    assert doc["schema"] == 1 and doc["passed"] is True and doc["meta"]["device"] == "cpu"
+    assert doc["mix"]["cases"] == 3 and doc["mix"]["max_tokens"] == bench.MAX_TOKENS
+
+    (tp,) = doc["throughput"]
+    assert set(tp) == THROUGHPUT and tp["backend"] == "torch_native" and not tp["reason"]
+    assert tp["checked"] + tp["skipped"] == tp["cases"] == 3
+    assert tp["passed"] == tp["checked"] and tp["cases_per_s"] > 0 and tp["failures"] == []
+
+    (ph,) = doc["phases"]
+    assert set(ph) == PHASES and set(ph["fractions"]) == {*bench.PHASES, "other"}
+    assert all(0.0 <= f <= 1.0 for f in ph["fractions"].values())
+    assert sum(ph["fractions"].values()) <= 1.0 + 1e-9
+    assert ph["fractions"]["reference"] > 0 and ph["fractions"]["kernel"] > 0 and ph["fractions"]["plan"] > 0
+    assert ph["overhead"] == pytest.approx(1 - ph["fractions"]["kernel"] - ph["fractions"]["reference"])
+
+    assert [(r["tokens"], r["window_left"]) for r in doc["scale"]] == [(64, -1), (64, bench.SCALE_WINDOW)]
+    for r in doc["scale"]:
+        assert set(r) == SCALE and r["status"] == "ok", r
+        assert r["check_seconds"] == pytest.approx(r["exact_seconds"] + r["native_seconds"])
+        assert r["peak_bytes"] == max(r["exact_peak_bytes"], r["native_peak_bytes"]) >= 0
+        assert r["target"] == r["verdict"] == ""  # the targets are for 32k (CPU) and 128k (GPU)
+
+    (d,) = doc["detection"]
+    assert DETECTION <= set(d) and d["mutant"] == FAST_MUTANT and d["outcome"] == "caught"
+    assert d["seed_class"] is True and d["examples"] >= 1 and d["seconds"] <= d["hunt_seconds"]
+
+
+def test_a_broken_backend_is_reported_with_its_failures():
+    broken = by_name(FAST_MUTANT).make()
+    cases = bench.mix(0, 10, broken.capabilities, max_tokens=128)
+    assert any(c.window_left >= 0 and c.mode != Mode.CROSS for c in cases)
+    row, phases = bench.measure_backend(broken, "cpu", cases, ("throughput",))
+    assert phases is None
+    assert row.failed + row.crashed >= 1 and row.passed < row.checked
+    f = row.failures[0]
+    assert f["status"] == "fail" and "python -m harness repro" in f["repro"] and FAST_MUTANT in f["repro"]
+    doc = {"throughput": [vars(row)]}
+    assert bench.passed(doc) is False
+    assert "FAIL" in bench.table({**_skeleton(), **doc})
+
+
+def _skeleton() -> dict:
+    meta = {"device": "cpu", "device_name": "cpu", "threads": 1}
+    mix = {"seed": 0, "cases": 10, "max_batch": 8, "max_tokens": 512, **bench.MIX_SHAPE}
+    return {"meta": meta, "mix": mix}
+
+
+def test_a_reference_run_over_its_time_limit_is_a_timeout_row():
+    row = bench.scale_row("cpu", 64, -1, timeout=0.01)
+    assert row.status == "timeout" and row.reason == "timeout after 0.01s (exact)"
+    assert row.exact_seconds is None and row.check_seconds is None
+    row = bench.scale_row("cpu", 32768, -1, timeout=0.01)
+    assert row.target and row.verdict == "MISSED"
+
+
+def test_the_mix_replays_from_its_seed():
+    caps = load("torch_native").capabilities
+    a, b = bench.mix(7, 20, caps), bench.mix(7, 20, caps)
+    assert [c.to_json() for c in a] == [c.to_json() for c in b]
+    assert [c.to_json() for c in bench.mix(8, 20, caps)] != [c.to_json() for c in a]
+    assert {c.mode for c in a} == set(Mode) and any(c.window_left >= 0 for c in a)
+    for c in a:
+        assert load("torch_native").supports(c) is None
+        assert 1 <= c.batch_size <= bench.MAX_BATCH
+        keys = [r.encoder_len if c.mode == Mode.CROSS else r.prefix_len + r.extend_len for r in c.requests]
+        assert max(keys) <= bench.MAX_TOKENS
+
+
+def test_the_mix_keeps_to_what_a_backend_supports():
+    caps = load("flashinfer_dec_cc").capabilities
+    assert {c.mode for c in bench.mix(0, 12, caps)} == {Mode.DECODE}
+
+
+def test_phases_are_exclusive_and_free_when_not_recording():
+    with timing.phase("kernel"):  # no recorder: nothing happens, nothing is kept
+        pass
+    with timing.recording() as rec:
+        with timing.phase("kernel"):
+            time.sleep(0.02)
+            with timing.phase("plan"):
+                time.sleep(0.03)
+    assert set(rec.seconds) == {"kernel", "plan"}
+    assert 0.02 <= rec.seconds["kernel"] < 0.03 <= rec.seconds["plan"]
+    assert timing._active is None
+
+
+def test_help_and_bad_input(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["bench", "--help"])
+    assert e.value.code == 0 and "--scale-timeout" in capsys.readouterr().out
+    assert main(["bench", "--device", "cpu", "--backend", "no_such_backend"]) == 2
+    assert "unknown backend 'no_such_backend'" in capsys.readouterr().err
+    assert main(["bench", "--device", "cpu", "--section", "speed"]) == 2
+    assert "unknown section 'speed'" in capsys.readouterr().err
