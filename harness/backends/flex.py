@@ -39,8 +39,8 @@ from functools import cache
 
 import torch
 
-from harness import modes
-from harness.backends.base import Backend, BackendOutput, Capabilities
+from harness.backends.base import BackendOutput, Capabilities
+from harness.backends.engine_reads import EngineReads
 from harness.batch import Batch
 from harness.modes import Mode
 from harness.pool import translate_slots
@@ -132,7 +132,7 @@ def _cxx_compiler() -> str | None:
     return None
 
 
-class FlexBase(Backend):
+class FlexBase(EngineReads):
     """The shared glue; variants differ in how they call flex (`call_flex`, `returns_lse_on`)."""
 
     library = "torch.nn.attention.flex_attention"
@@ -167,25 +167,6 @@ class FlexBase(Backend):
         """Store this forward's new K/V at `out_cache_loc` before attention."""
         if batch.k_new.shape[0]:
             batch.pool.write(self.layer_slots(batch, batch.out_cache_loc), batch.k_new, batch.v_new)
-
-    def kv_lens(self, batch: Batch) -> list[int]:
-        """Keys to read per request, from `seq_lens` and the mode's convention."""
-        seq = batch.cpu_list("seq_lens")
-        enc = batch.cpu_list("encoder_lens")
-        return [modes.kv_extent(batch.mode, seq[r], batch.num_draft, enc[r]) for r in range(len(seq))]
-
-    def window_left(self, batch: Batch) -> int:
-        """This layer's window (-1: none), as the engine passes it to the attention call."""
-        return batch.case.window_left
-
-    def kv_start(self, batch: Batch, r: int) -> int:
-        """First key worth gathering: on a windowed layer, the earliest key the first query can see.
-        (On a hybrid pool the keys before it may be freed: reading them would read slot 0.)"""
-        w = self.window_left(batch)
-        if w < 0 or batch.mode == Mode.CROSS:
-            return 0
-        q0, q1 = int(batch.qo_indptr[r]), int(batch.qo_indptr[r + 1])
-        return max(0, int(batch.positions[q0:q1].min()) - w)
 
     def kv_slots(self, batch: Batch, r: int, lo: int, hi: int) -> torch.Tensor:
         """Full-pool slots of request r's positions lo..hi-1 (CROSS: its encoder tokens)."""
