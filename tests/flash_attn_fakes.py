@@ -21,11 +21,12 @@ the adapters and of references/:
 
 from __future__ import annotations
 
-import math
 import types
 from dataclasses import dataclass, field
 
 import torch
+
+from tests.fake_attention import attend
 
 TILE_N = 128  # FA4's key tile at head_dim 128 on sm90 (interface._tile_size_fwd_sm90)
 
@@ -39,29 +40,6 @@ class Recorder:
     @property
     def last(self) -> dict:
         return self.calls[-1]
-
-
-def _attend(q, k, v, visible, scale, softcap, sink):
-    """q [E, Hq, D], loaded k/v [n, Hkv, D], visible [E, n] -> out [E, Hq, D], lse [Hq, E] (fp32)."""
-    e, hq, d = q.shape
-    g = hq // k.shape[1]
-    kf = k.float().repeat_interleave(g, dim=1).transpose(0, 1)  # [Hq, n, D]
-    vf = v.float().repeat_interleave(g, dim=1).transpose(0, 1)
-    s = torch.matmul(q.float().transpose(0, 1), kf.transpose(1, 2)) * scale  # [Hq, E, n]
-    if softcap:
-        s = softcap * torch.tanh(s / softcap)
-    s = torch.where(visible[None], s, torch.tensor(-math.inf))
-    m = s.amax(-1, keepdim=True) if s.shape[-1] else torch.full((hq, e, 1), -math.inf)
-    if sink is not None:
-        m = torch.maximum(m, sink.float().view(hq, 1, 1))
-    base = torch.where(torch.isinf(m), torch.zeros_like(m), m)
-    p = torch.where(visible[None], torch.exp(s - base), torch.zeros_like(s))
-    denom = p.sum(-1, keepdim=True)
-    if sink is not None:
-        denom = denom + torch.exp(sink.float().view(hq, 1, 1) - base)
-    out = torch.matmul(p, vf) / torch.where(denom > 0, denom, torch.ones_like(denom))
-    lse = torch.where(denom > 0, base + torch.log(denom), torch.tensor(-math.inf)).squeeze(-1)
-    return out.transpose(0, 1).to(q.dtype), lse
 
 
 def _band(e, num_keys, lo, hi, causal, left, right):
@@ -180,7 +158,7 @@ def fa4_module(rec: Recorder) -> types.SimpleNamespace:
                 visible = _tree_visible(aux_tensors, q0, e, n - e, lo, hi) & (torch.arange(lo, hi) < n)
             else:
                 visible = _band(e, n, lo, hi, is_causal or local, left, right)
-            o, lse = _attend(q[q0:q1].cpu(), kr.cpu(), vr.cpu(), visible, scale, softcap, learnable_sink)
+            o, lse = attend(q[q0:q1].cpu(), kr.cpu(), vr.cpu(), visible, scale, softcap, learnable_sink)
             outs.append(o)
             lses.append(lse)
         out = torch.cat(outs).to(q.device)
@@ -250,7 +228,7 @@ def fa3_module(rec: Recorder) -> types.SimpleNamespace:
             kr = _paged_rows(k_cache, page_table[b], 0, n)
             vr = _paged_rows(v_cache, page_table[b], 0, n)
             visible = _band(q1 - q0, n, 0, n, causal, left, right)
-            o, lse = _attend(q[q0:q1].cpu(), kr.cpu(), vr.cpu(), visible, scale, softcap, None)
+            o, lse = attend(q[q0:q1].cpu(), kr.cpu(), vr.cpu(), visible, scale, softcap, None)
             outs.append(o)
             lses.append(lse)
         out = torch.cat(outs).to(q.device)
@@ -296,7 +274,7 @@ def fa2_module(rec: Recorder) -> types.SimpleNamespace:
             q0, q1 = int(cu_seqlens_q[b]), int(cu_seqlens_q[b + 1])
             k0, k1 = int(cu_seqlens_k[b]), int(cu_seqlens_k[b + 1])
             visible = _band(q1 - q0, k1 - k0, 0, k1 - k0, causal, left, right)
-            o, lse = _attend(q[q0:q1].cpu(), k[k0:k1].cpu(), v[k0:k1].cpu(), visible, scale, softcap, None)
+            o, lse = attend(q[q0:q1].cpu(), k[k0:k1].cpu(), v[k0:k1].cpu(), visible, scale, softcap, None)
             outs.append(o)
             lses.append(lse)
         out = torch.cat(outs).to(q.device)

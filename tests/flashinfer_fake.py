@@ -27,6 +27,8 @@ import sys
 
 import torch
 
+from tests.fake_attention import attend
+
 __version__ = "0.7.2.post1"
 
 CALLS: list[tuple[str, dict]] = []  # (what, arguments by name), in call order
@@ -41,26 +43,10 @@ def reset() -> None:
 
 
 def _attend(q, keys, vals, visible, scale, cap, sink):
-    """q [E, Hq, D], keys/vals [L, Hkv, D], visible [E, L] -> out [E, Hq, D] (q dtype), lse2 [E, Hq]."""
-    e, hq, _ = q.shape
-    g = hq // keys.shape[1]
-    k = keys.float().repeat_interleave(g, dim=1).transpose(0, 1)
-    v = vals.float().repeat_interleave(g, dim=1).transpose(0, 1)
-    s = torch.matmul(q.float().transpose(0, 1), k.transpose(1, 2)) * scale  # [Hq, E, L]
-    if cap > 0:
-        s = cap * torch.tanh(s / cap)
-    s = torch.where(visible[None], s, torch.tensor(-math.inf))
-    m = s.amax(-1, keepdim=True) if s.shape[-1] else torch.full((hq, e, 1), -math.inf)
-    if sink is not None:
-        m = torch.maximum(m, sink.float().view(hq, 1, 1))
-    base = torch.where(torch.isinf(m), torch.zeros_like(m), m)
-    p = torch.where(visible[None], torch.exp(s - base), torch.zeros_like(s))
-    denom = p.sum(-1, keepdim=True)
-    if sink is not None:
-        denom = denom + torch.exp(sink.float().view(hq, 1, 1) - base)
-    out = torch.matmul(p, v) / torch.where(denom > 0, denom, torch.ones_like(denom))
-    lse = torch.where(denom > 0, base + torch.log(denom), torch.tensor(-math.inf)).squeeze(-1)
-    return out.transpose(0, 1).to(q.dtype), (lse / math.log(2.0)).transpose(0, 1)
+    """q [E, Hq, D], keys/vals [L, Hkv, D], visible [E, L] -> out [E, Hq, D] (q dtype), lse2 [E, Hq]:
+    FlashInfer's LSE is base 2."""
+    out, lse = attend(q, keys, vals, visible, scale, cap, sink)
+    return out, (lse / math.log(2.0)).transpose(0, 1)
 
 
 def _bottom_right(e, n, causal, window):
