@@ -20,7 +20,8 @@ TORCH_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32":
 
 @dataclass
 class Inputs:
-    """The logical tensors of a case, in the case dtype, on the CPU. What the references read.
+    """The logical tensors of a case, in the case dtype, on the device they were drawn on. What the
+    references read.
 
     q[r]: [E, Hq, D]; k[r], v[r]: [T, Hkv, D] with T = P + E (encoder length in CROSS), keys in
     position order (verify drafts in flattened order); sinks: [Hq] float32 logits, or None.
@@ -38,18 +39,29 @@ def kv_len(case: Case, r: int) -> int:
     return req.encoder_len if case.mode == Mode.CROSS else req.prefix_len + req.extend_len
 
 
-def make_inputs(case: Case) -> Inputs:
-    """Seeded logical inputs. Generated in float32 on the CPU, then rounded to the case dtype."""
-    gen = torch.Generator().manual_seed(case.seed)
+def make_inputs(case: Case, device: torch.device | str = "cpu") -> Inputs:
+    """Seeded logical inputs: drawn in float32 on `device` from a torch.Generator seeded with the
+    case's seed, then rounded to the case dtype.
+
+    A case replays exactly on the same kind of device and torch version; the CPU and a GPU draw
+    different values from one seed (both are valid draws of the case). Drawing on the GPU takes the
+    host's normal sampling (about 4.5 ms for a small batch of 8, most of a GPU check) off every case.
+    """
+    device = torch.device(device)
+    gen = torch.Generator(device=device).manual_seed(case.seed)
     dt = TORCH_DTYPES[case.dtype]
     hq, hkv, d = case.num_q_heads, case.num_kv_heads, case.head_dim
+
+    def randn(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=gen, device=device)
+
     qs, ks, vs = [], [], []
     for r, req in enumerate(case.requests):
         t = kv_len(case, r)
-        qs.append((torch.randn(req.extend_len, hq, d, generator=gen) * case.q_amplitude).to(dt))
-        ks.append(torch.randn(t, hkv, d, generator=gen).to(dt))
-        vs.append(torch.randn(t, hkv, d, generator=gen).to(dt))
-    sinks = (torch.randn(hq, generator=gen) * 2.0).float() if case.sinks else None
+        qs.append((randn(req.extend_len, hq, d) * case.q_amplitude).to(dt))
+        ks.append(randn(t, hkv, d).to(dt))
+        vs.append(randn(t, hkv, d).to(dt))
+    sinks = (randn(hq) * 2.0).float() if case.sinks else None
     return Inputs(q=qs, k=ks, v=vs, sinks=sinks)
 
 
@@ -90,6 +102,7 @@ class Batch:
     num_draft: int
     seq_lens_before_bump: torch.Tensor | None = None
     inputs: Inputs | None = field(default=None, repr=False)
+    host: dict[str, list[int]] = field(default_factory=dict, repr=False)
 
     @property
     def mode(self) -> Mode:
@@ -100,8 +113,23 @@ class Batch:
         return self.case.batch_size
 
     def cpu_list(self, name: str) -> list[int]:
-        """A metadata vector as Python ints (engines keep CPU copies for planning)."""
+        """A metadata vector as Python ints, as engines keep CPU copies for planning: the copy made
+        when the batch was built (reading the device tensor back would wait for the GPU)."""
+        if name in self.host:
+            return list(self.host[name])
         return [int(x) for x in getattr(self, name).tolist()]
+
+    def query_span(self, r: int) -> tuple[int, int]:
+        """Request r's rows in `q` (and in `positions`), from qo_indptr's host copy."""
+        qo = self.host["qo_indptr"] if "qo_indptr" in self.host else self.cpu_list("qo_indptr")
+        return qo[r], qo[r + 1]
+
+    def first_position(self, r: int) -> int:
+        """The smallest position among request r's queries, from the host copy of `positions`."""
+        q0, q1 = self.query_span(r)
+        if "positions" in self.host:
+            return min(self.host["positions"][q0:q1])
+        return int(self.positions[q0:q1].min())
 
 
 def _row_len(case: Case, r: int) -> int:
@@ -169,12 +197,13 @@ def build_batch(
             full_to_swa[(full_page[:, None] * ps + offset).flatten()] = dst
         storage_pages = swa_plan.num_owned + 1 if case.swa_pool_exact else full_total
 
-    layer_pool = pool.empty_pool(storage_pages, ps, case.num_kv_heads, case.head_dim, dt, case.kv_layout)
-
     def layer_slots(full: torch.Tensor) -> torch.Tensor:
         return pool.translate_slots(full, full_to_swa).long() if full_to_swa is not None else full
 
-    # Cached K/V (prefix, or the encoder's output in CROSS) is already in the pool.
+    # Cached K/V (prefix, or the encoder's output in CROSS) is already in the pool; the slots are
+    # gathered here so that the pool is written in one indexed copy, not one per request.
+    cached: list[tuple[torch.Tensor, int, int, int]] = []  # (slots, request, lo, hi)
+    canary: list[torch.Tensor] = []
     for r, req in enumerate(reqs):
         if cross:
             lo, hi = 0, req.encoder_len
@@ -182,15 +211,26 @@ def build_batch(
             lo = _first_kept_position(case, r) // ps * ps if full_to_swa is not None else 0
             hi = req.prefix_len
         if hi > lo:
-            layer_pool.write(layer_slots(slots[r][lo:hi]), inputs.k[r][lo:hi], inputs.v[r][lo:hi])
+            cached.append((slots[r][lo:hi], r, lo, hi))
         if whole_page_loads:
             kv_end = req.encoder_len if cross else rows[r]
             last_page_end = -(-kv_end // ps) * ps
-            tail = [page_ids[r][t // ps] * ps + t % ps for t in range(kv_end, last_page_end)]
-            if tail:
-                layer_pool.fill_slots(layer_slots(torch.tensor(tail, dtype=torch.int64)), pool.CANARY)
+            canary.append(pool.slot_table(page_ids[r], ps, last_page_end)[kv_end:])
     if whole_page_loads:
-        layer_pool.fill_slots(torch.arange(ps), pool.CANARY)
+        canary.append(torch.arange(ps))  # the reserved page (slots 0 .. page_size-1), untranslated
+
+    layer_pool = pool.empty_pool(
+        storage_pages, ps, case.num_kv_heads, case.head_dim, dt, case.kv_layout, device
+    )
+    if cached:
+        layer_pool.write(
+            layer_slots(torch.cat([c[0] for c in cached])),
+            torch.cat([inputs.k[r][lo:hi].to(device) for _, r, lo, hi in cached]),
+            torch.cat([inputs.v[r][lo:hi].to(device) for _, r, lo, hi in cached]),
+        )
+    if whole_page_loads:
+        tails = torch.cat(canary[:-1]) if len(canary) > 1 else torch.zeros(0, dtype=torch.int64)
+        layer_pool.fill_slots(torch.cat([layer_slots(tails), canary[-1]]), pool.CANARY)
 
     seq_lens = [modes.seq_len(case.mode, r.prefix_len, r.extend_len) for r in reqs]
     extend = [r.extend_len for r in reqs]
@@ -204,44 +244,76 @@ def build_batch(
         [slots[r][new_start[r] : new_start[r] + req.extend_len] for r, req in enumerate(reqs)]
     )
 
-    q = torch.cat(inputs.q)
+    q = torch.cat([x.to(device) for x in inputs.q])
     if cross:
-        k_new = torch.empty(0, case.num_kv_heads, case.head_dim, dtype=dt)
+        k_new = torch.empty(0, case.num_kv_heads, case.head_dim, dtype=dt, device=device)
         v_new = k_new.clone()
     else:
-        k_new = torch.cat([inputs.k[r][req.prefix_len :] for r, req in enumerate(reqs)])
-        v_new = torch.cat([inputs.v[r][req.prefix_len :] for r, req in enumerate(reqs)])
+        k_new = torch.cat([inputs.k[r][req.prefix_len :].to(device) for r, req in enumerate(reqs)])
+        v_new = torch.cat([inputs.v[r][req.prefix_len :].to(device) for r, req in enumerate(reqs)])
 
     tree_mask = None
     if case.mode == Mode.TARGET_VERIFY:
-        tree_mask = torch.tensor([modes.tree_ancestry(r.tree) for r in reqs], dtype=torch.bool)
+        tree_mask = torch.tensor([modes.tree_ancestry(r.tree) for r in reqs], dtype=torch.bool).to(device)
 
-    def i32(x: list[int]) -> torch.Tensor:
-        return torch.tensor(x, dtype=torch.int32, device=device)
-
-    layer_pool.k = layer_pool.k.to(device)
-    layer_pool.v = layer_pool.v.to(device)
+    host = dict(
+        seq_lens=seq_lens,
+        prefix_lens=[r.prefix_len for r in reqs],
+        extend_lens=extend,
+        encoder_lens=[r.encoder_len for r in reqs],
+        qo_indptr=qo_indptr,
+        positions=positions,
+    )
+    if case.mode == Mode.DRAFT_EXTEND_V2:
+        host["seq_lens_before_bump"] = host["prefix_lens"]
+    ints = upload_int32(
+        device,
+        [torch.tensor(v, dtype=torch.int32) for v in host.values()]
+        + [req_to_token, out_cache_loc.to(torch.int32)]
+        + ([full_to_swa] if full_to_swa is not None else []),
+    )
+    meta = dict(zip(host, ints))
+    req_to_token, out_cache_loc = ints[len(host)], ints[len(host) + 1]
     return Batch(
         case=case,
         device=device,
-        q=q.to(device),
-        k_new=k_new.to(device),
-        v_new=v_new.to(device),
+        q=q,
+        k_new=k_new,
+        v_new=v_new,
         sinks=inputs.sinks.to(device) if inputs.sinks is not None else None,
-        seq_lens=i32(seq_lens),
-        prefix_lens=i32([r.prefix_len for r in reqs]),
-        extend_lens=i32(extend),
-        encoder_lens=i32([r.encoder_len for r in reqs]),
-        qo_indptr=i32(qo_indptr),
-        positions=i32(positions),
-        req_to_token=req_to_token.to(device),
-        out_cache_loc=out_cache_loc.to(device=device, dtype=torch.int32),
-        tree_mask=tree_mask.to(device) if tree_mask is not None else None,
+        seq_lens=meta["seq_lens"],
+        prefix_lens=meta["prefix_lens"],
+        extend_lens=meta["extend_lens"],
+        encoder_lens=meta["encoder_lens"],
+        qo_indptr=meta["qo_indptr"],
+        positions=meta["positions"],
+        req_to_token=req_to_token,
+        out_cache_loc=out_cache_loc,
+        tree_mask=tree_mask,
         pool=layer_pool,
-        full_to_swa=full_to_swa.to(device) if full_to_swa is not None else None,
+        full_to_swa=ints[-1] if full_to_swa is not None else None,
         num_draft=case.num_draft,
-        seq_lens_before_bump=(
-            i32([r.prefix_len for r in reqs]) if case.mode == Mode.DRAFT_EXTEND_V2 else None
-        ),
+        seq_lens_before_bump=meta.get("seq_lens_before_bump"),
         inputs=inputs,
+        host=host,
     )
+
+
+UPLOAD_ALIGN = 16  # int32 elements: every tensor of an upload starts 64-byte aligned, as kernels expect
+
+
+def upload_int32(device: torch.device, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    """The int32 host tensors on `device` through one copy (on a GPU each separate copy waits for
+    the host), returned as contiguous views of their own shapes (one code path on every device)."""
+    sizes = [-(-t.numel() // UPLOAD_ALIGN) * UPLOAD_ALIGN for t in tensors]
+    flat = torch.zeros(sum(sizes), dtype=torch.int32)
+    at = 0
+    for t, n in zip(tensors, sizes):
+        flat[at : at + t.numel()] = t.reshape(-1)
+        at += n
+    dev = flat.to(device)
+    out, at = [], 0
+    for t, n in zip(tensors, sizes):
+        out.append(dev[at : at + t.numel()].view(t.shape))
+        at += n
+    return out

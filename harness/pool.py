@@ -38,7 +38,7 @@ class PagedPool:
         return self.num_pages * self.page_size
 
     def _index(self, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        slots = slots.long()
+        slots = slots.to(device=self.k.device, dtype=torch.long)
         return slots // self.page_size, slots % self.page_size
 
     def read(self, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -67,13 +67,20 @@ class PagedPool:
 
 
 def empty_pool(
-    num_pages: int, page_size: int, heads: int, dim: int, dtype: torch.dtype, kv_layout: str
+    num_pages: int,
+    page_size: int,
+    heads: int,
+    dim: int,
+    dtype: torch.dtype,
+    kv_layout: str,
+    device: torch.device | str = "cpu",
 ) -> PagedPool:
-    """A pool whose every slot is poison until the batch writes what it owns."""
+    """A pool whose every slot is poison until the batch writes what it owns. Made where the kernel
+    reads it: filling a GPU pool in place costs a launch, copying one from the host a transfer."""
     shape = (num_pages, page_size, heads, dim) if kv_layout == "NHD" else (num_pages, heads, page_size, dim)
     return PagedPool(
-        k=torch.full(shape, POISON, dtype=dtype),
-        v=torch.full(shape, POISON, dtype=dtype),
+        k=torch.full(shape, POISON, dtype=dtype, device=device),
+        v=torch.full(shape, POISON, dtype=dtype, device=device),
         page_size=page_size,
         kv_layout=kv_layout,
     )

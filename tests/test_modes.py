@@ -79,3 +79,38 @@ def test_tree_depths_and_ancestry():
     assert modes.tree_depths((-1, 0, 1, 1, -1)) == [0, 1, 2, 2, 0]
     anc = modes.tree_ancestry((-1, 0, 1, 1))
     assert anc[3] == [True, True, False, True]
+
+
+def test_host_copies_match_the_device_metadata_in_every_mode():
+    """Adapters plan from the host copies (reading a GPU tensor back would wait for the device)."""
+    shapes = {
+        "EXTEND": ((5, 3), (0, 2)),
+        "DECODE": ((9, 1), (0, 1)),
+        "DRAFT_EXTEND_V2": ((7, 3), (2, 3)),
+        "TARGET_VERIFY": ((4, 3, 0, (-1, 0, 0)), (0, 3, 0, (-1, 0, 1))),
+        "CROSS": ((0, 2, 5), (3, 1, 4)),
+    }
+    for mode, reqs in shapes.items():
+        b = batch_of(case(mode, reqs, window_left=-1 if mode == "CROSS" else 2))
+        for name in ("seq_lens", "prefix_lens", "extend_lens", "encoder_lens", "qo_indptr", "positions"):
+            assert b.cpu_list(name) == getattr(b, name).tolist(), (mode, name)
+        for r in range(b.batch_size):
+            q0, q1 = b.query_span(r)
+            assert (q0, q1) == tuple(b.qo_indptr[r : r + 2].tolist())
+            assert b.first_position(r) == int(b.positions[q0:q1].min())
+        if mode == "DRAFT_EXTEND_V2":
+            assert b.cpu_list("seq_lens_before_bump") == b.seq_lens_before_bump.tolist() == [7, 2]
+
+
+def test_one_upload_keeps_each_tensor_and_aligns_it():
+    from harness.batch import UPLOAD_ALIGN, upload_int32
+
+    parts = [
+        torch.arange(5, dtype=torch.int32),
+        torch.zeros(0, dtype=torch.int32),
+        torch.ones(3, 7, dtype=torch.int32),
+    ]
+    out = upload_int32(torch.device("cpu"), parts)
+    assert [o.shape for o in out] == [p.shape for p in parts]
+    assert all(torch.equal(o, p) for o, p in zip(out, parts))
+    assert all(o.is_contiguous() and o.storage_offset() % UPLOAD_ALIGN == 0 for o in out)

@@ -29,5 +29,4 @@ class EngineReads(Backend):
         w = self.window_left(batch)
         if w < 0 or batch.mode == Mode.CROSS:
             return 0
-        q0, q1 = int(batch.qo_indptr[r]), int(batch.qo_indptr[r + 1])
-        return max(0, int(batch.positions[q0:q1].min()) - w)
+        return max(0, batch.first_position(r) - w)

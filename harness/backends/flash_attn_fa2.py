@@ -52,8 +52,7 @@ class FA2(FlashAttnGlue):
         w = self.window_left(batch)
         if w < 0:
             return 0
-        q0, q1 = int(batch.qo_indptr[r]), int(batch.qo_indptr[r + 1])
-        return max(0, int(batch.positions[q0:q1].min()) - w)
+        return max(0, batch.first_position(r) - w)
 
     def gather_kv(self, batch: Batch, extents: list[int]) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
         """Ragged K, V ([sum L, Hkv, D]) of keys kv_start .. extent - 1 per request, and each L."""

@@ -162,8 +162,8 @@ class FlashInferGlue(Backend):
 
     def query_positions(self, batch: Batch, r: int) -> list[int]:
         """Absolute positions of request r's queries, from the engine's `positions` (verify: P + depth)."""
-        q0, q1 = int(batch.qo_indptr[r]), int(batch.qo_indptr[r + 1])
-        return [int(p) for p in batch.positions[q0:q1].tolist()]
+        q0, q1 = batch.query_span(r)
+        return batch.cpu_list("positions")[q0:q1]
 
     def kv_start(self, batch: Batch, r: int) -> int:
         """First key a windowed layer reads: the page holding the first query's earliest visible key.
@@ -192,10 +192,12 @@ class FlashInferGlue(Backend):
     def page_table(self, batch: Batch, ranges: list[tuple[int, int]]) -> PageTable:
         """Page ids of this layer's pool for each range: the translated slot of each page's first key."""
         ps = batch.case.page_size
-        ids = []
-        for r, (lo, hi) in enumerate(ranges):
-            first_slots = self.kv_slots(batch, r, lo, hi)[::ps]
-            ids.append([int(s) // ps for s in self.layer_slots(batch, first_slots).tolist()])
+        firsts = [self.kv_slots(batch, r, lo, hi)[::ps] for r, (lo, hi) in enumerate(ranges)]
+        flat = self.layer_slots(batch, torch.cat(firsts)).tolist()  # one read back, not one per request
+        ids, at = [], 0
+        for f in firsts:
+            ids.append([s // ps for s in flat[at : at + f.numel()]])
+            at += f.numel()
         return paged_kv_table(ids, [hi - lo for lo, hi in ranges], ps)
 
     def kv_cache(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:

@@ -179,9 +179,9 @@ class FlexBase(EngineReads):
     def key_positions(self, batch: Batch, r: int, lo: int, hi: int) -> list[int]:
         """Absolute positions of keys lo..hi-1: their index; verify drafts sit at their query's position."""
         if batch.mode == Mode.TARGET_VERIFY:
-            q0 = int(batch.qo_indptr[r])
-            drafts = batch.positions[q0 : q0 + batch.num_draft].tolist()
-            return list(range(lo, hi - batch.num_draft)) + [int(p) for p in drafts]
+            q0 = batch.query_span(r)[0]
+            drafts = batch.cpu_list("positions")[q0 : q0 + batch.num_draft]
+            return list(range(lo, hi - batch.num_draft)) + drafts
         return list(range(lo, hi))
 
     def sinks_via_lse(self, batch: Batch) -> bool:

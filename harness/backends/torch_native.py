@@ -68,7 +68,7 @@ class TorchNative(EngineReads):
 
     def query_positions(self, batch: Batch, r: int) -> torch.Tensor:
         """Absolute position of request r's queries, from the engine's `positions` (verify: P + depth)."""
-        q0, q1 = int(batch.qo_indptr[r]), int(batch.qo_indptr[r + 1])
+        q0, q1 = batch.query_span(r)
         return batch.positions[q0:q1].long()
 
     def key_positions(self, batch: Batch, lo: int, hi: int, query_pos: torch.Tensor) -> torch.Tensor:
@@ -80,7 +80,7 @@ class TorchNative(EngineReads):
 
     def build_mask(self, batch: Batch, r: int, lo: int, hi: int) -> torch.Tensor:
         """[E, hi-lo] bool mask from positions (+ the verify tree); all-visible in CROSS."""
-        q0, q1 = int(batch.qo_indptr[r]), int(batch.qo_indptr[r + 1])
+        q0, q1 = batch.query_span(r)
         if batch.mode == Mode.CROSS:
             return torch.ones(q1 - q0, hi - lo, dtype=torch.bool, device=batch.device)
         qpos = self.query_positions(batch, r)
@@ -155,7 +155,7 @@ class TorchNative(EngineReads):
         outs = []
         for r, n in enumerate(self.kv_lens(batch)):
             with phase("plan"):  # the gather and the mask: what an engine's metadata step builds
-                q0, q1 = int(batch.qo_indptr[r]), int(batch.qo_indptr[r + 1])
+                q0, q1 = batch.query_span(r)
                 lo = self.kv_start(batch, r)
                 k, v = batch.pool.read(self.layer_slots(batch, self.kv_slots(batch, r, lo, n)))
                 mask = self.build_mask(batch, r, lo, n)

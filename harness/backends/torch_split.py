@@ -112,18 +112,17 @@ class TorchSplit(Backend):
 
     def prefix_query_positions(self, batch: Batch, r: int) -> torch.Tensor:
         """Where the paged pass places request r's queries for its window: their true positions."""
-        q0, q1 = int(batch.qo_indptr[r]), int(batch.qo_indptr[r + 1])
+        q0, q1 = batch.query_span(r)
         return batch.positions[q0:q1].long()
 
     def paged_range(self, batch: Batch, r: int) -> tuple[int, int]:
         """Keys lo..hi-1 the paged pass reads: the prefix (two-pass modes), all keys (DECODE), or the
         encoder (CROSS); from the first query's window start on, as the hybrid pool frees older pages."""
         if batch.mode == Mode.CROSS:
-            return 0, int(batch.encoder_lens[r])
-        hi = int(batch.prefix_lens[r]) if self.two_pass(batch) else int(batch.seq_lens[r])
+            return 0, batch.cpu_list("encoder_lens")[r]
+        hi = batch.cpu_list("prefix_lens" if self.two_pass(batch) else "seq_lens")[r]
         w = self.window_left(batch)
-        q0, q1 = int(batch.qo_indptr[r]), int(batch.qo_indptr[r + 1])
-        lo = max(0, int(batch.positions[q0:q1].min()) - w) if w >= 0 else 0
+        lo = max(0, batch.first_position(r) - w) if w >= 0 else 0
         return min(lo, hi), hi
 
     def split_params(self, batch: Batch) -> SplitParams:
@@ -186,7 +185,7 @@ class TorchSplit(Backend):
         """The cached keys from the pool, in splits merged inside the 'kernel' (base 2). Non-causal, as
         engines call it: every key read here precedes every query (DECODE's own key sits at its
         position), so only the window masks."""
-        q0, q1 = int(batch.qo_indptr[r]), int(batch.qo_indptr[r + 1])
+        q0, q1 = batch.query_span(r)
         q = batch.q[q0:q1]
         lo, hi = self.paged_range(batch, r)
         if hi <= lo:
@@ -210,7 +209,7 @@ class TorchSplit(Backend):
 
     def ragged_pass(self, batch: Batch, r: int) -> Partial:
         """This forward's new tokens over their own in-flight K/V: causal, windowed, tree-masked."""
-        q0, q1 = int(batch.qo_indptr[r]), int(batch.qo_indptr[r + 1])
+        q0, q1 = batch.query_span(r)
         with phase("plan"):  # the causal / window / tree mask
             pos = batch.positions[q0:q1].long()
             mask = pos[None, :] <= pos[:, None]

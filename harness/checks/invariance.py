@@ -74,10 +74,10 @@ def compositions(case: Case, long_kv: int = 4096, long_q: int = 512) -> list[tup
     return out
 
 
-def _splice(case: Case, base: Inputs, reqs: list[Request], at: int) -> tuple[Case, Inputs]:
+def _splice(case: Case, base: Inputs, reqs: list[Request], at: int, device: str) -> tuple[Case, Inputs]:
     """A Case of `reqs` whose request `at` carries the target's exact logical inputs."""
     comp = case.replace(requests=tuple(reqs), seed=(case.seed * 7919 + len(reqs) * 31 + at) % 2**31)
-    inputs = make_inputs(comp)
+    inputs = make_inputs(comp, device)
     inputs.q[at], inputs.k[at], inputs.v[at] = base.q[0], base.k[0], base.v[0]
     inputs.sinks = base.sinks
     return comp, inputs
@@ -96,12 +96,12 @@ def check_invariance(
     reach `long_kv` keys and (EXTEND) `long_q` new tokens."""
     if not case.deterministic:
         raise ValueError("batch invariance is only promised in deterministic mode (deterministic=true)")
-    base = make_inputs(case)
+    base = make_inputs(case, device)
     alone = None
     ran = 0
     skipped: list[str] = []
     for name, reqs, at in compositions(case, long_kv, long_q):
-        comp, inputs = _splice(case, base, reqs, at)
+        comp, inputs = _splice(case, base, reqs, at, device)
         why = backend.supports(comp)
         if why:
             skipped.append(f"{name}: {why}")

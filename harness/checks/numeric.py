@@ -30,7 +30,7 @@ def check_case(backend: Backend, case: Case, device: str = "cpu") -> CaseResult:
         return CaseResult("skip", backend.name, device, case, reason=why)
     start = time.perf_counter()
     with phase("build"):
-        inputs = make_inputs(case)
+        inputs = make_inputs(case, device)
         batch = build_batch(case, inputs, device, backend.capabilities.whole_page_loads)
     try:
         with phase("kernel"):
