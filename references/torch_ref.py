@@ -3,7 +3,8 @@
 `reference(case, inputs, precision="exact")` computes in float64 on the CPU (float32 on a GPU) with
 an online softmax over key blocks, so memory stays bounded by the block size: no [T, T] matrix.
 Key blocks that no query of a query block can see (window, causality) are skipped, so a windowed
-request costs O(T * W).
+request costs O(T * W). On a GPU a batch whose padded scores are small enough is computed at once,
+padded to its longest request (`_padded`): the loop is launch-bound there.
 
 `precision="native"` is the same computation rounded like a low-precision implementation (scaled
 q, scores, soft-capped scores and probabilities rounded to the case dtype, output rounded at the
@@ -74,6 +75,26 @@ def _scores(qb, k, scale, cap, scratch, s):  # noqa: ANN001, ANN202 - hot inner 
     return s
 
 
+def _normaliser(m, l_sum, sink):  # noqa: ANN001, ANN202 - shared by the loop and the padded batch
+    """(top, rescale, safe denominator, has_keys) from a softmax's running max and sum; a sink is
+    one more virtual key whose logit counts in the denominator only."""
+    if sink is not None:
+        top = torch.maximum(m, sink)
+        denom = l_sum * torch.exp(m - top) + torch.exp(sink - top)
+        rescale = torch.exp(m - top)
+    else:
+        top, denom, rescale = m, l_sum, torch.ones_like(m)
+    safe = torch.where(denom > 0, denom, torch.ones_like(denom))
+    return top, rescale, safe, l_sum > 0
+
+
+def _finish(ob, m, l_sum, has_keys):  # noqa: ANN001, ANN202
+    """Output and natural-log LSE; a query with no visible key gets 0 and -inf."""
+    out = torch.where(has_keys.unsqueeze(-1), ob, torch.zeros_like(ob))
+    base_m = torch.where(has_keys, m, torch.zeros_like(m))
+    return out, torch.where(has_keys, base_m + torch.log(torch.where(has_keys, l_sum, 1.0)), -torch.inf)
+
+
 def _request(
     mask: RequestMask,
     q: torch.Tensor,
@@ -98,7 +119,6 @@ def _request(
     scratch = _Scratch(hq * min(e, bq) * min(k.shape[0], bk), acc, round_to, device)
     out = torch.zeros(hkv, g, e, d, dtype=acc, device=device)
     lse = torch.full((hkv, g, e), -torch.inf, dtype=acc, device=device)
-    neg_inf = torch.tensor(-torch.inf, dtype=acc, device=device)
     for q0 in range(0, e, bq):
         q1 = min(e, q0 + bq)
         lo, hi = mask.key_range(q0, q1)
@@ -129,14 +149,7 @@ def _request(
             if round_to is None:
                 o = o * alpha.unsqueeze(-1) + torch.matmul(p, vh[:, k0:k1].unsqueeze(1))
             m = m_new
-        if sink is not None:
-            top = torch.maximum(m, sink)
-            denom = l_sum * torch.exp(m - top) + torch.exp(sink - top)
-            rescale = torch.exp(m - top)
-        else:
-            top, denom, rescale = m, l_sum, torch.ones_like(m)
-        has_keys = l_sum > 0
-        safe = torch.where(denom > 0, denom, torch.ones_like(denom))
+        top, rescale, safe, has_keys = _normaliser(m, l_sum, sink)
         if round_to is None:
             ob = o * (rescale / safe).unsqueeze(-1)
         else:
@@ -153,12 +166,80 @@ def _request(
                 p = scratch.round(s.sub_(base.unsqueeze(-1)).exp_().div_(safe.unsqueeze(-1)))
                 ob = ob + torch.matmul(p, vh[:, k0:k1].unsqueeze(1))
             ob = ob.to(round_to).to(acc)
-        out[:, :, q0:q1] = torch.where(has_keys.unsqueeze(-1), ob, torch.zeros_like(ob))
-        base_m = torch.where(has_keys, m, torch.zeros_like(m))
-        lse[:, :, q0:q1] = torch.where(
-            has_keys, base_m + torch.log(torch.where(has_keys, l_sum, 1.0)), neg_inf
-        )
+        out[:, :, q0:q1], lse[:, :, q0:q1] = _finish(ob, m, l_sum, has_keys)
     return out.reshape(hq, e, d).permute(1, 0, 2), lse.reshape(hq, e).permute(1, 0)
+
+
+# A batch is computed as one padded computation (a few dozen launches instead of a few dozen per
+# request) when its padded score tensor [B, Hq, max E, max T] has at most this many elements (512 MiB
+# in float32; the computation's peak is about four such tensors): on a GPU the per-request loop is
+# launch-bound, and a padded batch of this size takes about a millisecond.
+PADDED_MAX_ELEMENTS = 1 << 27
+
+
+def padded_elements(masks: list[RequestMask], num_q_heads: int) -> int:
+    """Elements of the padded score tensor of a batch: [B, Hq, max queries, max keys]."""
+    return len(masks) * num_q_heads * max(m.num_queries for m in masks) * max(m.num_keys for m in masks)
+
+
+def _pad(rows: list[torch.Tensor], n: int, acc: torch.dtype, device: torch.device) -> torch.Tensor:
+    """[B, n, ...] in `acc` with each request's rows first and zeros after."""
+    out = torch.zeros(len(rows), n, *rows[0].shape[1:], dtype=acc, device=device)
+    for r, x in enumerate(rows):
+        out[r, : x.shape[0]] = x.to(device)
+    return out
+
+
+def _padded(
+    masks: list[RequestMask],
+    inputs,  # noqa: ANN001 - harness.batch.Inputs
+    scale: float,
+    cap: float,
+    acc: torch.dtype,
+    round_to: torch.dtype | None,
+    device: torch.device,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every request at once, padded to the longest: the same arithmetic as `_request` with a single
+    key block, but the padded matmuls may sum in a different order (not bitwise equal to it)."""
+    bsz, e, t = len(masks), max(m.num_queries for m in masks), max(m.num_keys for m in masks)
+    hq, hkv, d = inputs.q[0].shape[1], inputs.k[0].shape[1], inputs.q[0].shape[2]
+    g = hq // hkv
+    visible = torch.zeros(bsz, e, t, dtype=torch.bool)
+    for r, m in enumerate(masks):
+        visible[r, : m.num_queries, : m.num_keys] = m.dense()
+    rows = torch.cat([torch.arange(m.num_queries) + r * e for r, m in enumerate(masks)])
+    # Both copied before any launch: a copy from pageable memory waits for the GPU's queue.
+    hidden, rows = (~visible).to(device)[:, None, None], rows.to(device)  # hidden: [B, 1, 1, E, T]
+    qh = _pad(inputs.q, e, acc, device).view(bsz, e, hkv, g, d).permute(0, 2, 3, 1, 4)
+    kh = _pad(inputs.k, t, acc, device).permute(0, 2, 1, 3).unsqueeze(2)  # [B, Hkv, 1, T, D]
+    vh = _pad(inputs.v, t, acc, device).permute(0, 2, 1, 3).unsqueeze(2)
+    s = torch.matmul(_query_block(qh, scale, round_to), kh.transpose(-1, -2))  # [B, Hkv, G, E, T]
+    if round_to is None:
+        s.mul_(scale)
+        if cap > 0:
+            s.div_(cap).tanh_().mul_(cap)
+    else:
+        s.copy_(s.to(round_to))
+        if cap > 0:
+            s.copy_(s.div_(cap).tanh_().mul_(cap).to(round_to))
+    s.masked_fill_(hidden, -torch.inf)
+    m = s.amax(-1)
+    base = torch.where(torch.isinf(m), torch.zeros_like(m), m)
+    p = torch.exp(s - base.unsqueeze(-1))
+    l_sum = p.sum(-1)
+    sink = None if inputs.sinks is None else inputs.sinks.to(device=device, dtype=acc).reshape(1, hkv, g, 1)
+    top, rescale, safe, has_keys = _normaliser(m, l_sum, sink)
+    if round_to is None:
+        ob = torch.matmul(p, vh) * (rescale / safe).unsqueeze(-1)
+    else:  # probabilities normalised and rounded to the dtype, as a low-precision P @ V
+        top_base = torch.where(torch.isinf(top), torch.zeros_like(top), top)
+        p = s.sub_(top_base.unsqueeze(-1)).exp_().div_(safe.unsqueeze(-1))
+        p.copy_(p.to(round_to))
+        ob = torch.matmul(p, vh).to(round_to).to(acc)
+    out, lse = _finish(ob, m, l_sum, has_keys)
+    out = out.permute(0, 3, 1, 2, 4).reshape(bsz * e, hq, d).index_select(0, rows)
+    lse = lse.permute(0, 3, 1, 2).reshape(bsz * e, hq).index_select(0, rows)
+    return out, lse
 
 
 def reference(
@@ -166,18 +247,28 @@ def reference(
     inputs,  # noqa: ANN001 - harness.batch.Inputs
     precision: str = "exact",
     device: torch.device | str = "cpu",
+    padded: bool | None = None,
 ) -> RefOutput:
     """Expected output of every query of the case, concatenated in request order.
 
     exact: float64 on the CPU, float32 accumulation on a GPU. native: rounded like the case dtype.
+    padded: compute the batch as one padded computation (None: on a GPU when its padded scores have
+    at most PADDED_MAX_ELEMENTS elements; the CPU keeps the per-request loop, which skips masked
+    blocks and is bound by arithmetic, not launches).
     """
     device = torch.device(device)
     if precision not in ("exact", "native"):
         raise ValueError(f"precision={precision!r} is not 'exact' or 'native'")
     acc = torch.float64 if device.type == "cpu" and precision == "exact" else torch.float32
     round_to = _DTYPES[case.dtype] if precision == "native" else None
+    masks = case_masks(case)
+    if padded is None:
+        padded = device.type != "cpu" and padded_elements(masks, case.num_q_heads) <= PADDED_MAX_ELEMENTS
+    if padded:
+        out, lse = _padded(masks, inputs, case.scale, float(case.soft_cap), acc, round_to, device)
+        return RefOutput(out=out, lse=lse)
     outs, lses = [], []
-    for r, mask in enumerate(case_masks(case)):
+    for r, mask in enumerate(masks):
         o, lse = _request(
             mask,
             inputs.q[r],
