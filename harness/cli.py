@@ -110,7 +110,9 @@ def add_check(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("-k", help="a pytest -k expression, e.g. swa")
     p.add_argument("-m", "--marker", help="a pytest marker expression, e.g. 'swa and not gpu'")
-    p.add_argument("--device", choices=("cpu", "cuda"), help="only backends on this device")
+    p.add_argument(
+        "--device", choices=("cpu", "cuda"), help="only backends on this device (default: cuda where present)"
+    )
     p.add_argument("--profile", help="hypothesis profile: ci, dev, gpu, thorough")
     p.add_argument(
         "--reports",
@@ -141,7 +143,8 @@ def cmd_check(args: argparse.Namespace) -> int:
     from harness import profiles, report
     from harness.suite import BACKENDS_ENV
 
-    profile = args.profile or ("gpu" if _default_device() == "cuda" else "ci")
+    on_gpu = _default_device() == "cuda"
+    profile = args.profile or ("gpu" if on_gpu and args.device != "cpu" else "ci")
     if profile not in profiles.SIZES:
         raise UsageError(f"unknown profile {profile!r}; known: {', '.join(profiles.SIZES)}")
     for name in args.backend or []:
@@ -152,6 +155,9 @@ def cmd_check(args: argparse.Namespace) -> int:
         marks.append("(" + " or ".join(families) + ")")
     if args.device:
         marks.append("gpu" if args.device == "cuda" else "not gpu")
+    elif on_gpu:  # the CPU backends at the gpu profile's sizes would take hours: --device cpu runs them
+        marks.append("gpu")
+        print("attn-harness check: CUDA present: the CUDA backends (--device cpu runs the CPU ones)")
     if args.marker:
         marks.append(f"({args.marker})")
     root = Path(args.reports).resolve()

@@ -3,6 +3,9 @@
 import html
 import json
 import shlex
+import subprocess
+
+import pytest
 
 from harness.cli import main
 from harness.report import results_json
@@ -139,3 +142,25 @@ def test_report_rerenders_a_run_byte_for_byte(tmp_path, capsys):
     assert str(tmp_path / "index.html") in capsys.readouterr().out
     for name in ("index.html", "junit.xml"):
         assert (tmp_path / name).read_bytes() == (run / name).read_bytes()
+
+
+@pytest.mark.parametrize(
+    ("device", "mark", "profile"), [(None, "gpu", "gpu"), ("cpu", "not gpu", "ci"), ("cuda", "gpu", "gpu")]
+)
+def test_check_on_a_cuda_machine_runs_the_cuda_backends_unless_told(
+    monkeypatch, tmp_path, device, mark, profile
+):
+    """The CPU backends at the gpu profile's sizes would take hours: on CUDA, check selects the GPU ones."""
+    from harness import cli
+
+    seen = {}
+
+    def fake_run(cmd, cwd, env):  # noqa: ANN001, ANN202
+        seen.update(cmd=cmd, profile=env["ATTN_HARNESS_PROFILE"])
+        return subprocess.CompletedProcess(cmd, 0)
+
+    monkeypatch.setattr(cli, "_default_device", lambda: "cuda")
+    monkeypatch.setattr(cli.subprocess, "run", fake_run)
+    args = ["check", "--reports", str(tmp_path)] + (["--device", device] if device else [])
+    assert main(args) == 0
+    assert seen["cmd"][seen["cmd"].index("-m", 3) + 1] == mark and seen["profile"] == profile
