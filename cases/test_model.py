@@ -18,15 +18,17 @@ import pytest
 from harness import backends, profiles
 from harness.checks.model import MODELS, check_model
 from harness.checks.model_table import run_jobs
+from harness.suite import selected_backends
 
 CUDA_JOB_TIMEOUT = 900.0  # seconds per model check, a first JIT compile included
 
 
 def _params() -> list:
     out = []
-    for name in backends.names():
+    for name in selected_backends():  # `check --backend` (and each `--jobs` part) runs its own only
         for device in sorted(backends.load(name).capabilities.devices):
-            marks = [getattr(pytest.mark, name)] + ([pytest.mark.gpu] if device == "cuda" else [])
+            marks = [getattr(pytest.mark, name)] if name.isidentifier() else []  # a spec is no marker
+            marks += [pytest.mark.gpu] if device == "cuda" else []
             for model in MODELS:
                 out.append(pytest.param(name, device, model, id=f"{name}-{device}-{model}", marks=marks))
     return out

@@ -225,8 +225,8 @@ def build_batch(
     if cached:
         layer_pool.write(
             layer_slots(torch.cat([c[0] for c in cached])),
-            torch.cat([inputs.k[r][lo:hi].to(device) for _, r, lo, hi in cached]),
-            torch.cat([inputs.v[r][lo:hi].to(device) for _, r, lo, hi in cached]),
+            torch.cat([inputs.k[r][lo:hi] for _, r, lo, hi in cached]).to(device),
+            torch.cat([inputs.v[r][lo:hi] for _, r, lo, hi in cached]).to(device),
         )
     if whole_page_loads:
         tails = torch.cat(canary[:-1]) if len(canary) > 1 else torch.zeros(0, dtype=torch.int64)
@@ -244,13 +244,13 @@ def build_batch(
         [slots[r][new_start[r] : new_start[r] + req.extend_len] for r, req in enumerate(reqs)]
     )
 
-    q = torch.cat([x.to(device) for x in inputs.q])
+    q = torch.cat(inputs.q).to(device)
     if cross:
         k_new = torch.empty(0, case.num_kv_heads, case.head_dim, dtype=dt, device=device)
         v_new = k_new.clone()
     else:
-        k_new = torch.cat([inputs.k[r][req.prefix_len :].to(device) for r, req in enumerate(reqs)])
-        v_new = torch.cat([inputs.v[r][req.prefix_len :].to(device) for r, req in enumerate(reqs)])
+        k_new = torch.cat([inputs.k[r][req.prefix_len :] for r, req in enumerate(reqs)]).to(device)
+        v_new = torch.cat([inputs.v[r][req.prefix_len :] for r, req in enumerate(reqs)]).to(device)
 
     tree_mask = None
     if case.mode == Mode.TARGET_VERIFY:
@@ -268,9 +268,7 @@ def build_batch(
         host["seq_lens_before_bump"] = host["prefix_lens"]
     ints = upload_int32(
         device,
-        [torch.tensor(v, dtype=torch.int32) for v in host.values()]
-        + [req_to_token, out_cache_loc.to(torch.int32)]
-        + ([full_to_swa] if full_to_swa is not None else []),
+        [*host.values(), req_to_token, out_cache_loc] + ([full_to_swa] if full_to_swa is not None else []),
     )
     meta = dict(zip(host, ints))
     req_to_token, out_cache_loc = ints[len(host)], ints[len(host) + 1]
@@ -302,18 +300,31 @@ def build_batch(
 UPLOAD_ALIGN = 16  # int32 elements: every tensor of an upload starts 64-byte aligned, as kernels expect
 
 
-def upload_int32(device: torch.device, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
-    """The int32 host tensors on `device` through one copy (on a GPU each separate copy waits for
-    the host), returned as contiguous views of their own shapes (one code path on every device)."""
-    sizes = [-(-t.numel() // UPLOAD_ALIGN) * UPLOAD_ALIGN for t in tensors]
-    flat = torch.zeros(sum(sizes), dtype=torch.int32)
-    at = 0
-    for t, n in zip(tensors, sizes):
-        flat[at : at + t.numel()] = t.reshape(-1)
-        at += n
-    dev = flat.to(device)
-    out, at = [], 0
-    for t, n in zip(tensors, sizes):
-        out.append(dev[at : at + t.numel()].view(t.shape))
-        at += n
-    return out
+def upload_int32(device: torch.device, parts: list[torch.Tensor | list[int]]) -> list[torch.Tensor]:
+    """int32 host data (tensors, or lists of ints for 1-D vectors) on `device` through one copy (on a
+    GPU each separate copy waits for the host), returned as contiguous views of their own shapes, each
+    starting UPLOAD_ALIGN-aligned (one code path on every device). Lists are joined in Python, so a
+    vector costs no tensor operation of its own before the copy."""
+    chunks: list[torch.Tensor] = []
+    ints: list[int] = []  # consecutive list parts, joined before they become one tensor
+    sizes, shapes = [], []
+    for p in parts:
+        n = p.numel() if isinstance(p, torch.Tensor) else len(p)
+        size = -(-n // UPLOAD_ALIGN) * UPLOAD_ALIGN
+        sizes.append(size)
+        if isinstance(p, torch.Tensor):
+            shapes.append(tuple(p.shape))
+            if ints:
+                chunks.append(torch.tensor(ints, dtype=torch.int32))
+                ints = []
+            chunks += [p.reshape(-1).to(torch.int32), torch.zeros(size - n, dtype=torch.int32)]
+        else:
+            shapes.append(None)
+            ints += [*p, *([0] * (size - n))]
+    if ints:
+        chunks.append(torch.tensor(ints, dtype=torch.int32))
+    dev = torch.cat(chunks).to(device).split(sizes)
+    return [
+        d[: len(p)] if shape is None else d[: p.numel()].view(shape)
+        for d, p, shape in zip(dev, parts, shapes)
+    ]

@@ -122,6 +122,11 @@ def add_check(p: argparse.ArgumentParser) -> None:
     p.add_argument("--results", help="also write results.json here")
     p.add_argument("--no-progress", action="store_true", help="no progress line")
     p.add_argument("--no-probe", action="store_true", help="do not rerun failures through the mask probe")
+    p.add_argument(
+        "--jobs",
+        type=int,
+        help="pytest processes at once, one backend each (default 1; on CUDA 1 per 4 cores, up to 4)",
+    )
 
 
 def _families(args: argparse.Namespace) -> list[str]:
@@ -140,7 +145,7 @@ def _families(args: argparse.Namespace) -> list[str]:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    from harness import profiles, report
+    from harness import backends, profiles, report
     from harness.suite import BACKENDS_ENV
 
     on_gpu = _default_device() == "cuda"
@@ -149,6 +154,8 @@ def cmd_check(args: argparse.Namespace) -> int:
         raise UsageError(f"unknown profile {profile!r}; known: {', '.join(profiles.SIZES)}")
     for name in args.backend or []:
         load_backend(name)
+    names = args.backend or backends.names()
+    jobs = min(_jobs(args.jobs, on_gpu and args.device != "cpu"), len(names))
     marks = []  # markers are exact names ("-k extend" would also match draft_extend_v2)
     families = _families(args)
     if families:
@@ -166,23 +173,27 @@ def cmd_check(args: argparse.Namespace) -> int:
     except OSError as e:
         raise UsageError(f"cannot create a report directory under {args.reports}: {e}") from None
     cmd = [sys.executable, "-m", "pytest", str(ROOT / "cases"), "-q", "-p", "no:cacheprovider"]
-    cmd += [f"--rootdir={ROOT}", "--harness-report", str(run_dir), "--harness-run-id", run_dir.name]
+    cmd += [f"--rootdir={ROOT}"]
     if marks:
         cmd += ["-m", " and ".join(marks)]
     if args.k:
         cmd += ["-k", args.k]
-    if args.results:
-        cmd += ["--harness-results", str(Path(args.results).resolve())]
     if not args.no_progress:
         cmd.append("--harness-progress")
     if args.no_probe:
         cmd.append("--harness-no-probe")
     env = {k: v for k, v in os.environ.items() if k != BACKENDS_ENV}
     env["ATTN_HARNESS_PROFILE"] = profile
-    if args.backend:
-        env[BACKENDS_ENV] = ",".join(args.backend)
-    print(f"attn-harness check: profile {profile}; {' '.join(cmd[1:])}", flush=True)
-    code = subprocess.run(cmd, cwd=ROOT, env=env).returncode
+    if jobs > 1:
+        code = _check_parallel(cmd, env, names, jobs, run_dir, profile, args.results)
+    else:
+        cmd += ["--harness-report", str(run_dir), "--harness-run-id", run_dir.name]
+        if args.results:
+            cmd += ["--harness-results", str(Path(args.results).resolve())]
+        if args.backend:
+            env[BACKENDS_ENV] = ",".join(args.backend)
+        print(f"attn-harness check: profile {profile}; {' '.join(cmd[1:])}", flush=True)
+        code = subprocess.run(cmd, cwd=ROOT, env=env).returncode
     if (run_dir / report.INDEX).is_file():
         report.point_latest(root, run_dir)
         print(f"report: {run_dir / report.INDEX}  (also {root / report.LATEST})")
@@ -190,6 +201,62 @@ def cmd_check(args: argparse.Namespace) -> int:
         print("no tests matched the filters", file=sys.stderr)
         return 2
     return int(code)
+
+
+def _jobs(requested: int | None, cuda: bool) -> int:
+    """pytest processes at once: as asked; else one on the CPU (CI's two cores are busy with one)
+    and, on a CUDA machine, one per four cores up to four (a check keeps a core busy, not the GPU)."""
+    if requested is not None:
+        if requested < 1:
+            raise UsageError(f"--jobs must be at least 1, got {requested}")
+        return requested
+    return max(1, min(4, (os.cpu_count() or 1) // 4)) if cuda else 1
+
+
+def _check_parallel(
+    cmd: list[str],
+    env: dict[str, str],
+    names: list[str],
+    jobs: int,
+    run_dir: Path,
+    profile: str,
+    results_path: str | None,
+) -> int:
+    """The suite as one pytest process per backend, `jobs` at once (harness/parallel.py), merged
+    into one results.json and report in run_dir."""
+    import time
+
+    from harness import parallel, report
+    from harness.report import results_json
+    from harness.results import summary_table
+    from harness.suite import BACKENDS_ENV
+
+    started, t0 = time.strftime("%Y-%m-%dT%H:%M:%S%z"), time.monotonic()
+    print(
+        f"attn-harness check: profile {profile}; {len(names)} backends, {jobs} pytest processes at once; "
+        f"each: {' '.join(cmd[1:])}",
+        flush=True,
+    )
+    parts = parallel.run(cmd, env, BACKENDS_ENV, names, jobs, run_dir / "parts", ROOT)
+    code = parallel.combined_code([p.code for p in parts])
+    records = [r for p in parts for r in p.records]
+    environment = next((p.environment for p in parts if p.environment), {})
+    run = {
+        "id": run_dir.name,
+        "started": started,
+        "elapsed_s": round(time.monotonic() - t0, 3),
+        "profile": profile,
+        "command": f"pytest {' '.join(cmd[3:])} (one process per backend, {jobs} at once)",
+        "exit_status": code,
+    }
+    data = results_json.build(records, run, environment)
+    if records:
+        print(summary_table(records))
+    if results_path:
+        results_json.dump(Path(results_path).resolve(), data)
+        print(f"results: {Path(results_path).resolve()}")
+    report.write_run(run_dir, data)
+    return code
 
 
 # --- repro ------------------------------------------------------------------------------------
@@ -330,6 +397,9 @@ def add_bench(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cases", type=int, default=64, help="cases in the throughput mix (default 64)")
     p.add_argument("--seed", type=int, default=0, help="seed of the throughput mix (default 0)")
     p.add_argument(
+        "--repeat", type=int, default=3, help="timed throughput passes; the median is reported (default 3)"
+    )
+    p.add_argument(
         "--scale-tokens", type=_int_list, default=None, help="request lengths (default 8192,32768,131072)"
     )
     p.add_argument(
@@ -350,8 +420,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     bad = [s for s in sections if s not in bench.SECTIONS]
     if bad or not sections:
         raise UsageError(f"unknown section {bad[0] if bad else ''!r}; known: {', '.join(bench.SECTIONS)}")
-    if args.cases < 1 or args.max_examples < 1:
-        raise UsageError("--cases and --max-examples must be at least 1")
+    if args.cases < 1 or args.max_examples < 1 or args.repeat < 1:
+        raise UsageError("--cases, --repeat and --max-examples must be at least 1")
     if args.backend:
         chosen = [load_backend(n) for n in args.backend]
     else:
@@ -362,6 +432,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         sections=sections,
         cases=args.cases,
         seed=args.seed,
+        repeat=args.repeat,
         scale_tokens=args.scale_tokens or bench.SCALE_TOKENS,
         scale_timeout=args.scale_timeout,
         max_examples=args.max_examples,

@@ -13,6 +13,7 @@ This file is deliberately independent of harness/ (backends build their own mask
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import torch
 
@@ -25,13 +26,23 @@ def _depths(parents: tuple[int, ...]) -> list[int]:
 
 
 def _ancestors_or_self(parents: tuple[int, ...]) -> torch.Tensor:
+    """[n, n] bool: draft j may see draft i (i is j or an ancestor of j); built as Python rows and
+    made a tensor once (a tensor op per draft costs more than the whole rule)."""
     n = len(parents)
-    m = torch.zeros(n, n, dtype=torch.bool)
-    for j in range(n):
-        m[j, j] = True
-        if parents[j] >= 0:
-            m[j] |= m[parents[j]]
-    return m
+    rows: list[list[bool]] = []
+    for j, p in enumerate(parents):
+        row = list(rows[p]) if p >= 0 else [False] * n
+        row[j] = True
+        rows.append(row)
+    return torch.tensor(rows, dtype=torch.bool).reshape(n, n)
+
+
+def _causal_window(qp: torch.Tensor, kp: torch.Tensor, window_left: int) -> torch.Tensor:
+    """The causal and window rule on broadcastable positions: k <= p, and k >= p - W with a window."""
+    vis = kp <= qp
+    if window_left >= 0:
+        vis &= kp >= qp - window_left
+    return vis
 
 
 @dataclass(frozen=True)
@@ -45,11 +56,11 @@ class RequestMask:
     num_prefix: int  # keys before this index are cached context; after it, tree drafts (verify)
     draft_visible: torch.Tensor | None  # [E, E] bool (verify): query j may see draft i
 
-    @property
+    @cached_property
     def num_queries(self) -> int:
         return self.query_pos.numel()
 
-    @property
+    @cached_property
     def num_keys(self) -> int:
         return self.key_pos.numel()
 
@@ -59,9 +70,7 @@ class RequestMask:
         kp = self.key_pos[None, k0:k1]
         if not self.causal:
             return torch.ones(q1 - q0, k1 - k0, dtype=torch.bool)
-        vis = kp <= qp
-        if self.window_left >= 0:
-            vis &= kp >= qp - self.window_left
+        vis = _causal_window(qp, kp, self.window_left)
         if self.draft_visible is not None and k1 > self.num_prefix:
             d0 = max(k0, self.num_prefix)
             vis[:, d0 - k0 :] &= self.draft_visible[q0:q1, d0 - self.num_prefix : k1 - self.num_prefix]
@@ -96,6 +105,46 @@ class RequestMask:
             hi = min(self.num_keys, pmax + 1)
         lo = 0 if self.window_left < 0 else max(0, pmin - self.window_left)
         return min(lo, hi), hi
+
+
+def padded_visible(masks: list[RequestMask], device: torch.device | str) -> torch.Tensor:
+    """[B, max E, max T] bool on `device`: request r's `dense()` in [r, :E_r, :T_r], False elsewhere.
+
+    Computed on the device from the positions (one small upload) instead of a dense mask built per
+    request on the host and copied: the batch form of `block`'s rule, for a padded reference. The
+    requests of one batch share their window and causality (one case).
+    """
+    if len({(m.window_left, m.causal) for m in masks}) > 1:
+        raise ValueError("padded_visible: the requests of one batch must share window_left and causality")
+    bsz, e, t = len(masks), max(m.num_queries for m in masks), max(m.num_keys for m in masks)
+    pad = torch.nn.utils.rnn.pad_sequence
+    host = [
+        pad([m.query_pos for m in masks], batch_first=True).flatten(),
+        pad([m.key_pos for m in masks], batch_first=True).flatten(),
+        torch.tensor(
+            [m.num_queries for m in masks] + [m.num_keys for m in masks] + [m.num_prefix for m in masks]
+        ),
+    ]
+    drafts = masks[0].draft_visible is not None
+    if drafts:
+        dv = torch.zeros(bsz, e, e, dtype=torch.int64)
+        for r, m in enumerate(masks):
+            dv[r, : m.num_queries, : m.num_queries] = m.draft_visible
+        host.append(dv.flatten())
+    # One copy before any launch: a copy from pageable memory waits for the device's queue.
+    flat = torch.cat(host).to(device)
+    qp, kp, rest = flat[: bsz * e].view(bsz, e, 1), flat[bsz * e : bsz * (e + t)], flat[bsz * (e + t) :]
+    num_queries, num_keys, num_prefix = (rest[i * bsz : (i + 1) * bsz, None] for i in range(3))
+    kp, key = kp.view(bsz, 1, t), torch.arange(t, device=flat.device)
+    query = torch.arange(e, device=flat.device)
+    vis = (query < num_queries)[:, :, None] & (key < num_keys)[:, None, :]  # padding sees and is seen by none
+    if masks[0].causal:
+        vis = vis & _causal_window(qp, kp, masks[0].window_left)
+    if drafts:  # key i >= num_prefix is draft i - num_prefix: visible to j iff draft_visible[j, i - P]
+        draft = (key - num_prefix).clamp(0, e - 1)  # [B, T]
+        seen = rest[3 * bsz :].view(bsz, e, e).gather(2, draft[:, None, :].expand(bsz, e, t)) != 0
+        vis = vis & (seen | (key < num_prefix)[:, None, :])
+    return vis
 
 
 def request_mask(

@@ -4,7 +4,9 @@
 an online softmax over key blocks, so memory stays bounded by the block size: no [T, T] matrix.
 Key blocks that no query of a query block can see (window, causality) are skipped, so a windowed
 request costs O(T * W). On a GPU a batch whose padded scores are small enough is computed at once,
-padded to its longest request (`_padded`): the loop is launch-bound there.
+padded to its longest request (`_padded`): the loop is launch-bound there. `references(case,
+inputs)` gives the exact and native results together; on a GPU they share the padded mask (built on
+the device by masks.padded_visible) and the padded inputs.
 
 `precision="native"` is the same computation rounded like a low-precision implementation (scaled
 q, scores, soft-capped scores and probabilities rounded to the case dtype, output rounded at the
@@ -18,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from references.masks import RequestMask, case_masks
+from references.masks import RequestMask, case_masks, padded_visible
 
 _DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
@@ -90,9 +92,10 @@ def _normaliser(m, l_sum, sink):  # noqa: ANN001, ANN202 - shared by the loop an
 
 def _finish(ob, m, l_sum, has_keys):  # noqa: ANN001, ANN202
     """Output and natural-log LSE; a query with no visible key gets 0 and -inf."""
-    out = torch.where(has_keys.unsqueeze(-1), ob, torch.zeros_like(ob))
-    base_m = torch.where(has_keys, m, torch.zeros_like(m))
-    return out, torch.where(has_keys, base_m + torch.log(torch.where(has_keys, l_sum, 1.0)), -torch.inf)
+    none = ~has_keys
+    out = ob.masked_fill(none.unsqueeze(-1), 0.0)
+    lse = m.masked_fill(none, 0.0).add_(l_sum.masked_fill(none, 1.0).log_())
+    return out, lse.masked_fill_(none, -torch.inf)
 
 
 def _request(
@@ -182,12 +185,9 @@ def padded_elements(masks: list[RequestMask], num_q_heads: int) -> int:
     return len(masks) * num_q_heads * max(m.num_queries for m in masks) * max(m.num_keys for m in masks)
 
 
-def _pad(rows: list[torch.Tensor], n: int, acc: torch.dtype, device: torch.device) -> torch.Tensor:
-    """[B, n, ...] in `acc` with each request's rows first and zeros after."""
-    out = torch.zeros(len(rows), n, *rows[0].shape[1:], dtype=acc, device=device)
-    for r, x in enumerate(rows):
-        out[r, : x.shape[0]] = x.to(device)
-    return out
+def _unpad(x: torch.Tensor, lengths: list[int]) -> torch.Tensor:
+    """[B, n, ...] padded rows -> [sum lengths, ...], each request's first rows in request order."""
+    return torch.cat([x[r, :n] for r, n in enumerate(lengths)])
 
 
 def _padded(
@@ -195,25 +195,43 @@ def _padded(
     inputs,  # noqa: ANN001 - harness.batch.Inputs
     scale: float,
     cap: float,
-    acc: torch.dtype,
-    round_to: torch.dtype | None,
+    precisions: list[tuple[torch.dtype, torch.dtype | None]],
     device: torch.device,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Every request at once, padded to the longest: the same arithmetic as `_request` with a single
-    key block, but the padded matmuls may sum in a different order (not bitwise equal to it)."""
-    bsz, e, t = len(masks), max(m.num_queries for m in masks), max(m.num_keys for m in masks)
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Every request at once, padded to the longest, once per (accumulation dtype, rounding) of
+    `precisions`: the mask and the padded inputs are prepared once and shared. The same arithmetic
+    as `_request` with a single key block, but the padded matmuls may sum in a different order (not
+    bitwise equal to it). A GQA group's queries are stacked along the rows ([B, Hkv, G*E, D]), so
+    both matmuls are plain batched products, with no key or value copied per query head."""
+    bsz = len(masks)
     hq, hkv, d = inputs.q[0].shape[1], inputs.k[0].shape[1], inputs.q[0].shape[2]
     g = hq // hkv
-    visible = torch.zeros(bsz, e, t, dtype=torch.bool)
-    for r, m in enumerate(masks):
-        visible[r, : m.num_queries, : m.num_keys] = m.dense()
-    rows = torch.cat([torch.arange(m.num_queries) + r * e for r, m in enumerate(masks)])
-    # Both copied before any launch: a copy from pageable memory waits for the GPU's queue.
-    hidden, rows = (~visible).to(device)[:, None, None], rows.to(device)  # hidden: [B, 1, 1, E, T]
-    qh = _pad(inputs.q, e, acc, device).view(bsz, e, hkv, g, d).permute(0, 2, 3, 1, 4)
-    kh = _pad(inputs.k, t, acc, device).permute(0, 2, 1, 3).unsqueeze(2)  # [B, Hkv, 1, T, D]
-    vh = _pad(inputs.v, t, acc, device).permute(0, 2, 1, 3).unsqueeze(2)
-    s = torch.matmul(_query_block(qh, scale, round_to), kh.transpose(-1, -2))  # [B, Hkv, G, E, T]
+    hidden = ~padded_visible(masks, device)[:, None, None]  # [B, 1, 1, E, T]
+    pad = torch.nn.utils.rnn.pad_sequence
+    q, k, v = (pad(xs, batch_first=True).to(device) for xs in (inputs.q, inputs.k, inputs.v))
+    e = q.shape[1]
+    q = q.view(bsz, e, hkv, g, d).permute(0, 2, 3, 1, 4)  # [B, Hkv, G, E, D]
+    k, v = k.permute(0, 2, 1, 3), v.permute(0, 2, 1, 3)  # [B, Hkv, T, D]
+    lengths = [m.num_queries for m in masks]
+    out = []
+    for acc, round_to in precisions:
+        qh = q.to(acc, memory_format=torch.contiguous_format).view(bsz, hkv, g * e, d)
+        kh, vh = (x.to(acc, memory_format=torch.contiguous_format) for x in (k, v))
+        sink = None if inputs.sinks is None else inputs.sinks.to(device, acc).reshape(1, hkv, g, 1)
+        o, lse = _padded_softmax(qh, kh, vh, hidden, sink, scale, cap, round_to, g)
+        out.append(
+            (
+                _unpad(o.permute(0, 3, 1, 2, 4).reshape(bsz, e, hq, d), lengths),
+                _unpad(lse.permute(0, 3, 1, 2).reshape(bsz, e, hq), lengths),
+            )
+        )
+    return out
+
+
+def _padded_softmax(qh, kh, vh, hidden, sink, scale, cap, round_to, g):  # noqa: ANN001, ANN202 - hot inner helper
+    """[B, Hkv, G*E, D] queries against [B, Hkv, T, D] keys and values with a [B, 1, 1, E, T] hidden
+    mask -> out [B, Hkv, G, E, D], lse [B, Hkv, G, E]."""
+    s = torch.matmul(_query_block(qh, scale, round_to), kh.transpose(-1, -2))  # [B, Hkv, G*E, T]
     if round_to is None:
         s.mul_(scale)
         if cap > 0:
@@ -222,65 +240,86 @@ def _padded(
         s.copy_(s.to(round_to))
         if cap > 0:
             s.copy_(s.div_(cap).tanh_().mul_(cap).to(round_to))
-    s.masked_fill_(hidden, -torch.inf)
-    m = s.amax(-1)
-    base = torch.where(torch.isinf(m), torch.zeros_like(m), m)
-    p = torch.exp(s - base.unsqueeze(-1))
+    bsz, hkv, _, t = s.shape
+    s5 = s.view(bsz, hkv, g, -1, t).masked_fill_(hidden, -torch.inf)
+    m = s5.amax(-1)
+    base = m.nan_to_num(nan=torch.nan, neginf=0.0).unsqueeze(-1)  # a row with no visible key: 0
+    p = (s5.sub_(base) if round_to is None else s5 - base).exp_()
     l_sum = p.sum(-1)
-    sink = None if inputs.sinks is None else inputs.sinks.to(device=device, dtype=acc).reshape(1, hkv, g, 1)
     top, rescale, safe, has_keys = _normaliser(m, l_sum, sink)
-    if round_to is None:
-        ob = torch.matmul(p, vh) * (rescale / safe).unsqueeze(-1)
-    else:  # probabilities normalised and rounded to the dtype, as a low-precision P @ V
-        top_base = torch.where(torch.isinf(top), torch.zeros_like(top), top)
-        p = s.sub_(top_base.unsqueeze(-1)).exp_().div_(safe.unsqueeze(-1))
+    if round_to is not None:  # probabilities normalised and rounded to the dtype, as a low-precision P @ V
+        top_base = base if sink is None else top.nan_to_num(nan=torch.nan, neginf=0.0).unsqueeze(-1)
+        p = s5.sub_(top_base).exp_().div_(safe.unsqueeze(-1))
         p.copy_(p.to(round_to))
-        ob = torch.matmul(p, vh).to(round_to).to(acc)
-    out, lse = _finish(ob, m, l_sum, has_keys)
-    out = out.permute(0, 3, 1, 2, 4).reshape(bsz * e, hq, d).index_select(0, rows)
-    lse = lse.permute(0, 3, 1, 2).reshape(bsz * e, hq).index_select(0, rows)
-    return out, lse
+    ob = torch.matmul(p.view(bsz, hkv, -1, t), vh).view(bsz, hkv, g, -1, vh.shape[-1])
+    if round_to is None:
+        ob.mul_((rescale / safe).unsqueeze(-1))
+    else:
+        ob = ob.to(round_to).to(p.dtype)
+    return _finish(ob, m, l_sum, has_keys)
+
+
+def references(
+    case,  # noqa: ANN001 - a harness Case (duck-typed: references import nothing of harness)
+    inputs,  # noqa: ANN001 - harness.batch.Inputs
+    precisions: tuple[str, ...] = ("exact", "native"),
+    device: torch.device | str = "cpu",
+    padded: bool | None = None,
+) -> list[RefOutput]:
+    """Expected output of every query of the case, concatenated in request order, once per precision.
+
+    exact: float64 on the CPU, float32 accumulation on a GPU. native: rounded like the case dtype.
+    padded: compute the batch as one padded computation (None: on a GPU when its padded scores have
+    at most PADDED_MAX_ELEMENTS elements; the CPU keeps the per-request loop, which skips masked
+    blocks and is bound by arithmetic, not launches). The precisions of one call share the padded
+    mask and inputs: a check asks for both in one call.
+    """
+    device = torch.device(device)
+    bad = [p for p in precisions if p not in ("exact", "native")]
+    if bad:
+        raise ValueError(f"precision={bad[0]!r} is not 'exact' or 'native'")
+    kinds = [
+        (
+            torch.float64 if device.type == "cpu" and p == "exact" else torch.float32,
+            _DTYPES[case.dtype] if p == "native" else None,
+        )
+        for p in precisions
+    ]
+    masks = case_masks(case)
+    if padded is None:
+        padded = device.type != "cpu" and padded_elements(masks, case.num_q_heads) <= PADDED_MAX_ELEMENTS
+    if padded:
+        found = _padded(masks, inputs, case.scale, float(case.soft_cap), kinds, device)
+        return [RefOutput(out=o, lse=lse) for o, lse in found]
+    results = []
+    for acc, round_to in kinds:
+        pairs = [
+            _request(
+                mask,
+                inputs.q[r],
+                inputs.k[r],
+                inputs.v[r],
+                inputs.sinks,
+                case.scale,
+                float(case.soft_cap),
+                acc,
+                round_to,
+                device,
+            )
+            for r, mask in enumerate(masks)
+        ]
+        results.append(
+            RefOutput(out=torch.cat([o for o, _ in pairs]), lse=torch.cat([lse for _, lse in pairs]))
+        )
+    return results
 
 
 def reference(
-    case,  # noqa: ANN001 - a harness Case (duck-typed: references import nothing of harness)
+    case,  # noqa: ANN001 - a harness Case
     inputs,  # noqa: ANN001 - harness.batch.Inputs
     precision: str = "exact",
     device: torch.device | str = "cpu",
     padded: bool | None = None,
 ) -> RefOutput:
-    """Expected output of every query of the case, concatenated in request order.
-
-    exact: float64 on the CPU, float32 accumulation on a GPU. native: rounded like the case dtype.
-    padded: compute the batch as one padded computation (None: on a GPU when its padded scores have
-    at most PADDED_MAX_ELEMENTS elements; the CPU keeps the per-request loop, which skips masked
-    blocks and is bound by arithmetic, not launches).
-    """
-    device = torch.device(device)
-    if precision not in ("exact", "native"):
-        raise ValueError(f"precision={precision!r} is not 'exact' or 'native'")
-    acc = torch.float64 if device.type == "cpu" and precision == "exact" else torch.float32
-    round_to = _DTYPES[case.dtype] if precision == "native" else None
-    masks = case_masks(case)
-    if padded is None:
-        padded = device.type != "cpu" and padded_elements(masks, case.num_q_heads) <= PADDED_MAX_ELEMENTS
-    if padded:
-        out, lse = _padded(masks, inputs, case.scale, float(case.soft_cap), acc, round_to, device)
-        return RefOutput(out=out, lse=lse)
-    outs, lses = [], []
-    for r, mask in enumerate(masks):
-        o, lse = _request(
-            mask,
-            inputs.q[r],
-            inputs.k[r],
-            inputs.v[r],
-            inputs.sinks,
-            case.scale,
-            float(case.soft_cap),
-            acc,
-            round_to,
-            device,
-        )
-        outs.append(o)
-        lses.append(lse)
-    return RefOutput(out=torch.cat(outs), lse=torch.cat(lses))
+    """The reference of one precision (`references` documents the arguments)."""
+    return references(case, inputs, (precision,), device, padded)[0]

@@ -1,6 +1,7 @@
 """`python -m harness bench`: every section's rows and fields, honest counts, timeouts as rows, a mix
 that replays, and clear errors. Small sizes only: the bench's numbers are measured, not asserted."""
 
+import dataclasses
 import json
 import time
 
@@ -24,6 +25,7 @@ THROUGHPUT = {
     "skipped",
     "seconds",
     "cases_per_s",
+    "pass_seconds",
     "warm_seconds",
     "failures",
     "reason",
@@ -109,6 +111,26 @@ def test_a_broken_backend_is_reported_with_its_failures():
     doc = {"throughput": [vars(row)]}
     assert bench.passed(doc) is False
     assert "FAIL" in bench.table({**_skeleton(), **doc})
+
+
+def test_the_rate_is_of_the_median_timed_pass_and_a_failure_in_any_pass_counts(monkeypatch):
+    backend = load("torch_native")
+    cases = bench.mix(0, 4, backend.capabilities, max_tokens=64)
+    calls = iter([1.0, 4.0, 2.0, 3.0])  # warm-up, then three timed passes
+    real = bench._pass
+
+    def timed(b, cs, device):  # noqa: ANN001, ANN202
+        results, _ = real(b, cs, device)
+        n = next(calls)
+        if n == 4.0:  # the first timed pass sees one failure
+            results = [dataclasses.replace(results[0], status="fail", reason="injected")] + results[1:]
+        return results, n
+
+    monkeypatch.setattr(bench, "_pass", timed)
+    row, _ = bench.measure_backend(backend, "cpu", cases, ("throughput",), repeat=3)
+    assert row.pass_seconds == [4.0, 2.0, 3.0] and row.seconds == 3.0
+    assert row.cases_per_s == pytest.approx(row.checked / 3.0) and row.warm_seconds == 1.0
+    assert row.failed == 1 and row.failures[0]["reason"] == "injected"
 
 
 def _skeleton() -> dict:

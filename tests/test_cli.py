@@ -160,6 +160,7 @@ def test_check_on_a_cuda_machine_runs_the_cuda_backends_unless_told(
         return subprocess.CompletedProcess(cmd, 0)
 
     monkeypatch.setattr(cli, "_default_device", lambda: "cuda")
+    monkeypatch.setattr(cli.os, "cpu_count", lambda: 2)  # one pytest process (--jobs: test_parallel.py)
     monkeypatch.setattr(cli.subprocess, "run", fake_run)
     args = ["check", "--reports", str(tmp_path)] + (["--device", device] if device else [])
     assert main(args) == 0

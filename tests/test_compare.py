@@ -84,3 +84,31 @@ def test_base2_lse_fails_where_natural_log_passes():
 def test_locate():
     assert locate(0, [0, 3, 5], 2, 4) == (0, 0, 0)
     assert locate(3 * 8 + 5, [0, 3, 5], 2, 4) == (1, 0, 1)
+
+
+def test_an_lse_error_is_caught_when_another_row_has_no_visible_key():
+    """A row with no visible key has LSE -inf; its noise must not turn the LSE budget into NaN
+    (every comparison with NaN is false, so no LSE error could fail the check)."""
+    c = case("EXTEND", ((4, 5),))
+    ex, na = refs(c)
+    lse_exact, lse_native = ex.lse.clone(), na.lse.clone()
+    lse_exact[0, 0] = lse_native[0, 0] = -torch.inf
+    good = ex.lse.float().clone()
+    good[0, 0] = -torch.inf
+    assert compare(c, ex.out, ex.out, na.out, good, lse_exact, lse_native).passed
+    shifted = good.clone()
+    shifted[2, 1] += 0.5
+    v = compare(c, ex.out, ex.out, na.out, shifted, lse_exact, lse_native)
+    assert not v.passed and v.lse_budget == v.lse_budget and "LSE err" in v.reason
+
+
+def test_a_multiple_of_the_worst_error_is_found_at_its_first_place():
+    """Ties: the reported worst element is the first of the equal maxima (as argmax), so a report
+    points at the same place on every device."""
+    c = case("EXTEND", ((4, 5),), num_q_heads=2, num_kv_heads=1, head_dim=8)
+    ex, na = refs(c)
+    out = ex.out.clone()
+    out[3, 1, 2] += 1.0
+    out[4, 0, 0] += 1.0
+    v = compare(c, out, ex.out, na.out)
+    assert not v.passed and v.worst == (0, 3, 1)

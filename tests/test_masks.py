@@ -1,10 +1,11 @@
 """references/masks.py against hand-computed tables."""
 
+import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from references.masks import hf_window_left, request_mask
+from references.masks import hf_window_left, padded_visible, request_mask
 
 
 def rows(mask):
@@ -100,3 +101,31 @@ def test_fully_visible_only_where_the_whole_block_is_visible(mode, p, e, w, data
         assert whole
     elif mode != "TARGET_VERIFY" or k1 <= m.num_prefix:
         assert not whole
+
+
+@given(
+    st.sampled_from(["EXTEND", "DECODE", "TARGET_VERIFY", "CROSS"]),
+    st.integers(-1, 20),
+    st.lists(st.tuples(st.integers(0, 30), st.integers(1, 9)), min_size=1, max_size=5),
+    st.data(),
+)
+def test_padded_visible_is_each_requests_dense_mask_and_hides_the_padding(mode, w, reqs, data):
+    """The padded reference's mask, built on the device from positions, must be `dense()` of every
+    request in its corner and hide everything else (padding queries see nothing, padding keys are
+    seen by nobody): the one visibility rule in its batch form."""
+    masks = []
+    for p, e in reqs:
+        e = 1 if mode == "DECODE" else e
+        tree = tuple(data.draw(st.integers(-1, j - 1)) for j in range(e)) if mode == "TARGET_VERIFY" else None
+        masks.append(request_mask(mode, p, e, -1 if mode == "CROSS" else w, encoder_len=p + 1, tree=tree))
+    vis = padded_visible(masks, "cpu")
+    assert vis.shape == (len(masks), max(m.num_queries for m in masks), max(m.num_keys for m in masks))
+    for r, m in enumerate(masks):
+        expected = torch.zeros(vis.shape[1:], dtype=torch.bool)
+        expected[: m.num_queries, : m.num_keys] = m.dense()
+        assert torch.equal(vis[r], expected), (r, mode, w)
+
+
+def test_padded_visible_refuses_requests_with_different_windows():
+    with pytest.raises(ValueError, match="share window_left"):
+        padded_visible([request_mask("EXTEND", 2, 2, 1), request_mask("EXTEND", 2, 2, -1)], "cpu")

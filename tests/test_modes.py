@@ -106,11 +106,16 @@ def test_one_upload_keeps_each_tensor_and_aligns_it():
     from harness.batch import UPLOAD_ALIGN, upload_int32
 
     parts = [
+        [4, 5, 6],
         torch.arange(5, dtype=torch.int32),
+        [],
+        list(range(17)),
         torch.zeros(0, dtype=torch.int32),
-        torch.ones(3, 7, dtype=torch.int32),
+        torch.ones(3, 7, dtype=torch.int64),
+        [9],
     ]
     out = upload_int32(torch.device("cpu"), parts)
-    assert [o.shape for o in out] == [p.shape for p in parts]
-    assert all(torch.equal(o, p) for o, p in zip(out, parts))
+    expect = [p if isinstance(p, torch.Tensor) else torch.tensor(p, dtype=torch.int32) for p in parts]
+    assert [o.shape for o in out] == [e.shape for e in expect]
+    assert all(torch.equal(o, e.to(torch.int32)) and o.dtype == torch.int32 for o, e in zip(out, expect))
     assert all(o.is_contiguous() and o.storage_offset() % UPLOAD_ALIGN == 0 for o in out)

@@ -125,6 +125,23 @@ def test_the_padded_batch_agrees_with_the_loop_in_both_precisions(family):
     check()
 
 
+@pytest.mark.parametrize("padded", [False, True])
+def test_both_precisions_in_one_call_equal_two_calls(padded):
+    """A check asks for exact and native in one call, which shares the padded mask and inputs: the
+    sharing must not change either result (bit for bit)."""
+
+    @settings(max_examples=6, derandomize=True, database=None, deadline=None)
+    @given(cases("verify" if padded else "prefix", True, CAPS, SIZES["ci"]))
+    def check(c):
+        inputs = make_inputs(c)
+        both = torch_ref.references(c, inputs, ("exact", "native"), padded=padded)
+        for got, precision in zip(both, ("exact", "native")):
+            alone = reference(c, inputs, precision, padded=padded)
+            assert torch.equal(got.out, alone.out) and torch.equal(got.lse, alone.lse)
+
+    check()
+
+
 def test_padded_elements_counts_the_padded_score_tensor():
     from references.masks import case_masks
 

@@ -15,7 +15,7 @@ from harness.checks.errormap import error_map
 from harness.compare import compare
 from harness.results import CaseResult
 from harness.timing import phase
-from references.torch_ref import reference
+from references.torch_ref import references
 
 
 def reference_device(device: str) -> torch.device:
@@ -47,8 +47,7 @@ def check_case(backend: Backend, case: Case, device: str = "cpu") -> CaseResult:
         )
     ref_dev = reference_device(device)
     with phase("reference"):
-        exact = reference(case, inputs, "exact", ref_dev)
-        native = reference(case, inputs, "native", ref_dev)
+        exact, native = references(case, inputs, ("exact", "native"), ref_dev)
     with phase("compare"):
         verdict = compare(case, result.out, exact.out, native.out, result.lse, exact.lse, native.lse)
         status = "pass" if verdict.passed else "fail"

@@ -1,0 +1,130 @@
+"""`check --jobs N`: one pytest process per backend, merged into one report."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from harness import cli, parallel
+from harness.cli import main
+from harness.report import results_json
+from tests.report_helpers import WINDOW_IGNORED
+
+
+def test_the_slow_backends_start_first_and_the_rest_keep_their_order():
+    names = ["torch_native", "flex_eager", "fa4", "torch_split", "flex_compiled"]
+    assert parallel.order(names) == ["flex_compiled", "fa4", "flex_eager", "torch_native", "torch_split"]
+
+
+@pytest.mark.parametrize(
+    ("codes", "expected"),
+    [([0, 0], 0), ([0, 5], 0), ([5, 5], 5), ([0, 1, 5], 1), ([1, 2], 2), ([0, -9], 3), ([], 0)],
+)
+def test_one_exit_status_for_the_run(codes, expected):
+    assert parallel.combined_code(codes) == expected
+
+
+def test_default_jobs_one_on_the_cpu_and_per_four_cores_on_cuda(monkeypatch):
+    monkeypatch.setattr(cli.os, "cpu_count", lambda: 16)
+    assert cli._jobs(None, cuda=False) == 1 and cli._jobs(None, cuda=True) == 4
+    monkeypatch.setattr(cli.os, "cpu_count", lambda: 2)
+    assert cli._jobs(None, cuda=True) == 1 and cli._jobs(3, cuda=False) == 3
+
+
+def test_jobs_below_one_is_a_one_line_error(capsys, tmp_path):
+    assert main(["check", "--jobs", "0", "--reports", str(tmp_path)]) == 2
+    assert "--jobs must be at least 1" in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())  # no empty run directory left behind
+
+
+def test_a_parallel_run_merges_every_backend_and_a_failure_fails_it(tmp_path):
+    """Two backends in two processes: one report with both, the window bug's failure in it, exit 1."""
+    argv = [sys.executable, "-m", "harness", "check", "--device", "cpu", "--family", "decode", "-k", "swa"]
+    argv += [
+        "--backend",
+        "torch_native",
+        "--backend",
+        WINDOW_IGNORED,
+        "--jobs",
+        "2",
+        "--reports",
+        str(tmp_path),
+    ]
+    argv += ["--no-probe"]
+    proc = subprocess.run(argv, capture_output=True, text=True, cwd=cli.ROOT, timeout=600)
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "2 pytest processes at once" in proc.stdout and "[2/2]" in proc.stdout
+    run = (tmp_path / "latest").resolve()
+    doc = results_json.load(run / "results.json")
+    assert {r["backend"] for r in doc["results"]} == {"torch_native", WINDOW_IGNORED}
+    assert any(r["status"] == "fail" for r in doc["results"])
+    assert all(r["status"] == "pass" for r in doc["results"] if r["backend"] == "torch_native")
+    assert doc["run"]["exit_status"] == 1 and doc["run"]["profile"] == "ci"
+    assert (run / "index.html").is_file() and (run / "junit.xml").is_file()
+    assert len(list((run / "parts").glob("*.log"))) == 2
+
+
+CHILD = """
+import os, signal, sys, time
+from harness.report import results_json
+path = sys.argv[sys.argv.index("--harness-results") + 1]
+def stop(*_):
+    rec = dict(status="pass", backend=os.environ["B"], device="cpu", family="decode", mode="DECODE",
+               features=[], reason="")
+    results_json.dump(path, results_json.build([rec], {}, {"torch": "x"}))
+    sys.exit(2)
+signal.signal(signal.SIGINT, stop)
+print("ready", flush=True)
+time.sleep(120)
+"""
+
+DRIVER = """
+import json, os, sys
+from pathlib import Path
+from harness import parallel
+d = Path(sys.argv[1])
+cmd = [sys.executable, str(d / "child.py")]
+parts = parallel.run(cmd, dict(os.environ), "B", ["a", "b", "c"], 2, d / "parts", d)
+print(json.dumps({p.backend: [p.code, len(p.records)] for p in parts}))
+"""
+
+
+def test_an_interrupt_keeps_what_the_running_parts_checked(tmp_path):
+    """Ctrl-C (or a time limit's SIGINT) mid-run: the running pytest processes are asked to stop and
+    write their results, which the run keeps; the part not started is marked interrupted."""
+    import os
+    import signal
+    import time
+
+    (tmp_path / "child.py").write_text(CHILD)
+    (tmp_path / "driver.py").write_text(DRIVER)
+    env = {**os.environ, "PYTHONPATH": str(cli.ROOT)}
+    proc = subprocess.Popen(
+        [sys.executable, str(tmp_path / "driver.py"), str(tmp_path)],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    logs = [tmp_path / "parts" / f"{n}.log" for n in ("a", "b")]
+    deadline = time.monotonic() + 60
+    while not all(p.is_file() and "ready" in p.read_text() for p in logs):
+        assert time.monotonic() < deadline and proc.poll() is None
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=60)
+    codes = json.loads(out.strip().splitlines()[-1])
+    assert codes == {"a": [2, 1], "b": [2, 1], "c": [2, 0]}, out
+
+
+def test_each_part_collects_only_its_own_backend():
+    """A part runs the suite with one backend selected: every collected test (the model-level and
+    deterministic ones included) must be that backend's, or the parts would repeat each other's work."""
+    import os
+
+    env = {**os.environ, "ATTN_HARNESS_BACKENDS": "torch_split"}
+    argv = [sys.executable, "-m", "pytest", "cases", "--collect-only", "-q", "-p", "no:cacheprovider"]
+    proc = subprocess.run(argv, capture_output=True, text=True, cwd=cli.ROOT, env=env, timeout=300)
+    ids = [line for line in proc.stdout.splitlines() if "::" in line]
+    assert ids and all("[torch_split-" in i for i in ids), [i for i in ids if "[torch_split-" not in i][:5]
+    assert any("test_model_logprobs" in i for i in ids) and any("test_deterministic" in i for i in ids)
