@@ -219,18 +219,11 @@ def build_batch(
     if whole_page_loads:
         canary.append(torch.arange(ps))  # the reserved page (slots 0 .. page_size-1), untranslated
 
-    layer_pool = pool.empty_pool(
-        storage_pages, ps, case.num_kv_heads, case.head_dim, dt, case.kv_layout, device
-    )
-    if cached:
-        layer_pool.write(
-            layer_slots(torch.cat([c[0] for c in cached])),
-            torch.cat([inputs.k[r][lo:hi] for _, r, lo, hi in cached]).to(device),
-            torch.cat([inputs.v[r][lo:hi] for _, r, lo, hi in cached]).to(device),
-        )
+    cached_slots = layer_slots(torch.cat([c[0] for c in cached])) if cached else None
+    canary_slots = None
     if whole_page_loads:
         tails = torch.cat(canary[:-1]) if len(canary) > 1 else torch.zeros(0, dtype=torch.int64)
-        layer_pool.fill_slots(torch.cat([layer_slots(tails), canary[-1]]), pool.CANARY)
+        canary_slots = torch.cat([layer_slots(tails), canary[-1]])
 
     seq_lens = [modes.seq_len(case.mode, r.prefix_len, r.extend_len) for r in reqs]
     extend = [r.extend_len for r in reqs]
@@ -243,19 +236,6 @@ def build_batch(
     out_cache_loc = torch.cat(
         [slots[r][new_start[r] : new_start[r] + req.extend_len] for r, req in enumerate(reqs)]
     )
-
-    q = torch.cat(inputs.q).to(device)
-    if cross:
-        k_new = torch.empty(0, case.num_kv_heads, case.head_dim, dtype=dt, device=device)
-        v_new = k_new.clone()
-    else:
-        k_new = torch.cat([inputs.k[r][req.prefix_len :] for r, req in enumerate(reqs)]).to(device)
-        v_new = torch.cat([inputs.v[r][req.prefix_len :] for r, req in enumerate(reqs)]).to(device)
-
-    tree_mask = None
-    if case.mode == Mode.TARGET_VERIFY:
-        tree_mask = torch.tensor([modes.tree_ancestry(r.tree) for r in reqs], dtype=torch.bool).to(device)
-
     host = dict(
         seq_lens=seq_lens,
         prefix_lens=[r.prefix_len for r in reqs],
@@ -266,12 +246,40 @@ def build_batch(
     )
     if case.mode == Mode.DRAFT_EXTEND_V2:
         host["seq_lens_before_bump"] = host["prefix_lens"]
-    ints = upload_int32(
-        device,
-        [*host.values(), req_to_token, out_cache_loc] + ([full_to_swa] if full_to_swa is not None else []),
+    # Every integer the device needs (metadata, the slots the pool is written at, the tree mask) in
+    # one copy, made before the batch's first launch: a copy from pageable memory waits for the queue.
+    ints: dict[str, torch.Tensor | list[int] | None] = {
+        **host,
+        "req_to_token": req_to_token,
+        "out_cache_loc": out_cache_loc,
+        "full_to_swa": full_to_swa,
+        "cached_slots": cached_slots,
+        "canary_slots": canary_slots,
+    }
+    if case.mode == Mode.TARGET_VERIFY:
+        ints["tree_mask"] = torch.tensor([modes.tree_ancestry(r.tree) for r in reqs], dtype=torch.int32)
+    sent = [name for name, x in ints.items() if x is not None]
+    dev = dict(zip(sent, upload_int32(device, [ints[name] for name in sent])))
+
+    layer_pool = pool.empty_pool(
+        storage_pages, ps, case.num_kv_heads, case.head_dim, dt, case.kv_layout, device
     )
-    meta = dict(zip(host, ints))
-    req_to_token, out_cache_loc = ints[len(host)], ints[len(host) + 1]
+    if cached:
+        layer_pool.write(
+            dev["cached_slots"],
+            torch.cat([inputs.k[r][lo:hi] for _, r, lo, hi in cached]).to(device),
+            torch.cat([inputs.v[r][lo:hi] for _, r, lo, hi in cached]).to(device),
+        )
+    if whole_page_loads:
+        layer_pool.fill_slots(dev["canary_slots"], pool.CANARY)
+
+    q = torch.cat(inputs.q).to(device)
+    if cross:
+        k_new = torch.empty(0, case.num_kv_heads, case.head_dim, dtype=dt, device=device)
+        v_new = k_new.clone()
+    else:
+        k_new = torch.cat([inputs.k[r][req.prefix_len :] for r, req in enumerate(reqs)]).to(device)
+        v_new = torch.cat([inputs.v[r][req.prefix_len :] for r, req in enumerate(reqs)]).to(device)
     return Batch(
         case=case,
         device=device,
@@ -279,19 +287,19 @@ def build_batch(
         k_new=k_new,
         v_new=v_new,
         sinks=inputs.sinks.to(device) if inputs.sinks is not None else None,
-        seq_lens=meta["seq_lens"],
-        prefix_lens=meta["prefix_lens"],
-        extend_lens=meta["extend_lens"],
-        encoder_lens=meta["encoder_lens"],
-        qo_indptr=meta["qo_indptr"],
-        positions=meta["positions"],
-        req_to_token=req_to_token,
-        out_cache_loc=out_cache_loc,
-        tree_mask=tree_mask,
+        seq_lens=dev["seq_lens"],
+        prefix_lens=dev["prefix_lens"],
+        extend_lens=dev["extend_lens"],
+        encoder_lens=dev["encoder_lens"],
+        qo_indptr=dev["qo_indptr"],
+        positions=dev["positions"],
+        req_to_token=dev["req_to_token"],
+        out_cache_loc=dev["out_cache_loc"],
+        tree_mask=dev["tree_mask"].bool() if "tree_mask" in dev else None,
         pool=layer_pool,
-        full_to_swa=ints[-1] if full_to_swa is not None else None,
+        full_to_swa=dev.get("full_to_swa"),
         num_draft=case.num_draft,
-        seq_lens_before_bump=meta.get("seq_lens_before_bump"),
+        seq_lens_before_bump=dev.get("seq_lens_before_bump"),
         inputs=inputs,
         host=host,
     )

@@ -75,3 +75,41 @@ def test_inputs_drawn_on_the_gpu_replay_and_stay_on_it():
     a, b = make_inputs(c, "cuda"), make_inputs(c, "cuda")
     assert all(t.device.type == "cuda" for t in a.q + a.k + a.v)
     assert all(torch.equal(x, y) for x, y in zip(a.q + a.k + a.v, b.q + b.k + b.v))
+
+
+class _HostCopies(torch.utils._python_dispatch.TorchDispatchMode):
+    """Counts the copies from host memory to the GPU (each waits for the GPU's queue)."""
+
+    def __init__(self):
+        super().__init__()
+        self.n = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        srcs = [a for a in args if isinstance(a, torch.Tensor)]
+        if func in (torch.ops.aten._to_copy.default, torch.ops.aten.copy_.default) and isinstance(
+            out, torch.Tensor
+        ):
+            src = srcs[-1] if func is torch.ops.aten.copy_.default else srcs[0]
+            self.n += src.device.type == "cpu" and out.device.type == "cuda"
+        elif any(a.device.type == "cpu" and a.dim() > 0 for a in srcs) and isinstance(out, torch.Tensor):
+            self.n += out.device.type == "cuda" and any(a.device.type == "cuda" for a in srcs)
+        return out
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_building_a_batch_copies_from_the_host_once(family):
+    """Every integer a batch needs on the GPU (metadata, pool slots, canary slots, the tree mask)
+    goes in one copy: a pageable copy waits for the GPU, so each extra one costs a round trip."""
+
+    @settings(max_examples=6, derandomize=True, database=None, deadline=None)
+    @given(cases(family, family != "cross", ALL_CAPS, SMALL))
+    def check(c):
+        inputs = make_inputs(c, "cuda")
+        for wpl in (False, True):
+            with _HostCopies() as copies:
+                build_batch(c, inputs, "cuda", wpl)
+            assert copies.n == 1, (copies.n, c.to_dict())
+
+    check()
