@@ -61,12 +61,6 @@ def _extremes(d: torch.Tensor) -> list[torch.Tensor]:
     return list(torch.aminmax(d))
 
 
-def max_abs(d: torch.Tensor) -> float:
-    """max|d| from one min/max pass."""
-    lo, hi = (float(x) for x in _extremes(d))
-    return max(hi, -lo)
-
-
 def locate(flat_index: int, qo_indptr: list[int], heads: int, dim: int) -> tuple[int, int, int]:
     """Flat index into a [sum E, Hq, D] output -> (request, token within the request, head)."""
     token, rest = divmod(flat_index, heads * dim)

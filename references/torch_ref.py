@@ -213,10 +213,13 @@ def _padded(
     q = q.view(bsz, e, hkv, g, d).permute(0, 2, 3, 1, 4)  # [B, Hkv, G, E, D]
     k, v = k.permute(0, 2, 1, 3), v.permute(0, 2, 1, 3)  # [B, Hkv, T, D]
     lengths = [m.num_queries for m in masks]
+    converted: dict[torch.dtype, tuple[torch.Tensor, ...]] = {}  # exact and native share float32 on a GPU
     out = []
     for acc, round_to in precisions:
-        qh = q.to(acc, memory_format=torch.contiguous_format).view(bsz, hkv, g * e, d)
-        kh, vh = (x.to(acc, memory_format=torch.contiguous_format) for x in (k, v))
+        if acc not in converted:  # read only below: safe to share between precisions
+            qh = q.to(acc, memory_format=torch.contiguous_format).view(bsz, hkv, g * e, d)
+            converted[acc] = (qh, *(x.to(acc, memory_format=torch.contiguous_format) for x in (k, v)))
+        qh, kh, vh = converted[acc]
         sink = None if inputs.sinks is None else inputs.sinks.to(device, acc).reshape(1, hkv, g, 1)
         o, lse = _padded_softmax(qh, kh, vh, hidden, sink, scale, cap, round_to, g)
         out.append(

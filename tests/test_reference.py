@@ -142,6 +142,25 @@ def test_both_precisions_in_one_call_equal_two_calls(padded):
     check()
 
 
+def test_precisions_sharing_one_accumulation_dtype_share_inputs_without_changing_results():
+    """On a GPU exact and native both accumulate in float32 and share the converted inputs; neither
+    may write into them (native scales its own copy of q): together == apart, bit for bit."""
+    from references.masks import case_masks
+
+    @settings(max_examples=6, derandomize=True, database=None, deadline=None)
+    @given(cases("prefix", True, CAPS, SIZES["ci"]))
+    def check(c):
+        inputs = make_inputs(c)
+        kinds = [(torch.float32, None), (torch.float32, getattr(torch, c.dtype))]
+        args = (case_masks(c), inputs, c.scale, float(c.soft_cap))
+        together = torch_ref._padded(*args, kinds, torch.device("cpu"))
+        for (o, lse), kind in zip(together, kinds):
+            ((o1, lse1),) = torch_ref._padded(*args, [kind], torch.device("cpu"))
+            assert torch.equal(o, o1) and torch.equal(lse, lse1)
+
+    check()
+
+
 def test_padded_elements_counts_the_padded_score_tensor():
     from references.masks import case_masks
 
