@@ -7,8 +7,11 @@ leaving this forward's new K/V for the adapter to write, as engine glue does.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 
+import numpy as np
 import torch
 
 from harness import modes, pool
@@ -16,21 +19,57 @@ from harness.case import Case
 from harness.modes import Mode
 
 TORCH_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+HostInts = np.ndarray | torch.Tensor | list[int]  # what `upload_int32` takes
 
 
-@dataclass
+@dataclass(frozen=True)
 class Inputs:
     """The logical tensors of a case, in the case dtype, on the device they were drawn on. What the
     references read.
 
-    q[r]: [E, Hq, D]; k[r], v[r]: [T, Hkv, D] with T = P + E (encoder length in CROSS), keys in
-    position order (verify drafts in flattened order); sinks: [Hq] float32 logits, or None.
+    Stored packed, each request's rows after the previous request's: q_all [sum E, Hq, D] and kv_all
+    [2, sum T, Hkv, D] (K then V) with T = P + E (encoder length in CROSS), keys in position order
+    (verify drafts in flattened order); q[r], k[r], v[r] are request r's rows (views). sinks: [Hq]
+    float32 logits, or None. Packed, a GPU draws and lays out a batch in a few launches, not a few
+    per request.
     """
 
-    q: list[torch.Tensor]
-    k: list[torch.Tensor]
-    v: list[torch.Tensor]
+    q_all: torch.Tensor
+    kv_all: torch.Tensor
+    q_lens: tuple[int, ...]
+    kv_lens: tuple[int, ...]
     sinks: torch.Tensor | None
+
+    @classmethod
+    def from_requests(
+        cls,
+        q: Sequence[torch.Tensor],
+        k: Sequence[torch.Tensor],
+        v: Sequence[torch.Tensor],
+        sinks: torch.Tensor | None,
+    ) -> Inputs:
+        """Pack per-request tensors (q[r]: [E, Hq, D]; k[r], v[r]: [T, Hkv, D])."""
+        kv = torch.stack([torch.cat(list(k)), torch.cat(list(v))])
+        return cls(torch.cat(list(q)), kv, tuple(len(x) for x in q), tuple(len(x) for x in k), sinks)
+
+    def with_request(self, at: int, source: Inputs, r: int = 0) -> Inputs:
+        """These inputs with request `at` carrying `source`'s request `r` exactly, and `source`'s sinks:
+        a request's logical inputs placed in another batch."""
+        q, k, v = list(self.q), list(self.k), list(self.v)
+        q[at], k[at], v[at] = source.q[r], source.k[r], source.v[r]
+        return Inputs.from_requests(q, k, v, source.sinks)
+
+    @cached_property
+    def q(self) -> tuple[torch.Tensor, ...]:
+        return self.q_all.split(self.q_lens)
+
+    @cached_property
+    def k(self) -> tuple[torch.Tensor, ...]:
+        return self.kv_all[0].split(self.kv_lens)
+
+    @cached_property
+    def v(self) -> tuple[torch.Tensor, ...]:
+        return self.kv_all[1].split(self.kv_lens)
 
 
 def kv_len(case: Case, r: int) -> int:
@@ -41,7 +80,8 @@ def kv_len(case: Case, r: int) -> int:
 
 def make_inputs(case: Case, device: torch.device | str = "cpu") -> Inputs:
     """Seeded logical inputs: drawn in float32 on `device` from a torch.Generator seeded with the
-    case's seed, then rounded to the case dtype.
+    case's seed, then rounded to the case dtype: every query of the batch in one draw, then every key
+    and value in one, then the sinks.
 
     A case replays exactly on the same kind of device and torch version; the CPU and a GPU draw
     different values from one seed (both are valid draws of the case). Drawing on the GPU takes the
@@ -51,18 +91,16 @@ def make_inputs(case: Case, device: torch.device | str = "cpu") -> Inputs:
     gen = torch.Generator(device=device).manual_seed(case.seed)
     dt = TORCH_DTYPES[case.dtype]
     hq, hkv, d = case.num_q_heads, case.num_kv_heads, case.head_dim
+    q_lens = tuple(r.extend_len for r in case.requests)
+    kv_lens = tuple(kv_len(case, r) for r in range(case.batch_size))
 
     def randn(*shape: int) -> torch.Tensor:
         return torch.randn(*shape, generator=gen, device=device)
 
-    qs, ks, vs = [], [], []
-    for r, req in enumerate(case.requests):
-        t = kv_len(case, r)
-        qs.append((randn(req.extend_len, hq, d) * case.q_amplitude).to(dt))
-        ks.append(randn(t, hkv, d).to(dt))
-        vs.append(randn(t, hkv, d).to(dt))
+    q_all = (randn(sum(q_lens), hq, d) * case.q_amplitude).to(dt)
+    kv_all = randn(2, sum(kv_lens), hkv, d).to(dt)
     sinks = (randn(hq) * 2.0).float() if case.sinks else None
-    return Inputs(q=qs, k=ks, v=vs, sinks=sinks)
+    return Inputs(q_all, kv_all, q_lens, kv_lens, sinks)
 
 
 @dataclass
@@ -118,6 +156,11 @@ class Batch:
         if name in self.host:
             return list(self.host[name])
         return [int(x) for x in getattr(self, name).tolist()]
+
+    def host_tensor(self, name: str) -> torch.Tensor:
+        """A metadata vector as an int32 CPU tensor (what a planner takes on the host), from the host
+        copy: no read back from the device."""
+        return torch.tensor(self.cpu_list(name), dtype=torch.int32)
 
     def query_span(self, r: int) -> tuple[int, int]:
         """Request r's rows in `q` (and in `positions`), from qo_indptr's host copy."""
@@ -178,115 +221,106 @@ def build_batch(
     page_ids = pool.allocate_pages(
         pages_per, [s // ps for s in new_start], case.page_layout, first_id, full_total, gen
     )
-    slots = [pool.slot_table(page_ids[r], ps, rows[r]) for r in range(bsz)]  # int64, per request
+    # Every request's positions over its whole pages, in one [B, max pages * page size] table: slot of
+    # each position, and the row of its key in the packed inputs. A selection of positions (a range
+    # per request) read row-major comes out in request order, then position order. Host integers are
+    # numpy arrays: a torch operation on the CPU costs several microseconds of dispatch, numpy's one.
+    grid = pool.slot_grid(page_ids, ps)
+    at = np.arange(grid.shape[1])
+    kv_rows = np.array(_offsets(inputs.kv_lens)[:-1])[:, None] + at
+
+    def span(lo: list[int], hi: list[int]) -> np.ndarray:
+        """[B, positions] bool: lo[r] <= position < hi[r]."""
+        return (at >= np.array(lo)[:, None]) & (at < np.array(hi)[:, None])
 
     max_row = max(rows)
-    req_to_token = torch.zeros(bsz, max_row, dtype=torch.int32)
-    for r in range(bsz):
-        req_to_token[r, : rows[r]] = slots[r]
+    req_to_token = grid[:, :max_row] * span([0] * bsz, rows)[:, :max_row]  # padding: slot 0
 
     full_to_swa = None
     storage_pages = full_total
     if swa_plan is not None:
-        full_to_swa = torch.zeros(full_total * ps, dtype=torch.int32)
+        full_to_swa = np.zeros(full_total * ps, dtype=np.int64)
         kept = [(page_ids[r][i], swa) for r in range(bsz) for i, swa in swa_plan.swa_pages[r].items()]
         if kept:  # every slot of a kept full page maps to the same offset in its SWA page
-            full_page, swa_page = torch.tensor(kept, dtype=torch.int64).T
-            offset = torch.arange(ps)
-            dst = (swa_page[:, None] * ps + offset).flatten().to(torch.int32)
-            full_to_swa[(full_page[:, None] * ps + offset).flatten()] = dst
+            full_page, swa_page = np.array(kept, dtype=np.int64).T
+            offset = np.arange(ps)
+            dst = (swa_page[:, None] * ps + offset).ravel()
+            full_to_swa[(full_page[:, None] * ps + offset).ravel()] = dst
         storage_pages = swa_plan.num_owned + 1 if case.swa_pool_exact else full_total
 
-    def layer_slots(full: torch.Tensor) -> torch.Tensor:
-        return pool.translate_slots(full, full_to_swa).long() if full_to_swa is not None else full
+    def layer_slots(full: np.ndarray) -> np.ndarray:
+        """Full-pool slots -> this layer's pool (pool.translate_slots, on the host)."""
+        return full_to_swa[full] if full_to_swa is not None else full
 
-    # Cached K/V (prefix, or the encoder's output in CROSS) is already in the pool; the slots are
-    # gathered here so that the pool is written in one indexed copy, not one per request.
-    cached: list[tuple[torch.Tensor, int, int, int]] = []  # (slots, request, lo, hi)
-    canary: list[torch.Tensor] = []
-    for r, req in enumerate(reqs):
-        if cross:
-            lo, hi = 0, req.encoder_len
-        else:
-            lo = _first_kept_position(case, r) // ps * ps if full_to_swa is not None else 0
-            hi = req.prefix_len
-        if hi > lo:
-            cached.append((slots[r][lo:hi], r, lo, hi))
-        if whole_page_loads:
-            kv_end = req.encoder_len if cross else rows[r]
-            last_page_end = -(-kv_end // ps) * ps
-            canary.append(pool.slot_table(page_ids[r], ps, last_page_end)[kv_end:])
-    if whole_page_loads:
-        canary.append(torch.arange(ps))  # the reserved page (slots 0 .. page_size-1), untranslated
-
-    cached_slots = layer_slots(torch.cat([c[0] for c in cached])) if cached else None
+    # Cached K/V (prefix, or the encoder's output in CROSS) is already in the pool: its slots and its
+    # rows in the inputs, so that the pool is written in one indexed copy.
+    if cross:
+        cached = span([0] * bsz, [r.encoder_len for r in reqs])
+    else:
+        hybrid = full_to_swa is not None  # a hybrid pool holds only the pages inside the window
+        kept_from = [_first_kept_position(case, r) // ps * ps if hybrid else 0 for r in range(bsz)]
+        cached = span(kept_from, [r.prefix_len for r in reqs])
+    new = span(new_start, [s + r.extend_len for s, r in zip(new_start, reqs)])
     canary_slots = None
-    if whole_page_loads:
-        tails = torch.cat(canary[:-1]) if len(canary) > 1 else torch.zeros(0, dtype=torch.int64)
-        canary_slots = torch.cat([layer_slots(tails), canary[-1]])
+    if whole_page_loads:  # the tail rows of each request's last KV page, then the reserved page
+        kv_end = [r.encoder_len if cross else n for r, n in zip(reqs, rows)]
+        tails = grid[span(kv_end, [-(-n // ps) * ps for n in kv_end])]
+        canary_slots = np.concatenate([layer_slots(tails), np.arange(ps)])  # the reserved page untranslated
 
     seq_lens = [modes.seq_len(case.mode, r.prefix_len, r.extend_len) for r in reqs]
     extend = [r.extend_len for r in reqs]
-    qo_indptr = [0]
-    for e in extend:
-        qo_indptr.append(qo_indptr[-1] + e)
     positions = []
     for req in reqs:
         positions += modes.query_positions(case.mode, req.prefix_len, req.extend_len, req.tree)
-    out_cache_loc = torch.cat(
-        [slots[r][new_start[r] : new_start[r] + req.extend_len] for r, req in enumerate(reqs)]
-    )
     host = dict(
         seq_lens=seq_lens,
         prefix_lens=[r.prefix_len for r in reqs],
         extend_lens=extend,
         encoder_lens=[r.encoder_len for r in reqs],
-        qo_indptr=qo_indptr,
+        qo_indptr=_offsets(extend),
         positions=positions,
     )
     if case.mode == Mode.DRAFT_EXTEND_V2:
         host["seq_lens_before_bump"] = host["prefix_lens"]
-    # Every integer the device needs (metadata, the slots the pool is written at, the tree mask) in
-    # one copy, made before the batch's first launch: a copy from pageable memory waits for the queue.
-    ints: dict[str, torch.Tensor | list[int] | None] = {
+    # Every integer the device needs (metadata, where the pool is written from and to, the tree mask)
+    # in one copy, made before the batch's first launch: a copy from pageable memory waits for the queue.
+    ints: dict[str, HostInts | None] = {
         **host,
         "req_to_token": req_to_token,
-        "out_cache_loc": out_cache_loc,
+        "out_cache_loc": grid[new],
         "full_to_swa": full_to_swa,
-        "cached_slots": cached_slots,
+        "cached_slots": layer_slots(grid[cached]),
+        "cached_rows": kv_rows[cached],
+        "new_rows": None if cross else kv_rows[new],
         "canary_slots": canary_slots,
     }
     if case.mode == Mode.TARGET_VERIFY:
-        ints["tree_mask"] = torch.tensor([modes.tree_ancestry(r.tree) for r in reqs], dtype=torch.int32)
+        ints["tree_mask"] = np.array([modes.tree_ancestry(r.tree) for r in reqs], dtype=np.int32)
     sent = [name for name, x in ints.items() if x is not None]
     dev = dict(zip(sent, upload_int32(device, [ints[name] for name in sent])))
 
     layer_pool = pool.empty_pool(
         storage_pages, ps, case.num_kv_heads, case.head_dim, dt, case.kv_layout, device
     )
-    if cached:
-        layer_pool.write(
-            dev["cached_slots"],
-            torch.cat([inputs.k[r][lo:hi] for _, r, lo, hi in cached]).to(device),
-            torch.cat([inputs.v[r][lo:hi] for _, r, lo, hi in cached]).to(device),
-        )
+    kv_all = inputs.kv_all.to(device)
+    if len(ints["cached_slots"]):
+        cached_kv = kv_all[:, dev["cached_rows"]]
+        layer_pool.write(dev["cached_slots"], cached_kv[0], cached_kv[1])
     if whole_page_loads:
         layer_pool.fill_slots(dev["canary_slots"], pool.CANARY)
 
-    q = torch.cat(inputs.q).to(device)
     if cross:
         k_new = torch.empty(0, case.num_kv_heads, case.head_dim, dtype=dt, device=device)
         v_new = k_new.clone()
     else:
-        k_new = torch.cat([inputs.k[r][req.prefix_len :] for r, req in enumerate(reqs)]).to(device)
-        v_new = torch.cat([inputs.v[r][req.prefix_len :] for r, req in enumerate(reqs)]).to(device)
+        k_new, v_new = kv_all[:, dev["new_rows"]].unbind()
     return Batch(
         case=case,
         device=device,
-        q=q,
+        q=inputs.q_all.to(device, copy=True),  # the adapter's own: the references read the inputs
         k_new=k_new,
         v_new=v_new,
-        sinks=inputs.sinks.to(device) if inputs.sinks is not None else None,
+        sinks=inputs.sinks.to(device, copy=True) if inputs.sinks is not None else None,
         seq_lens=dev["seq_lens"],
         prefix_lens=dev["prefix_lens"],
         extend_lens=dev["extend_lens"],
@@ -305,34 +339,28 @@ def build_batch(
     )
 
 
+def _offsets(lengths: Sequence[int]) -> list[int]:
+    """[0, l0, l0 + l1, ...]: where each of consecutive runs of these lengths starts, and the total."""
+    out = [0]
+    for n in lengths:
+        out.append(out[-1] + n)
+    return out
+
+
 UPLOAD_ALIGN = 16  # int32 elements: every tensor of an upload starts 64-byte aligned, as kernels expect
 
 
-def upload_int32(device: torch.device, parts: list[torch.Tensor | list[int]]) -> list[torch.Tensor]:
-    """int32 host data (tensors, or lists of ints for 1-D vectors) on `device` through one copy (on a
-    GPU each separate copy waits for the host), returned as contiguous views of their own shapes, each
-    starting UPLOAD_ALIGN-aligned (one code path on every device). Lists are joined in Python, so a
-    vector costs no tensor operation of its own before the copy."""
-    chunks: list[torch.Tensor] = []
-    ints: list[int] = []  # consecutive list parts, joined before they become one tensor
-    sizes, shapes = [], []
-    for p in parts:
-        n = p.numel() if isinstance(p, torch.Tensor) else len(p)
-        size = -(-n // UPLOAD_ALIGN) * UPLOAD_ALIGN
-        sizes.append(size)
-        if isinstance(p, torch.Tensor):
-            shapes.append(tuple(p.shape))
-            if ints:
-                chunks.append(torch.tensor(ints, dtype=torch.int32))
-                ints = []
-            chunks += [p.reshape(-1).to(torch.int32), torch.zeros(size - n, dtype=torch.int32)]
-        else:
-            shapes.append(None)
-            ints += [*p, *([0] * (size - n))]
-    if ints:
-        chunks.append(torch.tensor(ints, dtype=torch.int32))
-    dev = torch.cat(chunks).to(device).split(sizes)
-    return [
-        d[: len(p)] if shape is None else d[: p.numel()].view(shape)
-        for d, p, shape in zip(dev, parts, shapes)
-    ]
+def upload_int32(device: torch.device, parts: list[HostInts]) -> list[torch.Tensor]:
+    """Host integers (arrays, tensors, or lists of ints for 1-D vectors) on `device` as int32, through
+    one copy (on a GPU each separate copy waits for the host), returned as contiguous views of their
+    own shapes, each starting UPLOAD_ALIGN-aligned (one code path on every device). They are packed
+    into one numpy buffer first: no torch operation per part."""
+    arrays = [p.numpy() if isinstance(p, torch.Tensor) else np.asarray(p, dtype=np.int32) for p in parts]
+    sizes = [-(-a.size // UPLOAD_ALIGN) * UPLOAD_ALIGN for a in arrays]
+    buf = np.zeros(sum(sizes), dtype=np.int32)
+    at = 0
+    for a, size in zip(arrays, sizes):
+        buf[at : at + a.size] = a.ravel()
+        at += size
+    dev = torch.from_numpy(buf).to(device).split(sizes)
+    return [d[: a.size].view(a.shape) for d, a in zip(dev, arrays)]

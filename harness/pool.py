@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 POISON = float("nan")
@@ -37,33 +38,37 @@ class PagedPool:
     def num_slots(self) -> int:
         return self.num_pages * self.page_size
 
-    def _index(self, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        slots = slots.to(device=self.k.device, dtype=torch.long)
-        return slots // self.page_size, slots % self.page_size
+    def _at(self, slots: torch.Tensor) -> tuple:
+        """Index of the slots into `k` and `v`: NHD slots index the [num_slots, heads, dim] view of the
+        buffer directly (int32 or int64, no arithmetic); HND needs (page, :, offset)."""
+        slots = slots.to(self.k.device)
+        if self.kv_layout == "NHD":
+            return (slots,)
+        slots = slots.long()
+        return slots // self.page_size, slice(None), slots % self.page_size
+
+    def _buffers(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """k and v as indexed by `_at`."""
+        if self.kv_layout == "NHD":
+            return self.k.view(-1, *self.k.shape[2:]), self.v.view(-1, *self.v.shape[2:])
+        return self.k, self.v
 
     def read(self, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """K and V of the given slots as [n, heads, dim] (an out-of-range slot raises, as on a GPU)."""
-        page, off = self._index(slots)
-        if self.kv_layout == "NHD":
-            return self.k[page, off], self.v[page, off]
-        return self.k[page, :, off], self.v[page, :, off]
+        at = self._at(slots)
+        k, v = self._buffers()
+        return k[at], v[at]
 
     def write(self, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-        page, off = self._index(slots)
-        if self.kv_layout == "NHD":
-            self.k[page, off] = k.to(self.k.dtype)
-            self.v[page, off] = v.to(self.v.dtype)
-        else:
-            self.k[page, :, off] = k.to(self.k.dtype)
-            self.v[page, :, off] = v.to(self.v.dtype)
+        at = self._at(slots)
+        kb, vb = self._buffers()
+        kb[at] = k.to(kb.dtype)
+        vb[at] = v.to(vb.dtype)
 
     def fill_slots(self, slots: torch.Tensor, value: float) -> None:
-        page, off = self._index(slots)
-        for buf in (self.k, self.v):
-            if self.kv_layout == "NHD":
-                buf[page, off] = value
-            else:
-                buf[page, :, off] = value
+        at = self._at(slots)
+        for buf in self._buffers():
+            buf[at] = value
 
 
 def empty_pool(
@@ -140,18 +145,17 @@ def spare_pages(owned: int) -> int:
     return max(2, owned // 4)
 
 
-def slot_table(pages: list[int], page_size: int, length: int) -> torch.Tensor:
-    """Slots of positions 0..length-1 for a request whose pages are `pages`, as an int64 tensor
-    (page * page_size + offset, built page-wise: no Python loop over tokens)."""
-    if not length:
-        return torch.zeros(0, dtype=torch.int64)
-    used = torch.tensor(pages[: -(-length // page_size)], dtype=torch.int64)
-    return (used[:, None] * page_size + torch.arange(page_size)).flatten()[:length]
+def slot_grid(page_ids: list[list[int]], page_size: int) -> np.ndarray:
+    """[B, max pages * page_size] int64 (host): the slot of every position of each request's pages
+    (page * page_size + offset; positions past a request's pages read page 0's slots)."""
+    width = max(len(ids) for ids in page_ids)
+    ids = np.array([ids + [RESERVED_PAGE] * (width - len(ids)) for ids in page_ids], dtype=np.int64)
+    return (ids[:, :, None] * page_size + np.arange(page_size)).reshape(len(page_ids), width * page_size)
 
 
 def page_slots(pages: list[int], page_size: int, length: int) -> list[int]:
     """Slots of positions 0..length-1 for a request whose pages are `pages`."""
-    return slot_table(pages, page_size, length).tolist()
+    return slot_grid([pages], page_size)[0, :length].tolist()
 
 
 def page_table_from_req_to_token(req_to_token: torch.Tensor, page_size: int) -> torch.Tensor:

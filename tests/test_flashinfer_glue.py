@@ -57,7 +57,7 @@ def test_page_table_addresses_exactly_the_requests_keys(fi):
 
 
 def test_an_empty_range_reads_zero_keys_in_both_of_flashinfers_length_formulas():
-    table = paged_kv_table([[3], [], [5, 6]], [4, 0, 17], 16)
+    table = paged_kv_table(torch.tensor([3, 5, 6]), [1, 0, 2], [4, 0, 17], 16)
     assert table.indptr.tolist() == [0, 1, 1, 3] and table.last_page_len.tolist() == [4, 16, 1]
     pages = (table.indptr[1:] - table.indptr[:-1]).tolist()
     last = table.last_page_len.tolist()
@@ -65,7 +65,9 @@ def test_an_empty_range_reads_zero_keys_in_both_of_flashinfers_length_formulas()
     mask_rows = [(n - 1) * 16 + last[i] for i, n in enumerate(pages)]  # _compute_page_mask_indptr
     assert kernel == mask_rows == table.kv_lens.tolist() == [4, 0, 17]
     with pytest.raises(ValueError, match="cannot hold"):
-        paged_kv_table([[3]], [17], 16)
+        paged_kv_table(torch.tensor([3]), [1], [17], 16)
+    with pytest.raises(ValueError, match="2 page ids for 1 pages"):
+        paged_kv_table(torch.tensor([3, 4]), [1], [16], 16)
 
 
 def test_prefix_pass_reads_from_the_first_querys_window_and_masks_by_global_position(fi):

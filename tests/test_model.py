@@ -79,7 +79,7 @@ def test_a_backend_on_the_engines_batch_matches_the_reference():
     shape = dict(num_q_heads=4, num_kv_heads=2, head_dim=8, dtype="float32", page_size=16)
     case = Case(mode="EXTEND", requests=step.requests, window_left=2, **shape)
     out = load("torch_native").run(c.batch(step, case, 0, q, k, v, None)).out
-    ref = reference(case, Inputs([q], [k], [v], None)).out
+    ref = reference(case, Inputs.from_requests([q], [k], [v], None)).out
     assert torch.allclose(out.double(), ref, atol=1e-5)
 
 

@@ -6,6 +6,7 @@ import math
 import torch
 
 from harness.backends.torch_split import DETERMINISTIC_SPLIT, Partial, TorchSplit, merge_base2, merge_states
+from harness.batch import build_batch, make_inputs
 from harness.checks.invariance import target_slice
 from tests.helpers import batch_of, case
 
@@ -44,8 +45,10 @@ def test_natural_lse_converts_base_2():
     )
 
 
-def _target(backend, c):
-    return target_slice(backend.run(batch_of(c)).out, c, 0)
+def _target(backend, c, alone):
+    """Request 0's output in the batch of case c, request 0 carrying the inputs of case `alone`."""
+    inputs = make_inputs(c).with_request(0, make_inputs(alone))
+    return target_slice(backend.run(build_batch(c, inputs)).out, c, 0)
 
 
 def test_split_size_follows_the_batch_unless_deterministic():
@@ -64,6 +67,6 @@ def test_the_split_shows_in_the_output_bits():
     b = TorchSplit()
     alone = case("DECODE", ((300, 1),), seed=3)
     crowd = alone.replace(requests=alone.requests * 16)
-    assert not torch.equal(_target(b, alone), _target(b, crowd))
+    assert not torch.equal(_target(b, alone, alone), _target(b, crowd, alone))
     det = alone.replace(deterministic=True)
-    assert torch.equal(_target(b, det), _target(b, det.replace(requests=det.requests * 16)))
+    assert torch.equal(_target(b, det, det), _target(b, det.replace(requests=det.requests * 16), det))

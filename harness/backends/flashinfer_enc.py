@@ -40,7 +40,7 @@ class FlashInferEnc(FlashInferGlue):
                 self.plan_decode(wrapper, batch, table, options, 1)
             else:
                 wrapper = self.wrapper("paged", batch)
-                self.plan_paged(wrapper, batch, batch.qo_indptr.cpu(), table, False, options)
+                self.plan_paged(wrapper, batch, batch.host_tensor("qo_indptr"), table, False, options)
         out, lse = wrapper.run(batch.q, self.kv_cache(batch), return_lse=True)
         return BackendOutput(out=out, lse=self.natural_lse(lse))
 

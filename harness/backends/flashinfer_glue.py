@@ -89,7 +89,8 @@ def capabilities(modes_: set[Mode], **features: Any) -> Capabilities:
 
 @dataclass(frozen=True)
 class PageTable:
-    """One key range per request in FlashInfer's paged form (host int32 tensors).
+    """One key range per request in FlashInfer's paged form (int32; `indices` where the pool is, the
+    rest on the host, where plan reads them).
 
     A request's keys start on a page boundary. An empty range has no pages and
     `last_page_len = page_size`: FlashInfer's kernel reads a request without pages as 0 keys, and
@@ -103,19 +104,21 @@ class PageTable:
     kv_lens: torch.Tensor
 
 
-def paged_kv_table(page_ids: list[list[int]], lengths: list[int], page_size: int) -> PageTable:
-    """Assemble the table from each request's page ids and key count."""
+def paged_kv_table(indices: torch.Tensor, pages: list[int], lengths: list[int], page_size: int) -> PageTable:
+    """Assemble the table from every request's page ids, concatenated (`indices`), and each request's
+    page count and key count."""
     indptr = [0]
     last = []
-    for ids, n in zip(page_ids, lengths):
-        if len(ids) != -(-n // page_size):
-            raise ValueError(f"{len(ids)} pages cannot hold exactly {n} keys of page size {page_size}")
-        indptr.append(indptr[-1] + len(ids))
-        last.append(n - (len(ids) - 1) * page_size if n else page_size)
-    flat = [p for ids in page_ids for p in ids]
+    for n_pages, n in zip(pages, lengths):
+        if n_pages != -(-n // page_size):
+            raise ValueError(f"{n_pages} pages cannot hold exactly {n} keys of page size {page_size}")
+        indptr.append(indptr[-1] + n_pages)
+        last.append(n - (n_pages - 1) * page_size if n else page_size)
+    if indices.numel() != indptr[-1]:
+        raise ValueError(f"{indices.numel()} page ids for {indptr[-1]} pages")
     return PageTable(
         indptr=torch.tensor(indptr, dtype=torch.int32),
-        indices=torch.tensor(flat, dtype=torch.int32),
+        indices=indices.to(torch.int32),
         last_page_len=torch.tensor(last, dtype=torch.int32),
         kv_lens=torch.tensor(lengths, dtype=torch.int32),
     )
@@ -190,15 +193,12 @@ class FlashInferGlue(Backend):
         return translate_slots(slots, batch.full_to_swa)
 
     def page_table(self, batch: Batch, ranges: list[tuple[int, int]]) -> PageTable:
-        """Page ids of this layer's pool for each range: the translated slot of each page's first key."""
+        """Page ids of this layer's pool for each range: the translated slot of each page's first key,
+        computed where the slots are (an engine builds kv_indices on the device; nothing is read back)."""
         ps = batch.case.page_size
         firsts = [self.kv_slots(batch, r, lo, hi)[::ps] for r, (lo, hi) in enumerate(ranges)]
-        flat = self.layer_slots(batch, torch.cat(firsts)).tolist()  # one read back, not one per request
-        ids, at = [], 0
-        for f in firsts:
-            ids.append([s // ps for s in flat[at : at + f.numel()]])
-            at += f.numel()
-        return paged_kv_table(ids, [hi - lo for lo, hi in ranges], ps)
+        pages = self.layer_slots(batch, torch.cat(firsts)) // ps
+        return paged_kv_table(pages, [f.numel() for f in firsts], [hi - lo for lo, hi in ranges], ps)
 
     def kv_cache(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
         """The layer's pool as FlashInfer takes it: (k, v) in the case's NHD or HND page layout."""

@@ -81,7 +81,7 @@ class FlashInferPaged(FlashInferGlue):
             mask = self.verify_mask(batch, ranges) if batch.mode == Mode.TARGET_VERIFY else None
             wrapper = self.wrapper("sink" if sinks else "paged", batch)
             options = self.kernel_options(batch, self.paged_window(batch))
-            self.plan_paged(wrapper, batch, batch.qo_indptr.cpu(), table, True, options, mask)
+            self.plan_paged(wrapper, batch, batch.host_tensor("qo_indptr"), table, True, options, mask)
         extra = (batch.sinks,) if sinks else ()  # the sink variant takes them as its extra tensor
         out, lse = wrapper.run(batch.q, self.kv_cache(batch), *extra, return_lse=True)
         return BackendOutput(out=out, lse=self.natural_lse(lse))

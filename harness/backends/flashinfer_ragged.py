@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 
 from harness.backends.base import BackendOutput
@@ -75,12 +76,11 @@ class FlashInferRagged(FlashInferGlue):
         if w < 0:
             return PrefixPass([(0, p) for p in prefix], -1, None)
         ranges = [(self.kv_start(batch, r), p) for r, p in enumerate(prefix)]
-        rows = []
+        rows = []  # on the host, from the host positions, then one copy (not one per request)
         for r, (lo, p) in enumerate(ranges):
-            qpos = torch.tensor(self.query_positions(batch, r), device=batch.device)
-            kpos = torch.arange(lo, p, device=batch.device)
-            rows.append((kpos[None, :] >= qpos[:, None] - w).flatten())
-        return PrefixPass(ranges, -1, torch.cat(rows))
+            qpos = np.array(self.query_positions(batch, r))
+            rows.append((np.arange(lo, p)[None, :] >= qpos[:, None] - w).ravel())
+        return PrefixPass(ranges, -1, torch.from_numpy(np.concatenate(rows)).to(batch.device))
 
     def merge(
         self, o_a: torch.Tensor, s_a: torch.Tensor, o_b: torch.Tensor, s_b: torch.Tensor
@@ -90,7 +90,7 @@ class FlashInferRagged(FlashInferGlue):
 
     def run(self, batch: Batch) -> BackendOutput:
         with phase("plan"):
-            qo = batch.qo_indptr.cpu()
+            qo = batch.host_tensor("qo_indptr")
             ragged = self.wrapper("ragged", batch)
             self.plan_ragged(ragged, batch, qo, self.kernel_options(batch, self.ragged_window(batch)))
         out, lse = ragged.run(batch.q, batch.k_new, batch.v_new, return_lse=True)

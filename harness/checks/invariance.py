@@ -77,10 +77,7 @@ def compositions(case: Case, long_kv: int = 4096, long_q: int = 512) -> list[tup
 def _splice(case: Case, base: Inputs, reqs: list[Request], at: int, device: str) -> tuple[Case, Inputs]:
     """A Case of `reqs` whose request `at` carries the target's exact logical inputs."""
     comp = case.replace(requests=tuple(reqs), seed=(case.seed * 7919 + len(reqs) * 31 + at) % 2**31)
-    inputs = make_inputs(comp, device)
-    inputs.q[at], inputs.k[at], inputs.v[at] = base.q[0], base.k[0], base.v[0]
-    inputs.sinks = base.sinks
-    return comp, inputs
+    return comp, make_inputs(comp, device).with_request(at, base)
 
 
 def target_slice(out: torch.Tensor, case: Case, at: int) -> torch.Tensor:

@@ -132,7 +132,7 @@ def attention_probabilities(backend: Backend, case: Case, device: str) -> tuple[
     runs = -(-max(lens) // d)
     probs = [torch.zeros(req.extend_len, case.num_q_heads, t) for req, t in zip(case.requests, lens)]
     for c in range(runs):
-        inputs = Inputs(q=zero_q, k=base.k, v=one_hot_values(case, c), sinks=base.sinks)
+        inputs = Inputs.from_requests(zero_q, base.k, one_hot_values(case, c), base.sinks)
         batch = build_batch(case, inputs, device, backend.capabilities.whole_page_loads)
         out = backend.run(batch).out.detach().float().cpu()
         q0 = 0
