@@ -54,16 +54,6 @@ def test_worst_location_and_fraction_over_budget():
     assert "request 1, token 2 (position 2), head 3" in v.reason
 
 
-def test_nan_fails_and_says_poison_was_read():
-    c = case("EXTEND", ((4, 5),))
-    ex, na = refs(c)
-    out = ex.out.clone()
-    out[3, 1, 0] = float("nan")
-    v = compare(c, out, ex.out, na.out)
-    assert not v.passed and v.nonfinite == 1 and v.worst == (0, 3, 1)
-    assert "poisoned (unowned) pool memory was read" in v.reason
-
-
 def test_shape_mismatch_fails():
     c = case("EXTEND", ((4, 5),))
     ex, na = refs(c)
@@ -112,3 +102,36 @@ def test_a_multiple_of_the_worst_error_is_found_at_its_first_place():
     out[4, 0, 0] += 1.0
     v = compare(c, out, ex.out, na.out)
     assert not v.passed and v.worst == (0, 3, 1)
+
+
+@pytest.mark.parametrize("bad", [float("inf"), -float("inf"), float("nan")])
+def test_any_non_finite_output_is_a_poison_verdict_with_its_place(bad):
+    """Non-finite outputs are found through the error itself (the reference is finite): +Inf, -Inf
+    and NaN alike, counted and located."""
+    c = case("EXTEND", ((4, 5), (2, 3)))
+    ex, na = refs(c)
+    out = ex.out.clone()
+    out[6, 2, 7] = bad
+    out[7, 0, 0] = bad
+    v = compare(c, out, ex.out, na.out)
+    assert not v.passed and v.nonfinite == 2 and v.worst == (1, 1, 2)
+    assert "2 NaN/Inf values" in v.reason and "poisoned (unowned) pool memory was read" in v.reason
+
+
+def test_a_non_finite_reference_fails_and_blames_the_reference():
+    c = case("EXTEND", ((4, 5),))
+    ex, na = refs(c)
+    ref = ex.out.clone()
+    ref[1, 0, 0] = float("nan")
+    v = compare(c, ex.out, ref, na.out)
+    assert not v.passed and v.nonfinite == 0 and "reference is not finite" in v.reason
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+def test_a_non_finite_lse_where_keys_are_visible_fails(bad):
+    c = case("EXTEND", ((4, 5),))
+    ex, na = refs(c)
+    lse = ex.lse.float().clone()
+    lse[3, 1] = bad
+    v = compare(c, ex.out, ex.out, na.out, lse, ex.lse, na.lse)
+    assert not v.passed and "LSE has NaN/Inf where keys are visible" in v.reason

@@ -1,5 +1,6 @@
 """Each mode's engine metadata, exactly as DESIGN.md defines it."""
 
+import numpy as np
 import torch
 
 from harness import modes
@@ -113,9 +114,51 @@ def test_one_upload_keeps_each_tensor_and_aligns_it():
         torch.zeros(0, dtype=torch.int32),
         torch.ones(3, 7, dtype=torch.int64),
         [9],
+        np.arange(6, dtype=np.int64).reshape(2, 3) - 2,
     ]
     out = upload_int32(torch.device("cpu"), parts)
-    expect = [p if isinstance(p, torch.Tensor) else torch.tensor(p, dtype=torch.int32) for p in parts]
+    expect = [
+        p if isinstance(p, torch.Tensor) else torch.as_tensor(np.asarray(p), dtype=torch.int32) for p in parts
+    ]
     assert [o.shape for o in out] == [e.shape for e in expect]
     assert all(torch.equal(o, e.to(torch.int32)) and o.dtype == torch.int32 for o, e in zip(out, expect))
     assert all(o.is_contiguous() and o.storage_offset() % UPLOAD_ALIGN == 0 for o in out)
+
+
+def test_packed_inputs_give_each_request_its_own_rows():
+    from harness.batch import Inputs, make_inputs
+
+    c = case("EXTEND", ((3, 2), (0, 4), (5, 1)), seed=7)
+    inputs = make_inputs(c)
+    assert inputs.q_lens == (2, 4, 1) and inputs.kv_lens == (5, 4, 6)
+    assert [len(q) for q in inputs.q] == [2, 4, 1] and [len(k) for k in inputs.k] == [5, 4, 6]
+    assert torch.equal(torch.cat(inputs.q), inputs.q_all)
+    assert torch.equal(torch.cat(inputs.k), inputs.kv_all[0])
+    assert torch.equal(torch.cat(inputs.v), inputs.kv_all[1])
+    again = Inputs.from_requests(inputs.q, inputs.k, inputs.v, inputs.sinks)
+    assert torch.equal(again.q_all, inputs.q_all) and torch.equal(again.kv_all, inputs.kv_all)
+    assert torch.equal(make_inputs(c).kv_all, inputs.kv_all)  # a case replays
+
+
+def test_a_request_placed_in_another_batch_carries_exactly_its_inputs():
+    from harness.batch import make_inputs
+
+    alone = case("EXTEND", ((3, 2),), seed=1, sinks=True)
+    crowd = case("EXTEND", ((4, 4), (1, 3), (3, 2)), seed=2)
+    placed = make_inputs(crowd).with_request(2, make_inputs(alone))
+    base, drawn = make_inputs(alone), make_inputs(crowd)
+    for name in ("q", "k", "v"):
+        xs, src, other = (getattr(x, name) for x in (placed, base, drawn))
+        assert torch.equal(xs[2], src[0]) and all(torch.equal(xs[r], other[r]) for r in (0, 1))
+    assert torch.equal(placed.sinks, base.sinks)
+
+
+def test_the_adapters_tensors_are_not_the_references_inputs():
+    """An adapter that writes into q, k_new or v_new in place must not change what the references
+    read (the batch's tensors are copies; the inputs are packed and could otherwise be shared)."""
+    b = batch_of(case("EXTEND", ((3, 2), (1, 3)), sinks=True))
+    before = (b.inputs.q_all.clone(), b.inputs.kv_all.clone(), b.inputs.sinks.clone())
+    for t in (b.q, b.k_new, b.v_new, b.sinks):
+        t.mul_(2.0)
+    after = (b.inputs.q_all, b.inputs.kv_all, b.inputs.sinks)
+    assert all(torch.equal(x, y) for x, y in zip(before, after))
