@@ -227,7 +227,7 @@ def build_batch(
     # numpy arrays: a torch operation on the CPU costs several microseconds of dispatch, numpy's one.
     grid = pool.slot_grid(page_ids, ps)
     at = np.arange(grid.shape[1])
-    kv_rows = np.array(_offsets(inputs.kv_lens)[:-1])[:, None] + at
+    kv_rows = np.array(modes.offsets(inputs.kv_lens)[:-1])[:, None] + at
 
     def span(lo: list[int], hi: list[int]) -> np.ndarray:
         """[B, positions] bool: lo[r] <= position < hi[r]."""
@@ -277,7 +277,7 @@ def build_batch(
         prefix_lens=[r.prefix_len for r in reqs],
         extend_lens=extend,
         encoder_lens=[r.encoder_len for r in reqs],
-        qo_indptr=_offsets(extend),
+        qo_indptr=modes.offsets(extend),
         positions=positions,
     )
     if case.mode == Mode.DRAFT_EXTEND_V2:
@@ -337,14 +337,6 @@ def build_batch(
         inputs=inputs,
         host=host,
     )
-
-
-def _offsets(lengths: Sequence[int]) -> list[int]:
-    """[0, l0, l0 + l1, ...]: where each of consecutive runs of these lengths starts, and the total."""
-    out = [0]
-    for n in lengths:
-        out.append(out[-1] + n)
-    return out
 
 
 UPLOAD_ALIGN = 16  # int32 elements: every tensor of an upload starts 64-byte aligned, as kernels expect

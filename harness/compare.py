@@ -83,9 +83,7 @@ def compare(
     lse_native: torch.Tensor | None = None,
 ) -> Verdict:
     """Judge one backend output against the exact reference with the case's budget."""
-    qo = [0]
-    for r in case.requests:
-        qo.append(qo[-1] + r.extend_len)
+    qo = modes.offsets([r.extend_len for r in case.requests])
     heads, dim = case.num_q_heads, case.head_dim
     if tuple(out.shape) != tuple(ref_exact.shape):
         return Verdict(

@@ -136,9 +136,7 @@ class PagedKVCache:
         req_to_token = torch.zeros(len(works), max(len(r) for r in rows), dtype=torch.int32)
         for i, r in enumerate(rows):
             req_to_token[i, : len(r)] = torch.tensor(r, dtype=torch.int32)
-        qo = [0]
-        for r in reqs:
-            qo.append(qo[-1] + r.extend_len)
+        qo = modes.offsets([r.extend_len for r in reqs])
         num_draft = reqs[0].extend_len if mode in (Mode.DRAFT_EXTEND_V2, Mode.TARGET_VERIFY) else 0
 
         def i32(x: list[int]) -> torch.Tensor:

@@ -7,6 +7,7 @@ engine glue does; the references never read them (they work from the Case alone)
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from enum import Enum
 
 
@@ -94,3 +95,12 @@ def tree_ancestry(parents: tuple[int, ...] | list[int]) -> list[list[bool]]:
             rows[j][a] = True
             a = parents[a]
     return rows
+
+
+def offsets(lengths: Sequence[int]) -> list[int]:
+    """[0, l0, l0 + l1, ...]: where each of consecutive runs of these lengths starts, then the total
+    (qo_indptr from the extend lengths, the packed inputs' rows from the key counts)."""
+    out = [0]
+    for n in lengths:
+        out.append(out[-1] + n)
+    return out
