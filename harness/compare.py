@@ -106,8 +106,7 @@ def compare(
     # GPU each separate read waits for the device (one wait instead of about ten).
     # The stack promotes every scalar to float64 (the worst element's index is made float64 first:
     # exact up to 2^53). The reference is finite, so a NaN or Inf in the output shows in `err`.
-    zero = torch.zeros((), device=ref.device)
-    err_t, at_t = torch.max(diff, 0) if diff.numel() else (zero, zero)
+    err_t, at_t = torch.max(diff, 0) if diff.numel() else [_max_abs(diff)] * 2  # no rows: 0, at 0
     scalars = [at_t.double(), err_t, _max_abs(ref_native.to(ref) - ref), _rounding(ref, case.dtype)]
     with_lse = lse is not None and lse_exact is not None and lse_native is not None and not case.sinks
     if with_lse:
@@ -116,7 +115,7 @@ def compare(
         both = torch.stack([lse, lse_native.to(lse.device)]).double()  # the backend's, then native's
         over = torch.where(finite, both - le, 0.0)
         scalars += [
-            *(torch.linalg.vector_norm(over, float("inf"), dim=(1, 2)) if le.numel() else [zero, zero]),
+            *(torch.linalg.vector_norm(over, float("inf"), dim=(1, 2)) if le.numel() else [_max_abs(le)] * 2),
             _rounding(torch.where(finite, le, 0.0), "float32"),
         ]
     values = torch.stack(scalars).tolist()
