@@ -167,12 +167,16 @@ class Batch:
         qo = self.host["qo_indptr"] if "qo_indptr" in self.host else self.cpu_list("qo_indptr")
         return qo[r], qo[r + 1]
 
-    def first_position(self, r: int) -> int:
-        """The smallest position among request r's queries, from the host copy of `positions`."""
+    def query_positions(self, r: int) -> list[int]:
+        """Request r's query positions, from the host copy of `positions`."""
         q0, q1 = self.query_span(r)
         if "positions" in self.host:
-            return min(self.host["positions"][q0:q1])
-        return int(self.positions[q0:q1].min())
+            return self.host["positions"][q0:q1]
+        return self.positions[q0:q1].tolist()
+
+    def first_position(self, r: int) -> int:
+        """The smallest position among request r's queries."""
+        return min(self.query_positions(r))
 
 
 def _row_len(case: Case, r: int) -> int:
@@ -304,7 +308,7 @@ def build_batch(
     )
     kv_all = inputs.kv_all.to(device)
     if len(ints["cached_slots"]):
-        cached_kv = kv_all[:, dev["cached_rows"]]
+        cached_kv = kv_all.index_select(1, dev["cached_rows"])
         layer_pool.write(dev["cached_slots"], cached_kv[0], cached_kv[1])
     if whole_page_loads:
         layer_pool.fill_slots(dev["canary_slots"], pool.CANARY)
@@ -313,7 +317,7 @@ def build_batch(
         k_new = torch.empty(0, case.num_kv_heads, case.head_dim, dtype=dt, device=device)
         v_new = k_new.clone()
     else:
-        k_new, v_new = kv_all[:, dev["new_rows"]].unbind()
+        k_new, v_new = kv_all.index_select(1, dev["new_rows"]).unbind()
     return Batch(
         case=case,
         device=device,

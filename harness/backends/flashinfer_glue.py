@@ -165,8 +165,7 @@ class FlashInferGlue(Backend):
 
     def query_positions(self, batch: Batch, r: int) -> list[int]:
         """Absolute positions of request r's queries, from the engine's `positions` (verify: P + depth)."""
-        q0, q1 = batch.query_span(r)
-        return batch.cpu_list("positions")[q0:q1]
+        return batch.query_positions(r)
 
     def kv_start(self, batch: Batch, r: int) -> int:
         """First key a windowed layer reads: the page holding the first query's earliest visible key.
