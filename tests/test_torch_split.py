@@ -1,13 +1,17 @@
-"""torch_split's own parts: the LSE merge, base-2 conversion, and splits that depend on the batch
-unless deterministic mode fixes their size (which is what makes its determinism mutants real)."""
+"""torch_split's own parts: the LSE merge, base-2 conversion, splits that depend on the batch
+unless deterministic mode fixes their size (which is what makes its determinism mutants real), and
+the grouping of requests into padded computations (never in deterministic mode)."""
 
 import math
 
+import pytest
 import torch
 
+from harness.backends import torch_split
 from harness.backends.torch_split import DETERMINISTIC_SPLIT, Partial, TorchSplit, merge_base2, merge_states
 from harness.batch import build_batch, make_inputs
 from harness.checks.invariance import target_slice
+from harness.checks.numeric import check_case
 from tests.helpers import batch_of, case
 
 
@@ -70,3 +74,72 @@ def test_the_split_shows_in_the_output_bits():
     assert not torch.equal(_target(b, alone, alone), _target(b, crowd, alone))
     det = alone.replace(deterministic=True)
     assert torch.equal(_target(b, det, det), _target(b, det.replace(requests=det.requests * 16), det))
+
+
+def _groups(c, backend=None):
+    b = backend or TorchSplit()
+    batch = batch_of(c)
+    qo = batch.host["qo_indptr"]
+    queries = [qo[r + 1] - qo[r] for r in range(c.batch_size)]
+    keys = [
+        hi - lo + (queries[r] if b.two_pass(batch) else 0)
+        for r, (lo, hi) in ((r, b.paged_range(batch, r)) for r in range(c.batch_size))
+    ]
+    return b.groups(batch, queries, keys)
+
+
+def test_deterministic_mode_computes_each_request_alone():
+    reqs = ((40, 3), (40, 3), (41, 2))
+    assert _groups(case("EXTEND", reqs)) == [[2, 0, 1]]  # alike: one group, ordered by size
+    assert _groups(case("EXTEND", reqs, deterministic=True)) == [[0], [1], [2]]
+
+
+def test_padding_may_cost_what_the_real_work_costs_and_no_more(monkeypatch):
+    monkeypatch.setitem(torch_split.PAD_FREE, "cpu", 0)
+    # one long request next to short ones: padding them to its size would waste 30x the work
+    assert _groups(case("EXTEND", ((0, 300), (2, 3), (1, 4), (0, 5)))) == [[1, 2, 3], [0]]
+    # the three small ones padded: 3 requests x 5 queries x 5 keys x 8 heads; two of them: 2 x 4 x 5 x 8
+    monkeypatch.setattr(torch_split, "GROUP_LIMIT", 3 * 5 * 5 * 8 - 1)
+    assert _groups(case("EXTEND", ((0, 300), (2, 3), (1, 4), (0, 5)))) == [[1, 2], [3], [0]]
+
+
+GROUPED_CASES = [
+    case("EXTEND", ((37, 5), (0, 1), (130, 17), (3, 40)), window_left=20, dtype="float32", page_size=1),
+    case(
+        "DECODE", ((0, 1), (70, 1), (200, 1), (9, 1)), window_left=33, dtype="float32", hybrid_swa_pool=True
+    ),
+    case("TARGET_VERIFY", ((5, 4, 0, (-1, 0, 0, 1)), (90, 4, 0, (-1, 0, 1, 2))), dtype="float32", sinks=True),
+    case("CROSS", ((0, 7, 30), (0, 2, 130), (0, 1, 3)), dtype="float32", soft_cap=5.0),
+]
+
+
+@pytest.mark.parametrize("c", GROUPED_CASES, ids=lambda c: str(c.mode))
+def test_a_groups_padding_is_never_seen(c, monkeypatch):
+    """Each request computed alone, then the whole batch in one padded group (same split sizes: the
+    same batch): float32 outputs agree to rounding, so no padded key or query leaks in."""
+    monkeypatch.setattr(
+        TorchSplit, "groups", lambda self, batch, q, k: [[r] for r in range(batch.batch_size)]
+    )
+    alone = TorchSplit().run(batch_of(c))
+    monkeypatch.setattr(TorchSplit, "groups", lambda self, batch, q, k: [list(range(batch.batch_size))[::-1]])
+    grouped = TorchSplit().run(batch_of(c))
+    assert torch.allclose(grouped.out, alone.out, atol=1e-5, rtol=1e-5)
+    assert torch.allclose(grouped.lse, alone.lse, atol=1e-5, rtol=1e-5)
+
+
+def test_requests_in_several_groups_come_back_in_batch_order(monkeypatch):
+    monkeypatch.setitem(torch_split.PAD_FREE, "cpu", 0)
+    c = GROUPED_CASES[0].replace(dtype="bfloat16")
+    assert len(_groups(c)) > 1
+    result = check_case(TorchSplit(), c)
+    assert result.status == "pass", result.failure_text()
+
+
+def test_a_request_that_reads_no_key_gets_zeros_and_no_lse():
+    class NoKeys(TorchSplit):
+        def paged_range(self, batch, r):
+            return 0, 0
+
+    got = NoKeys().run(batch_of(case("DECODE", ((5, 1), (9, 1)))))
+    assert torch.equal(got.out.float(), torch.zeros_like(got.out.float()))
+    assert torch.isinf(got.lse).all() and (got.lse < 0).all()

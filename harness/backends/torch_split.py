@@ -1,16 +1,21 @@
 """torch_split: an engine-style chunked fallback whose partial results are merged by log-sum-exp.
 
-Per request, the cached keys (read from the paged pool) and this forward's new tokens (the in-flight
-K/V: a "ragged" pass) are attended in separate passes, and the paged pass is cut into KV splits.
-Every partial result carries its LSE and the glue merges them, as engines do around FlashInfer
-(ragged + paged + merge_state) and split-KV decode kernels. This gives the CPU the code paths that
-torch_native lacks, so their bug classes can be shown there: a window per pass, a base-2 LSE to
-convert before merging, and split parameters that deterministic mode must fix.
+The cached keys (read from the paged pool) and this forward's new tokens (the in-flight K/V: a
+"ragged" pass) are attended in separate passes, and the paged pass is cut into KV splits. Every
+partial result carries its LSE and the glue merges them, as engines do around FlashInfer (ragged +
+paged + merge_state) and split-KV decode kernels. This gives the CPU the code paths that torch_native
+lacks, so their bug classes can be shown there: a window per pass, a base-2 LSE to convert before
+merging, and split parameters that deterministic mode must fix.
 
 Like FlashInfer's kernels, a pass returns base-2 LSE; the glue converts it to natural log. Like a GPU
 kernel, a split rounds its probabilities to the case dtype before P @ V, relative to its own running
 maximum, so how the keys were split shows in the output bits: without a fixed split size the split
 depends on the batch (a scheduler spreading the work over WORK_UNITS), and batch invariance fails.
+
+Requests are computed in groups, each group's requests padded to its largest (`groups`): one set of
+launches per group instead of one per request, which is what a GPU run is bound by. Deterministic
+mode puts each request in a group of its own, so nothing about its neighbours, not even the shape of
+a padded tensor, can reach its bits.
 """
 
 from __future__ import annotations
@@ -18,20 +23,26 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
 from harness.backends.base import Backend, BackendOutput, Capabilities
-from harness.backends.torch_native import row_slots
-from harness.batch import TORCH_DTYPES, Batch
+from harness.batch import TORCH_DTYPES, Batch, upload_int32
 from harness.modes import Mode
-from harness.pool import translate_slots
+from harness.pool import take, translate_slots
 from harness.timing import phase
 
 LN2 = math.log(2.0)
 LOG2E = 1.0 / LN2
 WORK_UNITS = 16  # splits the scheduler spreads over the batch when no split size is fixed
 DETERMINISTIC_SPLIT = 32  # keys per split in deterministic mode (the engine's fixed_split_size)
+# Grouping (outside deterministic mode): padding a group may waste as many score elements (per head)
+# as the real work, plus PAD_FREE, about what one launch costs on the device; GROUP_LIMIT bounds the
+# scores of one group (all heads), hence its memory.
+PAD_FREE = {"cpu": 1 << 12, "cuda": 1 << 20}
+GROUP_LIMIT = 1 << 26
+FAR = 1 << 30  # the position given to padding in the ragged pass: after every query, so never seen
 
 
 @dataclass(frozen=True)
@@ -47,31 +58,34 @@ class Partial:
     """One pass over some keys: output normalised over them, and their LSE in base 2 (-inf: none seen).
     A leading dimension, when there is one, counts the KV splits of the pass."""
 
-    out: torch.Tensor  # [(splits,) E, Hq, D] float32
-    lse2: torch.Tensor  # [(splits,) E, Hq] float32
+    out: torch.Tensor  # [(splits,) R, Hq, E, D] float32: a group's R requests, padded to E queries
+    lse2: torch.Tensor  # [(splits,) R, Hq, E] float32
+
+
+def merge(out: torch.Tensor, lse: torch.Tensor, base2: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Combine parts (leading dimension) by their LSE (base 2 or natural). The weights exp(lse - max)
+    sum to at least 1 when any part saw a key (the largest weighs exactly 1), so clamping the sum at 1
+    changes nothing but the case where none did: output 0, LSE -inf."""
+    exp, log = (torch.exp2, torch.log2) if base2 else (torch.exp, torch.log)
+    base = torch.nan_to_num(lse.amax(0), nan=math.nan, neginf=0.0)  # -inf (no key) -> 0; NaN stays
+    w = exp(lse - base)
+    total = w.sum(0)
+    return (w.unsqueeze(-1) * out).sum(0) / total.clamp_min(1.0).unsqueeze(-1), base + log(total)
 
 
 def merge_base2(splits: Partial) -> Partial:
-    """Merge the splits (leading dimension) of a pass whose LSE is base 2: the kernel's own merge."""
-    top = splits.lse2.amax(0)
-    base = torch.where(torch.isinf(top), torch.zeros_like(top), top)
-    w = torch.exp2(splits.lse2 - base)
-    total = w.sum(0)
-    out = (w.unsqueeze(-1) * splits.out).sum(0)
-    safe = torch.where(total > 0, total, torch.ones_like(total))
-    return Partial(out / safe.unsqueeze(-1), torch.where(total > 0, base + torch.log2(safe), top))
+    """Merge the splits (leading dimension) of a pass whose LSE is base 2: the kernel's own merge. One
+    split is its own merge."""
+    if splits.out.shape[0] == 1:
+        return Partial(splits.out[0], splits.lse2[0])
+    return Partial(*merge(splits.out, splits.lse2, base2=True))
 
 
 def merge_states(states: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:
     """merge_state: combine (out, natural-log LSE) pairs into one (out, LSE)."""
-    lse = torch.stack([s[1] for s in states])
-    top = lse.amax(0)
-    base = torch.where(torch.isinf(top), torch.zeros_like(top), top)
-    w = torch.exp(lse - base)
-    total = w.sum(0)
-    out = sum(wi.unsqueeze(-1) * s[0] for wi, s in zip(w, states))
-    safe = torch.where(total > 0, total, torch.ones_like(total))
-    return out / safe.unsqueeze(-1), torch.where(total > 0, base + torch.log(safe), top)
+    if len(states) == 1:
+        return states[0]
+    return merge(torch.stack([s[0] for s in states]), torch.stack([s[1] for s in states]), base2=False)
 
 
 class TorchSplit(Backend):
@@ -110,10 +124,9 @@ class TorchSplit(Backend):
         """The window the ragged pass over the new tokens gets: the same as the paged pass's."""
         return self.window_left(batch)
 
-    def prefix_query_positions(self, batch: Batch, r: int) -> torch.Tensor:
+    def prefix_query_positions(self, batch: Batch, r: int) -> list[int]:
         """Where the paged pass places request r's queries for its window: their true positions."""
-        q0, q1 = batch.query_span(r)
-        return batch.positions[q0:q1].long()
+        return batch.query_positions(r)
 
     def paged_range(self, batch: Batch, r: int) -> tuple[int, int]:
         """Keys lo..hi-1 the paged pass reads: the prefix (two-pass modes), all keys (DECODE), or the
@@ -150,76 +163,163 @@ class TorchSplit(Backend):
         """Modes with new tokens attended in flight (ragged) next to the cached prefix (paged)."""
         return batch.mode in (Mode.EXTEND, Mode.DRAFT_EXTEND_V2, Mode.TARGET_VERIFY)
 
+    # --- grouping and layout -----------------------------------------------------------------
+
+    def groups(self, batch: Batch, queries: list[int], keys: list[int]) -> list[list[int]]:
+        """Which requests are computed together, padded to the group's largest. Deterministic mode
+        computes each request alone, so its shapes, and therefore its bits, never depend on the batch
+        (a batch-invariant kernel gives each request its own tiles). Otherwise requests of similar size
+        share one padded computation while the padding costs at most the real work plus what a launch
+        costs (PAD_FREE) and the group's scores stay under GROUP_LIMIT elements."""
+        if batch.case.deterministic:
+            return [[r] for r in range(batch.batch_size)]
+        free = PAD_FREE.get(batch.device.type, PAD_FREE["cpu"])
+        out: list[list[int]] = []
+        cur: list[int] = []
+        e_max = k_max = real = 0
+        for r in sorted(range(batch.batch_size), key=lambda r: (keys[r], queries[r])):
+            e2, k2, real2 = max(e_max, queries[r]), max(k_max, keys[r]), real + queries[r] * keys[r]
+            padded = (len(cur) + 1) * e2 * k2
+            if cur and (padded > 2 * real2 + free or padded * batch.case.num_q_heads > GROUP_LIMIT):
+                out.append(cur)
+                cur, e2, k2, real2 = [], queries[r], keys[r], queries[r] * keys[r]
+            cur.append(r)
+            e_max, k_max, real = e2, k2, real2
+        return out + [cur]
+
+    def paged_layout(self, batch: Batch, rs: list[int], width: int) -> dict[str, np.ndarray]:
+        """Host integers of a group's paged pass: its keys laid out [splits, R, Hkv, split size], split s
+        of request r holding its keys s * size_r .. (s + 1) * size_r - 1 of lo..hi-1.
+        key_at: each real key's index in the flattened req_to_token padded by one zero column (a key
+        beyond the row reads slot 0, reserved and poisoned, as an engine's over-long read would);
+        key_pad: each place's row among the real keys' [count + 1 (a zero key), Hkv] rows;
+        key_pos: each place's position (the window), [splits, R, 1, split size]."""
+        lo, hi = (np.array(x) for x in zip(*(self.paged_range(batch, r) for r in rs)))
+        n = hi - lo
+        if n.max() <= 0:
+            return {}
+        hkv = batch.case.num_kv_heads
+        sizes = np.array([self.split_size(batch, int(x)) if x > 0 else 1 for x in n])
+        splits, size = int((-(-n // sizes)).max()), int(sizes.max())
+        off = np.arange(splits)[:, None, None] * sizes[:, None] + np.arange(size)  # [S, R, size]
+        real = (np.arange(size) < sizes[:, None]) & (off < n[:, None])
+        pos = lo[:, None] + off
+        at = np.array(rs)[:, None] * (width + 1) + np.minimum(pos, width)
+        count = int(real.sum())
+        key = np.full(real.shape, count)
+        key[real] = np.arange(count)
+        pad = key[:, :, None, :] * hkv + np.arange(hkv)[:, None]
+        layout = {"key_at": at[real], "key_pad": pad}
+        if self.window_left(batch) >= 0 and batch.mode != Mode.CROSS:
+            layout["key_pos"] = pos[:, :, None, :]
+        return layout
+
+    def plan(self, batch: Batch) -> tuple[list[dict[str, torch.Tensor]], torch.Tensor]:
+        """Every group's layout as host integers, uploaded in one copy: per group where its queries and
+        (ragged pass) new keys come from, laid out [R, heads, E] (padding repeats the request's
+        first), their true positions (padding far in the future, so never a visible key), the
+        positions the paged pass gives its queries for the window, the paged layout; and where each
+        output row [sum E, Hq] sits in the groups' padded outputs."""
+        qo = batch.host["qo_indptr"] if "qo_indptr" in batch.host else batch.cpu_list("qo_indptr")
+        queries = [qo[r + 1] - qo[r] for r in range(batch.batch_size)]
+        two = self.two_pass(batch)
+        keys = []
+        for r in range(batch.batch_size):
+            lo, hi = self.paged_range(batch, r)
+            keys.append(max(0, hi - lo) + (queries[r] if two else 0))
+        groups = self.groups(batch, queries, keys)
+        positions = np.array(batch.cpu_list("positions"))
+        width = batch.req_to_token.shape[1]
+        hq, hkv = batch.case.num_q_heads, batch.case.num_kv_heads
+        windowed = self.window_left(batch) >= 0 and batch.mode != Mode.CROSS
+        layouts, out_at, base = [], np.zeros((qo[-1], hq), dtype=np.int64), 0
+        for rs in groups:
+            e = max(queries[r] for r in rs)
+            used = np.arange(e) < np.array([queries[r] for r in rs])[:, None]  # [R, E]
+            rows = np.array([qo[r] for r in rs])[:, None] + np.arange(e) * used
+            layout = {"q_at": rows[:, None, :] * hq + np.arange(hq)[:, None]}  # [R, Hq, E]
+            if two:
+                layout["new_at"] = rows[:, None, :] * hkv + np.arange(hkv)[:, None]
+                layout["pos"] = np.where(used, positions[rows], FAR)
+            if windowed:
+                layout["window_pos"] = np.zeros(used.shape, dtype=np.int64)
+                for i, r in enumerate(rs):
+                    layout["window_pos"][i, : queries[r]] = self.prefix_query_positions(batch, r)
+            if batch.mode == Mode.TARGET_VERIFY:
+                layout["requests"] = np.array(rs)
+            layout.update(self.paged_layout(batch, rs, width))
+            flat = base + np.arange(len(rs) * hq * e).reshape(len(rs), hq, e)  # [R, Hq, E] outputs
+            out_at[rows[used]] = flat.transpose(0, 2, 1)[used]
+            layouts.append(layout)
+            base += flat.size
+        names = [(g, k) for g, layout in enumerate(layouts) for k in layout]
+        sent = upload_int32(batch.device, [layouts[g][k] for g, k in names] + [out_at])
+        dev: list[dict[str, torch.Tensor]] = [{} for _ in layouts]
+        for (g, k), t in zip(names, sent):
+            dev[g][k] = t
+        return dev, sent[-1]
+
     # --- the passes ---------------------------------------------------------------------------
 
     def attend(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, batch: Batch
     ) -> Partial:
-        """Every split at once: q [E, Hq, D], k/v [splits, n, Hkv, D], mask [splits, E, n] -> Partial
-        with a leading split dimension (base-2 LSE). Each split rounds its probabilities to the case
-        dtype relative to its own maximum before P @ V, as a GPU kernel's tile does."""
+        """Every split of every request at once: q [R, Hkv, G * E, D] (a GQA group's queries stacked
+        as rows, scaled by `scaled_queries`), k/v [splits, R, Hkv, n, D] float, mask [splits, R, E or
+        1, n] -> Partial [splits, R, Hq, E, D] with base-2 LSE [splits, R, Hq, E]. Each split rounds
+        its probabilities to the case dtype relative to its own maximum before P @ V, as a GPU
+        kernel's tile does."""
         case = batch.case
-        e, hq, d = q.shape
-        hkv = k.shape[2]
-        qh = q.float().permute(1, 0, 2).reshape(1, hkv, hq // hkv, e, d)
-        kh = k.float().permute(0, 2, 1, 3).unsqueeze(2)  # [splits, Hkv, 1, n, D]
-        vh = v.float().permute(0, 2, 1, 3).unsqueeze(2)
-        s = torch.matmul(qh, kh.transpose(-1, -2)) * case.scale  # [splits, Hkv, G, E, n]
+        splits, r, hkv, n, d = k.shape
+        hq = case.num_q_heads
+        s = torch.matmul(q, k.transpose(-1, -2))  # [splits, R, Hkv, G * E, n]
         if case.soft_cap > 0:
-            s = case.soft_cap * torch.tanh(s / case.soft_cap)
-        s = s.masked_fill(~mask[:, None, None], float("-inf")) * LOG2E
-        top = s.amax(-1)
-        base = torch.where(torch.isinf(top), torch.zeros_like(top), top)
+            s = torch.tanh(s) * (case.soft_cap * LOG2E)
+        s = torch.where(mask[:, :, None], s.view(splits, r, hq, -1, n), float("-inf"))
+        base = torch.nan_to_num(s.amax(-1), nan=math.nan, neginf=0.0)  # no visible key: 0
         p = torch.exp2(s - base.unsqueeze(-1))
-        total = p.sum(-1)
-        o = torch.matmul(p.to(TORCH_DTYPES[case.dtype]).float(), vh)
-        safe = torch.where(total > 0, total, torch.ones_like(total))
-        o = o / safe.unsqueeze(-1)
-        lse2 = torch.where(total > 0, base + torch.log2(safe), top)
-        splits = k.shape[0]
-        return Partial(
-            o.reshape(splits, hq, e, d).permute(0, 2, 1, 3), lse2.reshape(splits, hq, e).permute(0, 2, 1)
-        )
+        total = p.sum(-1)  # at least 1 where a key is visible: the maximum weighs exactly 1
+        o = torch.matmul(p.to(TORCH_DTYPES[case.dtype]).float().view(splits, r, hkv, -1, n), v)
+        o = o.view(splits, r, hq, -1, d) / total.clamp_min(1.0).unsqueeze(-1)
+        return Partial(o, base + torch.log2(total))  # LSE -inf where no key is visible
 
-    def paged_pass(self, batch: Batch, r: int) -> Partial:
+    def scaled_queries(self, batch: Batch, lay: dict[str, torch.Tensor]) -> torch.Tensor:
+        """A group's queries as attend takes them, float, times the scale and log2 e (or over the soft
+        cap, which attend applies before log2 e), as FlashInfer folds the scale into q."""
+        case = batch.case
+        pre = case.scale / case.soft_cap if case.soft_cap > 0 else case.scale * LOG2E
+        q = take(batch.q.view(-1, case.head_dim), lay["q_at"])  # [R, Hq, E, D]
+        return q.view(q.shape[0], case.num_kv_heads, -1, case.head_dim).float() * pre
+
+    def paged_pass(
+        self, batch: Batch, lay: dict[str, torch.Tensor], q: torch.Tensor, rt: torch.Tensor
+    ) -> Partial:
         """The cached keys from the pool, in splits merged inside the 'kernel' (base 2). Non-causal, as
         engines call it: every key read here precedes every query (DECODE's own key sits at its
-        position), so only the window masks."""
-        q0, q1 = batch.query_span(r)
-        q = batch.q[q0:q1]
-        lo, hi = self.paged_range(batch, r)
-        if hi <= lo:
-            return Partial(
-                torch.zeros(q.shape, dtype=torch.float32, device=batch.device),
-                torch.full(q.shape[:2], -math.inf, device=batch.device),
-            )
-        with phase("plan"):  # gather, window mask and split layout
-            k, v = batch.pool.read(self.layer_slots(batch, row_slots(batch, r, lo, hi)))
-            mask = torch.ones(q1 - q0, hi - lo, dtype=torch.bool, device=batch.device)
-            w = self.window_left(batch)
-            if w >= 0 and batch.mode != Mode.CROSS:
-                qpos = self.prefix_query_positions(batch, r)
-                mask &= torch.arange(lo, hi, device=batch.device)[None, :] >= qpos[:, None] - w
-            size = self.split_size(batch, hi - lo)
-            splits = -(-(hi - lo) // size)
-            pad = splits * size - (hi - lo)  # the last split is padded with masked-out zero keys
-            k, v = (F.pad(t, (0, 0, 0, 0, 0, pad)).reshape(splits, size, *t.shape[1:]) for t in (k, v))
-            mask = F.pad(mask, (0, pad)).reshape(q1 - q0, splits, size).transpose(0, 1)
-        return merge_base2(self.attend(q, k, v, mask, batch))
+        position), so only the window masks. `rt`: req_to_token flattened with a zero column."""
+        k, v = batch.pool.read(self.layer_slots(batch, take(rt, lay["key_at"])))
+        count, d = k.shape[0], batch.case.head_dim
+        kv = k.new_zeros(2, count + 1, *k.shape[1:])  # the real keys and values, then a zero one
+        kv[0, :count], kv[1, :count] = k, v
+        pad = lay["key_pad"]  # [splits, R, Hkv, n]
+        kv = kv.view(2, -1, d).index_select(1, pad.view(-1)).view(2, *pad.shape, d).float()
+        mask = pad[:, :, :1] < count * batch.case.num_kv_heads  # [splits, R, 1, n]: real keys
+        if "key_pos" in lay:
+            mask = mask & (lay["key_pos"] >= (lay["window_pos"] - self.window_left(batch))[None, :, :, None])
+        return merge_base2(self.attend(q, kv[0], kv[1], mask, batch))
 
-    def ragged_pass(self, batch: Batch, r: int) -> Partial:
+    def ragged_pass(self, batch: Batch, lay: dict[str, torch.Tensor], q: torch.Tensor) -> Partial:
         """This forward's new tokens over their own in-flight K/V: causal, windowed, tree-masked."""
-        q0, q1 = batch.query_span(r)
-        with phase("plan"):  # the causal / window / tree mask
-            pos = batch.positions[q0:q1].long()
-            mask = pos[None, :] <= pos[:, None]
-            w = self.ragged_window_left(batch)
-            if w >= 0:
-                mask &= pos[None, :] >= pos[:, None] - w
-            if batch.mode == Mode.TARGET_VERIFY:
-                mask &= batch.tree_mask[r]
-        k, v = batch.k_new[q0:q1].unsqueeze(0), batch.v_new[q0:q1].unsqueeze(0)
-        return merge_base2(self.attend(batch.q[q0:q1], k, v, mask.unsqueeze(0), batch))
+        pos = lay["pos"]
+        mask = pos[:, None, :] <= pos[:, :, None]  # [R, E queries, E keys]; padding is never seen
+        w = self.ragged_window_left(batch)
+        if w >= 0:
+            mask &= pos[:, None, :] >= pos[:, :, None] - w
+        if batch.mode == Mode.TARGET_VERIFY:  # every request has num_draft queries: no padding
+            mask &= take(batch.tree_mask, lay["requests"])
+        d = batch.case.head_dim
+        k, v = (take(t.view(-1, d), lay["new_at"]).unsqueeze(0).float() for t in (batch.k_new, batch.v_new))
+        return merge_base2(self.attend(q, k, v, mask.unsqueeze(0), batch))
 
     def apply_sinks(self, out: torch.Tensor, lse: torch.Tensor, batch: Batch) -> torch.Tensor:
         """A sink joins the softmax denominator once, after every merge: out * L / (L + e^sink)."""
@@ -233,16 +333,28 @@ class TorchSplit(Backend):
         two = self.two_pass(batch)
         if not two:
             self.write_kv(batch)  # DECODE reads its new token from the pool
+        with phase("plan"):  # groups, split layout, gather indices: host integers, one upload
+            layouts, out_at = self.plan(batch)
+            rt = F.pad(batch.req_to_token, (0, 1)).view(-1) if any("key_at" in x for x in layouts) else None
         outs, lses = [], []
-        for r in range(batch.batch_size):
-            parts = [self.paged_pass(batch, r)] + ([self.ragged_pass(batch, r)] if two else [])
-            out, lse = merge_states([(p.out, self.natural_lse(p.lse2)) for p in parts])
-            outs.append(self.apply_sinks(out, lse, batch))
-            lses.append(lse)
+        for lay in layouts:
+            q = self.scaled_queries(batch, lay)
+            parts = [self.paged_pass(batch, lay, q, rt)] if "key_at" in lay else []
+            if two:
+                parts.append(self.ragged_pass(batch, lay, q))
+            if parts:
+                out, lse = merge_states([(p.out, self.natural_lse(p.lse2)) for p in parts])
+            else:  # no key at all
+                lse = torch.full(lay["q_at"].shape, -math.inf, device=batch.device)  # [R, Hq, E]
+                out = torch.zeros(*lse.shape, batch.case.head_dim, device=batch.device)
+            outs.append(out.reshape(-1, batch.case.head_dim))  # [R * Hq * E, D]
+            lses.append(lse.reshape(-1))
         if two:
             self.write_kv(batch)  # the ragged path writes after attending over the in-flight K/V
+        out, lse = (x[0] if len(x) == 1 else torch.cat(x) for x in (outs, lses))
+        out, lse = take(out, out_at), take(lse, out_at)  # [sum E, Hq, D], [sum E, Hq]
         dt = TORCH_DTYPES[batch.case.dtype]
-        return BackendOutput(out=torch.cat(outs).to(dt), lse=torch.cat(lses))
+        return BackendOutput(out=self.apply_sinks(out, lse, batch).to(dt), lse=lse)
 
 
 BACKENDS = {"torch_split": TorchSplit}

@@ -16,12 +16,12 @@ class _RaggedNoWindow(TorchSplit):
 
 
 class _PrefixWindowAtEnd(TorchSplit):
-    def prefix_query_positions(self, batch: Batch, r: int) -> torch.Tensor:
+    def prefix_query_positions(self, batch: Batch, r: int) -> list[int]:
         # FlashInfer's paged pass aligns its E queries with the end of the KV it is given (the
         # prefix): query j sits at P - E + j for the window, E positions before its true place.
-        q0, q1 = int(batch.qo_indptr[r]), int(batch.qo_indptr[r + 1])
-        p = int(batch.prefix_lens[r])
-        return torch.arange(p - (q1 - q0), p, device=batch.device)
+        q0, q1 = batch.query_span(r)
+        p = batch.cpu_list("prefix_lens")[r]
+        return list(range(p - (q1 - q0), p))
 
 
 class _LseBase2AsNatural(TorchSplit):
