@@ -120,6 +120,11 @@ class TorchSplit(Backend):
         """The layer's window for the paged pass (-1: none)."""
         return batch.case.window_left
 
+    def paged_windowed(self, batch: Batch) -> bool:
+        """Whether the paged pass masks by the window: never in CROSS (the encoder's keys are not on
+        the decoder's positions)."""
+        return self.window_left(batch) >= 0 and batch.mode != Mode.CROSS
+
     def ragged_window_left(self, batch: Batch) -> int:
         """The window the ragged pass over the new tokens gets: the same as the paged pass's."""
         return self.window_left(batch)
@@ -210,7 +215,7 @@ class TorchSplit(Backend):
         key[real] = np.arange(count)
         pad = key[:, :, None, :] * hkv + np.arange(hkv)[:, None]
         layout = {"key_at": at[real], "key_pad": pad}
-        if self.window_left(batch) >= 0 and batch.mode != Mode.CROSS:
+        if self.paged_windowed(batch):
             layout["key_pos"] = pos[:, :, None, :]
         return layout
 
@@ -231,7 +236,6 @@ class TorchSplit(Backend):
         positions = np.array(batch.cpu_list("positions"))
         width = batch.req_to_token.shape[1]
         hq, hkv = batch.case.num_q_heads, batch.case.num_kv_heads
-        windowed = self.window_left(batch) >= 0 and batch.mode != Mode.CROSS
         layouts, out_at, base = [], np.zeros((qo[-1], hq), dtype=np.int64), 0
         for rs in groups:
             e = max(queries[r] for r in rs)
@@ -241,7 +245,7 @@ class TorchSplit(Backend):
             if two:
                 layout["new_at"] = rows[:, None, :] * hkv + np.arange(hkv)[:, None]
                 layout["pos"] = np.where(used, positions[rows], FAR)
-            if windowed:
+            if self.paged_windowed(batch):
                 layout["window_pos"] = np.zeros(used.shape, dtype=np.int64)
                 for i, r in enumerate(rs):
                     layout["window_pos"][i, : queries[r]] = self.prefix_query_positions(batch, r)
