@@ -192,14 +192,17 @@ class TorchSplit(Backend):
             e_max, k_max, real = e2, k2, real2
         return out + [cur]
 
-    def paged_layout(self, batch: Batch, rs: list[int], width: int) -> dict[str, np.ndarray]:
+    def paged_layout(
+        self, batch: Batch, rs: list[int], ranges: list[tuple[int, int]], width: int
+    ) -> dict[str, np.ndarray]:
         """Host integers of a group's paged pass: its keys laid out [splits, R, Hkv, split size], split s
-        of request r holding its keys s * size_r .. (s + 1) * size_r - 1 of lo..hi-1.
+        of request r holding its keys s * size_r .. (s + 1) * size_r - 1 of lo..hi-1 (`ranges`: every
+        request's paged_range, read once per forward).
         key_at: each real key's index in the flattened req_to_token padded by one zero column (a key
         beyond the row reads slot 0, reserved and poisoned, as an engine's over-long read would);
         key_pad: each place's row among the real keys' [count + 1 (a zero key), Hkv] rows;
         key_pos: each place's position (the window), [splits, R, 1, split size]."""
-        lo, hi = (np.array(x) for x in zip(*(self.paged_range(batch, r) for r in rs)))
+        lo, hi = (np.array(x) for x in zip(*(ranges[r] for r in rs)))
         n = hi - lo
         if n.max() <= 0:
             return {}
@@ -228,10 +231,8 @@ class TorchSplit(Backend):
         qo = batch.host["qo_indptr"] if "qo_indptr" in batch.host else batch.cpu_list("qo_indptr")
         queries = [qo[r + 1] - qo[r] for r in range(batch.batch_size)]
         two = self.two_pass(batch)
-        keys = []
-        for r in range(batch.batch_size):
-            lo, hi = self.paged_range(batch, r)
-            keys.append(max(0, hi - lo) + (queries[r] if two else 0))
+        ranges = [self.paged_range(batch, r) for r in range(batch.batch_size)]
+        keys = [max(0, hi - lo) + (e if two else 0) for (lo, hi), e in zip(ranges, queries)]
         groups = self.groups(batch, queries, keys)
         positions = np.array(batch.cpu_list("positions"))
         width = batch.req_to_token.shape[1]
@@ -251,7 +252,7 @@ class TorchSplit(Backend):
                     layout["window_pos"][i, : queries[r]] = self.prefix_query_positions(batch, r)
             if batch.mode == Mode.TARGET_VERIFY:
                 layout["requests"] = np.array(rs)
-            layout.update(self.paged_layout(batch, rs, width))
+            layout.update(self.paged_layout(batch, rs, ranges, width))
             flat = base + np.arange(len(rs) * hq * e).reshape(len(rs), hq, e)  # [R, Hq, E] outputs
             out_at[rows[used]] = flat.transpose(0, 2, 1)[used]
             layouts.append(layout)
