@@ -76,15 +76,10 @@ def test_the_split_shows_in_the_output_bits():
     assert torch.equal(_target(b, det, det), _target(b, det.replace(requests=det.requests * 16), det))
 
 
-def _groups(c, backend=None):
-    b = backend or TorchSplit()
+def _groups(c):
+    b = TorchSplit()
     batch = batch_of(c)
-    qo = batch.host["qo_indptr"]
-    queries = [qo[r + 1] - qo[r] for r in range(c.batch_size)]
-    keys = [
-        hi - lo + (queries[r] if b.two_pass(batch) else 0)
-        for r, (lo, hi) in ((r, b.paged_range(batch, r)) for r in range(c.batch_size))
-    ]
+    _, queries, keys = b.request_sizes(batch)
     return b.groups(batch, queries, keys)
 
 

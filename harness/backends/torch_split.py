@@ -27,6 +27,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from harness import modes
 from harness.backends.base import Backend, BackendOutput, Capabilities
 from harness.batch import TORCH_DTYPES, Batch, upload_int32
 from harness.modes import Mode
@@ -170,6 +171,16 @@ class TorchSplit(Backend):
 
     # --- grouping and layout -----------------------------------------------------------------
 
+    def request_sizes(self, batch: Batch) -> tuple[list[tuple[int, int]], list[int], list[int]]:
+        """Per request: its paged pass's key range (paged_range, read once per forward), its queries,
+        and the keys its queries attend over (paged, plus its own new tokens in two-pass modes)."""
+        qo = batch.host["qo_indptr"] if "qo_indptr" in batch.host else batch.cpu_list("qo_indptr")
+        queries = [qo[r + 1] - qo[r] for r in range(batch.batch_size)]
+        two = self.two_pass(batch)
+        ranges = [self.paged_range(batch, r) for r in range(batch.batch_size)]
+        keys = [max(0, hi - lo) + (e if two else 0) for (lo, hi), e in zip(ranges, queries)]
+        return ranges, queries, keys
+
     def groups(self, batch: Batch, queries: list[int], keys: list[int]) -> list[list[int]]:
         """Which requests are computed together, padded to the group's largest. Deterministic mode
         computes each request alone, so its shapes, and therefore its bits, never depend on the batch
@@ -228,12 +239,10 @@ class TorchSplit(Backend):
         first), their true positions (padding far in the future, so never a visible key), the
         positions the paged pass gives its queries for the window, the paged layout; and where each
         output row [sum E, Hq] sits in the groups' padded outputs."""
-        qo = batch.host["qo_indptr"] if "qo_indptr" in batch.host else batch.cpu_list("qo_indptr")
-        queries = [qo[r + 1] - qo[r] for r in range(batch.batch_size)]
-        two = self.two_pass(batch)
-        ranges = [self.paged_range(batch, r) for r in range(batch.batch_size)]
-        keys = [max(0, hi - lo) + (e if two else 0) for (lo, hi), e in zip(ranges, queries)]
+        ranges, queries, keys = self.request_sizes(batch)
         groups = self.groups(batch, queries, keys)
+        qo = modes.offsets(queries)
+        two = self.two_pass(batch)
         positions = np.array(batch.cpu_list("positions"))
         width = batch.req_to_token.shape[1]
         hq, hkv = batch.case.num_q_heads, batch.case.num_kv_heads
