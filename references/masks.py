@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cached_property
 
+import numpy as np
 import torch
 
 
@@ -107,6 +108,56 @@ class RequestMask:
         return min(lo, hi), hi
 
 
+def upload(host: dict[str, np.ndarray], device: torch.device | str) -> dict[str, torch.Tensor]:
+    """Host integer arrays on `device` as int64, through one copy made before any launch (a copy from
+    pageable memory waits for the device's queue), each returned as a view of its own shape."""
+    arrays = [np.asarray(a, dtype=np.int64) for a in host.values()]
+    flat = torch.from_numpy(np.concatenate([a.ravel() for a in arrays])).to(device)
+    parts = flat.split([a.size for a in arrays])
+    return {name: x.view(a.shape) for name, x, a in zip(host, parts, arrays)}
+
+
+def padded_positions(masks: list[RequestMask]) -> dict[str, np.ndarray]:
+    """The host half of `padded_visible`: what the device needs to build the padded mask, as numpy
+    arrays (a torch operation on the CPU costs microseconds of dispatch, numpy's a fraction):
+    query_pos [B, max E], key_pos [B, max T] (0 past a request's end), counts [3, B] (queries, keys,
+    prefix keys) and, for tree drafts, draft_visible [B, max E, max E]."""
+    if len({(m.window_left, m.causal) for m in masks}) > 1:
+        raise ValueError("padded_visible: the requests of one batch must share window_left and causality")
+    bsz, e, t = len(masks), max(m.num_queries for m in masks), max(m.num_keys for m in masks)
+    query_pos = np.zeros((bsz, e), dtype=np.int64)
+    key_pos = np.zeros((bsz, t), dtype=np.int64)
+    for r, m in enumerate(masks):
+        query_pos[r, : m.num_queries] = m.query_pos.numpy()
+        key_pos[r, : m.num_keys] = m.key_pos.numpy()
+    counts = np.array([[m.num_queries, m.num_keys, m.num_prefix] for m in masks], dtype=np.int64).T
+    host = {"query_pos": query_pos, "key_pos": key_pos, "counts": counts}
+    if masks[0].draft_visible is not None:
+        drafts = np.zeros((bsz, e, e), dtype=np.int64)
+        for r, m in enumerate(masks):
+            drafts[r, : m.num_queries, : m.num_queries] = m.draft_visible.numpy()
+        host["draft_visible"] = drafts
+    return host
+
+
+def padded_visible_from(pos: dict[str, torch.Tensor], masks: list[RequestMask]) -> torch.Tensor:
+    """The device half of `padded_visible`, from `padded_positions` already on the device."""
+    bsz, e = pos["query_pos"].shape
+    t = pos["key_pos"].shape[1]
+    device = pos["query_pos"].device
+    qp, kp = pos["query_pos"].view(bsz, e, 1), pos["key_pos"].view(bsz, 1, t)
+    num_queries, num_keys, num_prefix = pos["counts"][:, :, None]
+    key, query = torch.arange(t, device=device), torch.arange(e, device=device)
+    vis = (query < num_queries)[:, :, None] & (key < num_keys)[:, None, :]  # padding sees and is seen by none
+    if masks[0].causal:
+        vis = vis & _causal_window(qp, kp, masks[0].window_left)
+    if "draft_visible" in pos:  # key i >= P is draft i - P: visible to j iff draft_visible[j, i - P]
+        draft = (key - num_prefix).clamp(0, e - 1)  # [B, T]
+        seen = pos["draft_visible"].gather(2, draft[:, None, :].expand(bsz, e, t)) != 0
+        vis = vis & (seen | (key < num_prefix)[:, None, :])
+    return vis
+
+
 def padded_visible(masks: list[RequestMask], device: torch.device | str) -> torch.Tensor:
     """[B, max E, max T] bool on `device`: request r's `dense()` in [r, :E_r, :T_r], False elsewhere.
 
@@ -114,37 +165,7 @@ def padded_visible(masks: list[RequestMask], device: torch.device | str) -> torc
     request on the host and copied: the batch form of `block`'s rule, for a padded reference. The
     requests of one batch share their window and causality (one case).
     """
-    if len({(m.window_left, m.causal) for m in masks}) > 1:
-        raise ValueError("padded_visible: the requests of one batch must share window_left and causality")
-    bsz, e, t = len(masks), max(m.num_queries for m in masks), max(m.num_keys for m in masks)
-    pad = torch.nn.utils.rnn.pad_sequence
-    host = [
-        pad([m.query_pos for m in masks], batch_first=True).flatten(),
-        pad([m.key_pos for m in masks], batch_first=True).flatten(),
-        torch.tensor(
-            [m.num_queries for m in masks] + [m.num_keys for m in masks] + [m.num_prefix for m in masks]
-        ),
-    ]
-    drafts = masks[0].draft_visible is not None
-    if drafts:
-        dv = torch.zeros(bsz, e, e, dtype=torch.int64)
-        for r, m in enumerate(masks):
-            dv[r, : m.num_queries, : m.num_queries] = m.draft_visible
-        host.append(dv.flatten())
-    # One copy before any launch: a copy from pageable memory waits for the device's queue.
-    flat = torch.cat(host).to(device)
-    qp, kp, rest = flat[: bsz * e].view(bsz, e, 1), flat[bsz * e : bsz * (e + t)], flat[bsz * (e + t) :]
-    num_queries, num_keys, num_prefix = (rest[i * bsz : (i + 1) * bsz, None] for i in range(3))
-    kp, key = kp.view(bsz, 1, t), torch.arange(t, device=flat.device)
-    query = torch.arange(e, device=flat.device)
-    vis = (query < num_queries)[:, :, None] & (key < num_keys)[:, None, :]  # padding sees and is seen by none
-    if masks[0].causal:
-        vis = vis & _causal_window(qp, kp, masks[0].window_left)
-    if drafts:  # key i >= num_prefix is draft i - num_prefix: visible to j iff draft_visible[j, i - P]
-        draft = (key - num_prefix).clamp(0, e - 1)  # [B, T]
-        seen = rest[3 * bsz :].view(bsz, e, e).gather(2, draft[:, None, :].expand(bsz, e, t)) != 0
-        vis = vis & (seen | (key < num_prefix)[:, None, :])
-    return vis
+    return padded_visible_from(upload(padded_positions(masks), device), masks)
 
 
 def request_mask(

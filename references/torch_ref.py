@@ -6,7 +6,7 @@ Key blocks that no query of a query block can see (window, causality) are skippe
 request costs O(T * W). On a GPU a batch whose padded scores are small enough is computed at once,
 padded to its longest request (`_padded`): the loop is launch-bound there. `references(case,
 inputs)` gives the exact and native results together; on a GPU they share the padded mask (built on
-the device by masks.padded_visible) and the padded inputs.
+the device from positions by masks.padded_visible_from) and the padded inputs.
 
 `precision="native"` is the same computation rounded like a low-precision implementation (scaled
 q, scores, soft-capped scores and probabilities rounded to the case dtype, output rounded at the
@@ -18,9 +18,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
-from references.masks import RequestMask, case_masks, padded_visible
+from references.masks import RequestMask, case_masks, padded_positions, padded_visible_from, upload
 
 _DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
@@ -185,9 +186,20 @@ def padded_elements(masks: list[RequestMask], num_q_heads: int) -> int:
     return len(masks) * num_q_heads * max(m.num_queries for m in masks) * max(m.num_keys for m in masks)
 
 
-def _unpad(x: torch.Tensor, lengths: list[int]) -> torch.Tensor:
-    """[B, n, ...] padded rows -> [sum lengths, ...], each request's first rows in request order."""
-    return torch.cat([x[r, :n] for r, n in enumerate(lengths)])
+def _row_index(lengths: tuple[int, ...], width: int) -> np.ndarray:
+    """[B, width] rows of packed inputs (each request's rows after the previous one's) that make a
+    padded [B, width] batch: request r's rows, then its last row repeated as padding. Padding only has
+    to be finite: padded keys are masked before the softmax (their probabilities are exactly 0) and
+    padded queries are dropped, so one gather replaces zero-filling and a copy per request."""
+    n = np.asarray(lengths, dtype=np.int64)
+    start = np.cumsum(n) - n
+    return start[:, None] + np.minimum(np.arange(width), n[:, None] - 1)
+
+
+def _real_rows(lengths: list[int], width: int) -> np.ndarray:
+    """Rows of a flattened [B * width] padded batch that hold real queries, in request order."""
+    at = np.arange(width)
+    return (np.arange(len(lengths))[:, None] * width + at)[at < np.asarray(lengths)[:, None]]
 
 
 def _padded(
@@ -202,17 +214,26 @@ def _padded(
     `precisions`: the mask and the padded inputs are prepared once and shared. The same arithmetic
     as `_request` with a single key block, but the padded matmuls may sum in a different order (not
     bitwise equal to it). A GQA group's queries are stacked along the rows ([B, Hkv, G*E, D]), so
-    both matmuls are plain batched products, with no key or value copied per query head."""
+    both matmuls are plain batched products, with no key or value copied per query head. The
+    positions for the mask, the gathers that pad the packed inputs and the one that unpads the
+    results go to the device in one copy."""
     bsz = len(masks)
-    hq, hkv, d = inputs.q[0].shape[1], inputs.k[0].shape[1], inputs.q[0].shape[2]
+    hq, hkv, d = inputs.q_all.shape[1], inputs.kv_all.shape[2], inputs.q_all.shape[2]
     g = hq // hkv
-    hidden = ~padded_visible(masks, device)[:, None, None]  # [B, 1, 1, E, T]
-    pad = torch.nn.utils.rnn.pad_sequence
-    q, k, v = (pad(xs, batch_first=True).to(device) for xs in (inputs.q, inputs.k, inputs.v))
-    e = q.shape[1]
-    q = q.view(bsz, e, hkv, g, d).permute(0, 2, 3, 1, 4)  # [B, Hkv, G, E, D]
-    k, v = k.permute(0, 2, 1, 3), v.permute(0, 2, 1, 3)  # [B, Hkv, T, D]
+    host = padded_positions(masks)
+    e, t = host["query_pos"].shape[1], host["key_pos"].shape[1]
     lengths = [m.num_queries for m in masks]
+    host |= {
+        "q_rows": _row_index(inputs.q_lens, e),
+        "kv_rows": _row_index(inputs.kv_lens, t),
+        "out_rows": _real_rows(lengths, e),
+    }
+    dev = upload(host, device)
+    hidden = ~padded_visible_from(dev, masks)[:, None, None]  # [B, 1, 1, E, T]
+    q = inputs.q_all.to(device).index_select(0, dev["q_rows"].flatten())
+    q = q.view(bsz, e, hkv, g, d).permute(0, 2, 3, 1, 4)  # [B, Hkv, G, E, D]
+    kv = inputs.kv_all.to(device).index_select(1, dev["kv_rows"].flatten()).view(2, bsz, t, hkv, d)
+    k, v = kv[0].permute(0, 2, 1, 3), kv[1].permute(0, 2, 1, 3)  # [B, Hkv, T, D]
     converted: dict[torch.dtype, tuple[torch.Tensor, ...]] = {}  # exact and native share float32 on a GPU
     out = []
     for acc, round_to in precisions:
@@ -224,8 +245,8 @@ def _padded(
         o, lse = _padded_softmax(qh, kh, vh, hidden, sink, scale, cap, round_to, g)
         out.append(
             (
-                _unpad(o.permute(0, 3, 1, 2, 4).reshape(bsz, e, hq, d), lengths),
-                _unpad(lse.permute(0, 3, 1, 2).reshape(bsz, e, hq), lengths),
+                o.permute(0, 3, 1, 2, 4).reshape(bsz * e, hq, d).index_select(0, dev["out_rows"]),
+                lse.permute(0, 3, 1, 2).reshape(bsz * e, hq).index_select(0, dev["out_rows"]),
             )
         )
     return out

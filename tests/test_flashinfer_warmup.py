@@ -7,11 +7,19 @@ adapter runs. Checked here on the recording fake; the device run builds them.
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 
 from harness import backends
 from harness.batch import build_batch, make_inputs
-from harness.flashinfer_warmup import GPU_VARIANT, coverage_cases, module_probes, pinned_cases
+from harness.flashinfer_warmup import (
+    GPU_VARIANT,
+    coverage_cases,
+    install_prebuilt,
+    module_probes,
+    pinned_cases,
+)
 from tests import flashinfer_fake as fake
 
 PROBES = [p for p in module_probes() if p.backend]
@@ -63,3 +71,35 @@ def test_coverage_runs_only_supported_cases_and_every_mode():
         ("flashinfer_dec_tc", "DRAFT_EXTEND_V2"),
         ("flashinfer_enc", "CROSS"),
     }
+
+
+def _spec(tmp_path, name, built=True, is_aot=False):
+    jit = tmp_path / "jit" / name / f"{name}.so"
+    if built:
+        jit.parent.mkdir(parents=True)
+        jit.write_bytes(name.encode())
+    aot = tmp_path / "aot" / name / f"{name}.so"
+    return SimpleNamespace(name=name, jit_library_path=jit, aot_path=aot, is_aot=is_aot)
+
+
+def test_built_modules_are_installed_where_flashinfer_loads_prebuilt_ones(tmp_path):
+    """Each module the batch build made is copied to its prebuilt path (so its first use loads it
+    rather than building it again); prebuilt ones are left alone; a module that was not built, or a
+    directory that cannot be written, is reported by name, and the rest are still installed."""
+    specs = [
+        _spec(tmp_path, "a"),
+        _spec(tmp_path, "b", built=False),
+        _spec(tmp_path, "c", is_aot=True),
+        _spec(tmp_path, "d"),
+    ]
+    installed, problems = install_prebuilt(specs)
+    assert installed == ["a", "d"]
+    assert specs[0].aot_path.read_bytes() == b"a" and specs[3].aot_path.read_bytes() == b"d"
+    assert not specs[2].aot_path.exists()
+    assert len(problems) == 1 and problems[0].startswith("b: ") and "was not built" in problems[0]
+
+    blocked = _spec(tmp_path, "e")
+    blocked.aot_path.parent.parent.mkdir(parents=True, exist_ok=True)
+    blocked.aot_path.parent.write_text("a file where the module's directory should be")
+    installed, problems = install_prebuilt([blocked, _spec(tmp_path, "f")])
+    assert installed == ["f"] and len(problems) == 1 and problems[0].startswith("e: cannot write")
