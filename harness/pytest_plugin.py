@@ -2,10 +2,11 @@
 
 Registered by the root conftest.py. `--harness-results PATH` writes results.json; `--harness-report
 DIR` writes results.json, index.html and junit.xml into DIR (docs/reports.md); `--harness-progress`
-prints a progress line while the suite runs. The summary table is printed at the end of any run
-that checked cases. Examples hypothesis tried while shrinking a failure (or crash, or hang) are
-dropped except the final (minimal) one, so a failure counts once; a failing one is rerun through
-the mask probe.
+prints a progress line while the suite runs; `--harness-shard I/N` keeps every Nth test from the
+Ith, so N processes can split one backend's suite (harness/parallel.py). The summary table is
+printed at the end of any run that checked cases. Examples hypothesis tried while shrinking a
+failure (or crash, or hang) are dropped except the final (minimal) one, so a failure counts once; a
+failing one is rerun through the mask probe.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ _RESULTS_KEY = pytest.StashKey[list]()
 _ITEM_KEY = pytest.StashKey[list]()
 _PROGRESS_KEY = pytest.StashKey[Progress]()
 _STARTED_KEY = pytest.StashKey[tuple]()
+_SHARD_KEY = pytest.StashKey[tuple]()
 PROGRESS_EVERY_S = 5.0  # while a test runs; a line is also printed when a test ends (at most 1/s)
 
 
@@ -37,12 +39,32 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption(
         "--harness-no-probe", action="store_true", help="do not rerun failures through the mask probe"
     )
+    group.addoption(
+        "--harness-shard",
+        default=None,
+        metavar="I/N",
+        help="run only the tests whose index (after -k/-m) modulo N is I, 0 <= I < N",
+    )
+
+
+def parse_shard(text: str) -> tuple[int, int]:
+    """`I/N` as (I, N); checked before collection so a typo fails at once, not after a long collect."""
+    expected = f"--harness-shard {text!r}: expected I/N with integers 0 <= I < N, e.g. 0/2"
+    try:
+        index, count = (int(x) for x in text.split("/"))
+    except ValueError:
+        raise pytest.UsageError(expected) from None
+    if count < 1 or not 0 <= index < count:
+        raise pytest.UsageError(expected)
+    return index, count
 
 
 def pytest_configure(config: pytest.Config) -> None:
     config.stash[_RESULTS_KEY] = []
     config.stash[_PROGRESS_KEY] = Progress()
     config.stash[_STARTED_KEY] = (time.time(), time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+    shard = config.getoption("--harness-shard")
+    config.stash[_SHARD_KEY] = parse_shard(shard) if shard else (0, 1)
     from harness import backends
 
     for line in (
@@ -89,6 +111,18 @@ def _print_progress(config: pytest.Config, progress: Progress) -> None:
         return
     with capture.global_and_fixture_disabled():
         reporter.write_line(progress.line())
+
+
+@pytest.hookimpl(trylast=True)  # after -k and -m: the shards split what is selected, evenly
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Keep this shard's items; the others are reported as deselected, so the counts add up."""
+    index, count = config.stash[_SHARD_KEY]
+    if count == 1:
+        return
+    dropped = [item for i, item in enumerate(items) if i % count != index]
+    items[:] = [item for i, item in enumerate(items) if i % count == index]
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
