@@ -125,7 +125,8 @@ def add_check(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--jobs",
         type=int,
-        help="pytest processes at once, one backend each (default 1; on CUDA 1 per 4 cores, up to 4)",
+        help="pytest processes at once, one backend each; with more jobs than backends each backend is "
+        "split into jobs // backends shards (default 1; on CUDA 1 per 4 cores, up to 4)",
     )
 
 
@@ -155,7 +156,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     for name in args.backend or []:
         load_backend(name)
     names = args.backend or backends.names()
-    jobs = min(_jobs(args.jobs, on_gpu and args.device != "cpu"), len(names))
+    jobs = _jobs(args.jobs, on_gpu and args.device != "cpu")  # more than backends: shards (parallel.py)
     marks = []  # markers are exact names ("-k extend" would also match draft_extend_v2)
     families = _families(args)
     if families:
@@ -222,8 +223,9 @@ def _check_parallel(
     profile: str,
     results_path: str | None,
 ) -> int:
-    """The suite as one pytest process per backend, `jobs` at once (harness/parallel.py), merged
-    into one results.json and report in run_dir."""
+    """The suite as one pytest process per backend (or per shard of one, when there are more jobs
+    than backends), `jobs` at once (harness/parallel.py), merged into one results.json and report
+    in run_dir."""
     import time
 
     from harness import parallel, report
@@ -232,9 +234,12 @@ def _check_parallel(
     from harness.suite import BACKENDS_ENV
 
     started, t0 = time.strftime("%Y-%m-%dT%H:%M:%S%z"), time.monotonic()
+    split = parallel.shards(names, jobs)
+    jobs = min(jobs, split * len(names))  # what can run at once
+    per = "one process per backend" if split == 1 else f"{split} shards per backend"
     print(
-        f"attn-harness check: profile {profile}; {len(names)} backends, {jobs} pytest processes at once; "
-        f"each: {' '.join(cmd[1:])}",
+        f"attn-harness check: profile {profile}; {len(names)} backends, {per}, {jobs} pytest processes "
+        f"at once; each: {' '.join(cmd[1:])}",
         flush=True,
     )
     parts = parallel.run(cmd, env, BACKENDS_ENV, names, jobs, run_dir / "parts", ROOT)
@@ -246,7 +251,7 @@ def _check_parallel(
         "started": started,
         "elapsed_s": round(time.monotonic() - t0, 3),
         "profile": profile,
-        "command": f"pytest {' '.join(cmd[3:])} (one process per backend, {jobs} at once)",
+        "command": f"pytest {' '.join(cmd[3:])} ({per}, {jobs} at once)",
         "exit_status": code,
     }
     data = results_json.build(records, run, environment)

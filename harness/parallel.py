@@ -4,7 +4,10 @@ On a GPU a check is bound by the host (Python, kernel launches, compiling), not 
 pytest process leaves the GPU idle most of the time. Here each backend's suite is its own pytest
 process (with its own isolation worker), at most N run at once, the longest first, and their
 results files are merged into the run's results.json, from which the report is rendered as usual.
-A process's output goes to `<run dir>/parts/<backend>.log`; its results to `parts/<backend>.json`.
+With more jobs than backends each backend is split into `jobs // backends` shards (pytest's
+`--harness-shard I/N`), so one backend's suite can use several processes too.
+A process's output goes to `<run dir>/parts/<backend>.log`; its results to `parts/<backend>.json`
+(a shard's: `parts/<backend>.<I>of<N>.log` and `.json`).
 """
 
 from __future__ import annotations
@@ -31,17 +34,29 @@ INTERRUPT_GRACE_S = 20.0  # for an interrupted pytest to write its results
 
 @dataclass
 class Part:
-    """One backend's pytest process."""
+    """One backend's pytest process, or one shard of it."""
 
     backend: str
     results: Path
     log: Path
+    shard: int = 0
+    shards: int = 1
     proc: subprocess.Popen | None = None
     started: float = 0.0
     seconds: float = 0.0
     code: int | None = None
     records: list[dict] = field(default_factory=list)
     environment: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        """How messages name the part: the backend, and its shard when split (`torch_native[0/2]`)."""
+        return self.backend if self.shards == 1 else f"{self.backend}[{self.shard}/{self.shards}]"
+
+    @property
+    def args(self) -> list[str]:
+        """The pytest options that select this part's tests beyond the backend."""
+        return [] if self.shards == 1 else ["--harness-shard", f"{self.shard}/{self.shards}"]
 
 
 def order(names: list[str]) -> list[str]:
@@ -64,6 +79,23 @@ def counts(records: list[dict]) -> str:
     return ", ".join(f"{n} {s}" for s, n in found.items() if n) or "no cases"
 
 
+def shards(names: list[str], jobs: int) -> int:
+    """Parts per backend: the jobs left over when every backend has one are shared out evenly."""
+    return max(1, jobs // max(1, len(names)))
+
+
+def parts(names: list[str], jobs: int, parts_dir: Path) -> list[Part]:
+    """Every backend's parts in start order (order()), a backend's shards together, each with its
+    own files: `<backend>.json`, or `<backend>.<I>of<N>.json` for shard I of N."""
+    n = shards(names, jobs)
+    out = []
+    for backend in order(names):
+        for i in range(n):
+            stem = _file_name(backend) + (f".{i}of{n}" if n > 1 else "")
+            out.append(Part(backend, parts_dir / f"{stem}.json", parts_dir / f"{stem}.log", i, n))
+    return out
+
+
 def _file_name(backend: str) -> str:
     """A backend name or module:factory spec as a file name."""
     return re.sub(r"[^A-Za-z0-9_.-]", "_", backend)
@@ -73,7 +105,7 @@ def _start(part: Part, cmd: list[str], env: dict[str, str], backends_env: str, c
     part.log.parent.mkdir(parents=True, exist_ok=True)
     with part.log.open("w") as log:
         part.proc = subprocess.Popen(
-            [*cmd, "--harness-results", str(part.results)],
+            [*cmd, *part.args, "--harness-results", str(part.results)],
             cwd=cwd,
             env={**env, backends_env: part.backend},
             stdout=log,
@@ -105,13 +137,12 @@ def run(
     out: IO[str] = sys.stdout,
     status_every: float = STATUS_EVERY_S,
 ) -> list[Part]:
-    """Run `cmd` (a pytest command line) once per backend, at most `jobs` at once; returns the parts
-    in start order, each with its exit code, seconds and records. Prints a line as each ends. On an
-    interrupt (Ctrl-C, a time limit's SIGINT) the running parts are asked to stop and write what
-    they checked; parts not started are marked interrupted."""
-    todo = [
-        Part(n, parts_dir / f"{_file_name(n)}.json", parts_dir / f"{_file_name(n)}.log") for n in order(names)
-    ]
+    """Run `cmd` (a pytest command line) once per part (parts(): a backend, or a shard of one when
+    there are more jobs than backends), at most `jobs` at once; returns the parts in start order,
+    each with its exit code, seconds and records. Prints a line as each ends. On an interrupt
+    (Ctrl-C, a time limit's SIGINT) the running parts are asked to stop and write what they
+    checked; parts not started are marked interrupted."""
+    todo = parts(names, jobs, parts_dir)
     waiting, running, done = list(todo), [], 0
     last_status = time.monotonic()
     try:
@@ -128,16 +159,16 @@ def run(
                 _finish(part, code)
                 done += 1
                 note = "" if code in (0, NO_TESTS) else f"  exit {code}, log: {part.log}"
-                line = f"[{done}/{len(todo)}] {part.backend}: {counts(part.records)} ({part.seconds:.0f} s)"
+                line = f"[{done}/{len(todo)}] {part.name}: {counts(part.records)} ({part.seconds:.0f} s)"
                 print(line + note, file=out, flush=True)
             if running and time.monotonic() - last_status >= status_every:
                 last_status = time.monotonic()
                 now = time.monotonic()
-                busy = ", ".join(f"{p.backend} {now - p.started:.0f} s" for p in running)
+                busy = ", ".join(f"{p.name} {now - p.started:.0f} s" for p in running)
                 print(f"running: {busy}; {len(waiting)} waiting", file=out, flush=True)
             time.sleep(0.2)
     except KeyboardInterrupt:  # stopped: what the running parts checked so far still makes the report
-        print(f"interrupted: stopping {', '.join(p.backend for p in running)}", file=out, flush=True)
+        print(f"interrupted: stopping {', '.join(p.name for p in running)}", file=out, flush=True)
         for part in running:
             part.proc.send_signal(signal.SIGINT)  # pytest writes its results on an interrupt
         for part in running:

@@ -65,6 +65,51 @@ def test_a_parallel_run_merges_every_backend_and_a_failure_fails_it(tmp_path):
     assert len(list((run / "parts").glob("*.log"))) == 2
 
 
+def test_more_jobs_than_backends_split_each_backend_into_shards_with_their_own_files(tmp_path):
+    assert [parallel.shards(["a"] * n, jobs) for n, jobs in [(1, 4), (2, 5), (3, 2), (2, 1)]] == [4, 2, 1, 1]
+    parts = parallel.parts(["torch_native", "fa4", "m.x:make"], 6, tmp_path)
+    assert [p.name for p in parts] == [
+        "fa4[0/2]",
+        "fa4[1/2]",
+        "torch_native[0/2]",
+        "torch_native[1/2]",
+        "m.x:make[0/2]",
+        "m.x:make[1/2]",
+    ]
+    assert parts[1].args == ["--harness-shard", "1/2"] and parts[1].results.name == "fa4.1of2.json"
+    assert len({p.results for p in parts} | {p.log for p in parts}) == 12
+    assert all(p.results.parent == tmp_path and "/" not in p.log.name for p in parts)
+    (whole,) = parallel.parts(["m.x:make"], 1, tmp_path)
+    assert whole.name == "m.x:make" and whole.args == [] and whole.results.name == "m.x_make.json"
+
+
+def _check(tmp_path, jobs: int) -> tuple[subprocess.CompletedProcess, list[dict]]:
+    """`check` of torch_native's decode tests (full and swa) on the CPU; its merged records."""
+    argv = [sys.executable, "-m", "harness", "check", "--device", "cpu", "--family", "decode"]
+    argv += ["--backend", "torch_native", "--no-probe", "--jobs", str(jobs)]
+    argv += ["--reports", str(tmp_path / "reports"), "--results", str(tmp_path / "results.json")]
+    proc = subprocess.run(argv, capture_output=True, text=True, cwd=cli.ROOT, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc, results_json.load(tmp_path / "results.json")["results"]
+
+
+def test_one_backend_with_two_jobs_runs_as_two_shards_that_together_check_what_one_process_does(tmp_path):
+    """Two shards of one backend: every test of the unsharded run in exactly one shard, each record
+    merged once, the shards' files apart, the exit status as before."""
+    _, whole = _check(tmp_path / "one", 1)
+    proc, sharded = _check(tmp_path / "two", 2)
+    assert "2 shards per backend, 2 pytest processes at once" in proc.stdout
+    assert "torch_native[0/2]:" in proc.stdout and "torch_native[1/2]:" in proc.stdout
+    parts = (tmp_path / "two" / "reports" / "latest" / "parts").resolve()
+    shard_ids = [
+        {r["test_id"] for r in results_json.load(parts / f"torch_native.{i}of2.json")["results"]}
+        for i in range(2)
+    ]
+    assert all(shard_ids) and not shard_ids[0] & shard_ids[1]
+    assert sorted(r["test_id"] for r in sharded) == sorted(r["test_id"] for r in whole)
+    assert len({r["test_id"] for r in whole}) == 2 and len(whole) > 2
+
+
 CHILD = """
 import os, signal, sys, time
 from harness.report import results_json
