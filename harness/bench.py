@@ -4,7 +4,8 @@ scales, and how fast the mutation catalogue is caught. `python -m harness bench`
 A correctness harness that is slow gets run rarely and with small shapes, and small shapes are
 where window bugs hide: this measures the harness on whatever device is present and prints a table
 and writes JSON (docs/bench.md documents every field). Sections:
-- throughput: cases checked per second over a fixed, seeded mix of small cases, caches warm;
+- throughput: cases checked per second over a fixed, seeded mix of small cases, caches warm; with
+  `workers` > 1 also in that many processes at once, as `check --jobs N` runs one backend;
 - phases: fractions of each check's wall time spent building, planning, in the kernel, in the
   references, comparing, and (CPU) in the Hugging Face cross-check (harness/timing.py);
 - scale: time and peak memory of the reference on one long request, in a subprocess per run;
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import multiprocessing
 import random
 import statistics
 import subprocess
@@ -22,11 +24,15 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from multiprocessing.queues import Queue
+from multiprocessing.synchronize import Barrier
 from pathlib import Path
+from queue import Empty
 
 import torch
 
 from harness import mutation, timing
+from harness.backends import load
 from harness.backends.base import Backend, Capabilities
 from harness.batch import make_inputs
 from harness.case import PAGE_LAYOUTS, Case, Request
@@ -46,6 +52,10 @@ MAX_BATCH = 8
 MAX_TOKENS = 512  # per request: prefix + extend (CROSS: encoder keys)
 MAX_DRAFT = 8
 MAX_FAILURES_SHOWN = 5
+# The parallel throughput: a worker silent this long (its warm-up compiles included) is stuck.
+WORKER_TIMEOUT_S = 600.0
+POLL_S = 0.5  # how often the parent looks for a dead worker while waiting
+JOIN_GRACE_S = 10.0  # for a worker to exit after its last report, before it is killed
 
 # Scale: one EXTEND request without a prefix, the shape of a long-context GQA model's layer.
 SCALE_SHAPE = {"num_q_heads": 8, "num_kv_heads": 1, "head_dim": 128, "dtype": "bfloat16"}
@@ -145,7 +155,10 @@ class ThroughputRow:
     pass_seconds: list[float] = field(default_factory=list)  # every timed pass, in order
     warm_seconds: float = 0.0  # the first pass, compiles included
     failures: list[dict] = field(default_factory=list)  # the first few: status, reason, repro
-    reason: str = ""  # why the backend was not measured (unavailable here)
+    reason: str = ""  # why the backend was not measured (unavailable here), or the parallel run failed
+    workers: int = 1  # processes of the parallel measurement (1: none)
+    parallel_cases_per_s: float = 0.0  # checked cases per second of the median parallel pass
+    parallel_pass_seconds: list[float] = field(default_factory=list)  # every parallel pass's wall time
 
 
 @dataclass
@@ -163,6 +176,149 @@ def _pass(backend: Backend, cases: list[Case], device: str) -> tuple[list[CaseRe
     start = time.perf_counter()
     results = [check_case(backend, c, device) for c in cases]
     return results, time.perf_counter() - start
+
+
+def _worst(results: list[CaseResult], found: list[CaseResult]) -> list[CaseResult]:
+    """A case that failed in any pass stays failed."""
+    return [old if old.status != "pass" else new for old, new in zip(results, found)]
+
+
+def _timed_passes(
+    backend: Backend, cases: list[Case], device: str, repeat: int
+) -> tuple[list[CaseResult], list[float]]:
+    """`repeat` passes in this process: the worst result of each case, and each pass's seconds."""
+    results, passes = [], []
+    for _ in range(repeat):
+        found, seconds = _pass(backend, cases, device)
+        passes.append(seconds)
+        results = _worst(results, found) if results else found
+    return results, passes
+
+
+# --- throughput in several processes ----------------------------------------------------------
+
+
+@dataclass
+class ParallelPasses:
+    """What the worker processes measured, complete passes only."""
+
+    walls: list[float]  # per pass: the last worker's end - the first one's start
+    found: list[list[tuple[str, str]]]  # per pass, per case of the mix: (status, reason)
+    error: str = ""  # a worker failed, died or went silent; the passes after it are missing
+
+
+def _worker(
+    w: int,
+    name: str,
+    device: str,
+    share: list[Case],
+    repeat: int,
+    barrier: Barrier,
+    queue: Queue,
+    timeout: float,
+) -> None:
+    """One worker: loads the backend by name (a Backend's caches do not cross processes), warms
+    up on its share, then per pass waits for the others at the barrier and checks its share,
+    reporting time.time() at start and end (one clock for every process). Any error is reported,
+    never raised: the parent must not wait for reports that will not come."""
+    try:
+        backend = load(name)
+        _pass(backend, share, device)
+        for p in range(repeat):
+            barrier.wait(timeout)
+            start = time.time()
+            results = [check_case(backend, c, device) for c in share]
+            queue.put(("pass", w, p, start, time.time(), [(r.status, r.reason) for r in results]))
+    except Exception as e:
+        queue.put(("error", w, f"{type(e).__name__}: {e}"))
+
+
+def _collect(procs: list, queue: Queue, expected: int, timeout: float) -> tuple[list[tuple], str]:
+    """The workers' pass reports until all came, or one reported an error, died without a word,
+    or none reported for `timeout` seconds: a broken worker ends the wait, never hangs it."""
+    reports, last = [], time.monotonic()
+    while len(reports) < expected:
+        try:
+            msg = queue.get(timeout=POLL_S)
+        except Empty:
+            dead = [f"worker {w} exited with code {p.exitcode}" for w, p in enumerate(procs) if p.exitcode]
+            if dead:
+                return reports, dead[0]
+            if time.monotonic() - last > timeout:
+                return reports, f"no worker reported for {timeout:g} s"
+            continue
+        if msg[0] == "error":
+            return reports, f"worker {msg[1]}: {msg[2]}"
+        reports.append(msg[1:])
+        last = time.monotonic()
+    return reports, ""
+
+
+def _passes(reports: list[tuple], workers: int, n: int, error: str) -> ParallelPasses:
+    """Each pass that every worker completed: its wall time, and the cases' results in mix order."""
+    by_pass: dict[int, list[tuple]] = {}
+    for w, p, start, end, found in reports:
+        by_pass.setdefault(p, []).append((w, start, end, found))
+    walls, found = [], []
+    for got in (by_pass[p] for p in sorted(by_pass) if len(by_pass[p]) == workers):
+        walls.append(max(end for _, _, end, _ in got) - min(start for _, start, _, _ in got))
+        merged: list = [None] * n
+        for w, _, _, share in got:
+            merged[w::workers] = share
+        found.append(merged)
+    return ParallelPasses(walls, found, error)
+
+
+def parallel_passes(
+    backend: Backend,
+    device: str,
+    cases: list[Case],
+    workers: int,
+    repeat: int,
+    timeout: float = WORKER_TIMEOUT_S,
+) -> ParallelPasses:
+    """The mix checked by `workers` processes sharing the device, as `check --jobs N` runs one
+    backend's suite: worker w checks the cases whose index % workers == w. Spawned, not forked
+    (CUDA cannot be used in a forked child); each pass starts at a barrier, so a slow warm-up does
+    not count."""
+    ctx = multiprocessing.get_context("spawn")
+    barrier, queue = ctx.Barrier(workers), ctx.Queue()
+    procs = [
+        ctx.Process(
+            target=_worker,
+            args=(w, backend.name, device, cases[w::workers], repeat, barrier, queue, timeout),
+            name=f"bench-worker-{w}",
+        )
+        for w in range(workers)
+    ]
+    for proc in procs:
+        proc.start()
+    reports, error = _collect(procs, queue, workers * repeat, timeout)
+    if error:
+        barrier.abort()  # the others stop waiting for the one that will not come
+    for proc in procs:
+        proc.join(JOIN_GRACE_S)
+        if proc.is_alive():
+            proc.kill()
+            proc.join()
+    return _passes(reports, workers, len(cases), error)
+
+
+def _worst_of_parallel(results: list[CaseResult], par: ParallelPasses) -> list[CaseResult]:
+    """A case failing in a parallel pass is a failure as in a timed pass (same case, same repro)."""
+    for found in par.found:
+        seen = [dataclasses.replace(r, status=s, reason=why) for r, (s, why) in zip(results, found)]
+        results = _worst(results, seen)
+    return results
+
+
+def _add_parallel(row: ThroughputRow, par: ParallelPasses, workers: int) -> None:
+    """The parallel rate: the whole mix's checked cases over the median parallel pass."""
+    row.workers, row.parallel_pass_seconds = workers, par.walls
+    if par.error:
+        row.reason = f"in {workers} processes: {par.error}"
+    elif par.walls and statistics.median(par.walls) > 0:
+        row.parallel_cases_per_s = row.checked / statistics.median(par.walls)
 
 
 def throughput_row(
@@ -223,10 +379,16 @@ def phase_row(backend: Backend, device: str, cases: list[Case]) -> PhaseRow:
 
 
 def measure_backend(
-    backend: Backend, device: str, cases: list[Case], sections: tuple[str, ...], repeat: int = 1
+    backend: Backend,
+    device: str,
+    cases: list[Case],
+    sections: tuple[str, ...],
+    repeat: int = 1,
+    workers: int = 1,
 ) -> tuple[ThroughputRow | None, PhaseRow | None]:
-    """Warm pass (compiles, first-touch allocations), then `repeat` timed passes, then a recorded
-    pass. Every timed pass's results count (a case failing in any of them is a failure)."""
+    """Warm pass (compiles, first-touch allocations), then `repeat` timed passes (and, with
+    `workers` > 1, `repeat` passes in that many processes), then a recorded pass. Every timed
+    pass's results count (a case failing in any of them is a failure)."""
     why = backend.available(device)
     if why:
         row = ThroughputRow(backend.name, device, len(cases), reason=why)
@@ -234,16 +396,13 @@ def measure_backend(
     _, warm = _pass(backend, cases, device)
     row = None
     if "throughput" in sections:
-        results: list[CaseResult] | None = None
-        passes = []
-        for _ in range(repeat):
-            found, seconds = _pass(backend, cases, device)
-            passes.append(seconds)
-            if results is None:
-                results = found
-            else:  # a case that failed in any pass stays failed
-                results = [old if old.status != "pass" else new for old, new in zip(results, found)]
+        results, passes = _timed_passes(backend, cases, device, repeat)
+        par = parallel_passes(backend, device, cases, workers, repeat) if workers > 1 else None
+        if par:
+            results = _worst_of_parallel(results, par)
         row = throughput_row(backend, device, cases, results, passes, warm)
+        if par:
+            _add_parallel(row, par, workers)
     phases = phase_row(backend, device, cases) if "phases" in sections else None
     return row, phases
 
@@ -415,6 +574,7 @@ class Options:
     cases: int = 64
     seed: int = 0
     repeat: int = 3  # timed throughput passes; the median is reported
+    workers: int = 1  # > 1: throughput also in this many processes at once
     scale_tokens: tuple[int, ...] = SCALE_TOKENS
     scale_timeout: float = 180.0
     max_examples: int = 200
@@ -441,6 +601,7 @@ def run(
             "seed": opts.seed,
             "cases": opts.cases,
             "timed_passes": opts.repeat,
+            "workers": opts.workers,
             "max_batch": MAX_BATCH,
             "max_tokens": MAX_TOKENS,
             **MIX_SHAPE,
@@ -460,7 +621,7 @@ def run(
         for b in opts.backends:
             say(f"  throughput/phases: {b.name} on {opts.device} ...")
             cases = mix(opts.seed, opts.cases, b.capabilities)
-            row, phases = measure_backend(b, opts.device, cases, opts.sections, opts.repeat)
+            row, phases = measure_backend(b, opts.device, cases, opts.sections, opts.repeat, opts.workers)
             if row:
                 keep("throughput", dataclasses.asdict(row))
             if phases:
@@ -482,10 +643,12 @@ def run(
 
 
 def passed(doc: dict) -> bool:
-    """False when a mix case failed, crashed or hung, or a mutant survived or its hunt errored."""
+    """False when a mix case failed, crashed or hung, a parallel measurement failed, or a mutant
+    survived or its hunt errored."""
     bad_case = any(r["failed"] or r["crashed"] for r in doc.get("throughput", []))
+    bad_workers = any(r["workers"] > 1 and r["reason"] for r in doc.get("throughput", []))
     bad_hunt = any(r["outcome"] in ("survived", "error") for r in doc.get("detection", []))
-    return not (bad_case or bad_hunt)
+    return not (bad_case or bad_workers or bad_hunt)
 
 
 # --- the table --------------------------------------------------------------------------------
@@ -508,6 +671,23 @@ def _s(x: float | None) -> str:
     return "-" if x is None else f"{x:.2f}"
 
 
+def _throughput_cells(r: dict, parallel: bool) -> tuple[str, ...]:
+    """A throughput row's cells; `-` for what was not measured (the parallel rate when it failed)."""
+    if not r["pass_seconds"]:  # unavailable here
+        return (r["backend"], *["-"] * (9 if parallel else 8))
+    rate = r["parallel_cases_per_s"]
+    procs = (f"{rate:.1f}" if rate else "-",) if parallel else ()
+    counts = (r["checked"], r["passed"], r["failed"], r["crashed"], r["skipped"])
+    return (
+        r["backend"],
+        f"{r['cases_per_s']:.1f}",
+        *procs,
+        *map(str, counts),
+        _s(r["seconds"]),
+        _s(r["warm_seconds"]),
+    )
+
+
 def table(doc: dict) -> str:
     """The printed report: one block per section that ran."""
     out: list[str] = []
@@ -520,29 +700,25 @@ def table(doc: dict) -> str:
     dev = f"{doc['meta']['device']} ({doc['meta']['device_name']}, {doc['meta']['threads']} threads)"
     if "throughput" in doc:
         out.append(f"throughput on {dev}; mix: {mix_words}")
-        head = ("backend", "cases/s", "checked", "pass", "fail", "crash", "skip", "seconds", "warm-up s")
-        rows = []
+        workers = m["workers"]
+        procs = (f"{workers} procs/s",) if workers > 1 else ()
+        head = (
+            "backend",
+            "cases/s",
+            *procs,
+            "checked",
+            "pass",
+            "fail",
+            "crash",
+            "skip",
+            "seconds",
+            "warm-up s",
+        )
+        out += _grid(head, [_throughput_cells(r, workers > 1) for r in doc["throughput"]])
         for r in doc["throughput"]:
             if r["reason"]:
-                rows.append((r["backend"], "-", "-", "-", "-", "-", "-", "-", "-"))
-                continue
-            rows.append(
-                (
-                    r["backend"],
-                    f"{r['cases_per_s']:.1f}",
-                    str(r["checked"]),
-                    str(r["passed"]),
-                    str(r["failed"]),
-                    str(r["crashed"]),
-                    str(r["skipped"]),
-                    _s(r["seconds"]),
-                    _s(r["warm_seconds"]),
-                )
-            )
-        out += _grid(head, rows)
-        for r in doc["throughput"]:
-            if r["reason"]:
-                out.append(f"  {r['backend']}: not measured: {r['reason']}")
+                what = "not measured" if not r["pass_seconds"] else "parallel measurement failed"
+                out.append(f"  {r['backend']}: {what}: {r['reason']}")
             for f in r["failures"]:
                 out.append(f"  {r['backend']} {f['status'].upper()}: {f['reason']}\n    {f['repro']}")
         out.append("")

@@ -405,6 +405,13 @@ def add_bench(p: argparse.ArgumentParser) -> None:
         "--repeat", type=int, default=3, help="timed throughput passes; the median is reported (default 3)"
     )
     p.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="throughput: also check the mix in this many processes at once, as check --jobs N runs "
+        "one backend (default 1: not)",
+    )
+    p.add_argument(
         "--scale-tokens", type=_int_list, default=None, help="request lengths (default 8192,32768,131072)"
     )
     p.add_argument(
@@ -425,8 +432,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     bad = [s for s in sections if s not in bench.SECTIONS]
     if bad or not sections:
         raise UsageError(f"unknown section {bad[0] if bad else ''!r}; known: {', '.join(bench.SECTIONS)}")
-    if args.cases < 1 or args.max_examples < 1 or args.repeat < 1:
-        raise UsageError("--cases, --repeat and --max-examples must be at least 1")
+    if min(args.cases, args.max_examples, args.repeat, args.workers) < 1:
+        raise UsageError("--cases, --repeat, --workers and --max-examples must be at least 1")
     if args.backend:
         chosen = [load_backend(n) for n in args.backend]
     else:
@@ -438,6 +445,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         cases=args.cases,
         seed=args.seed,
         repeat=args.repeat,
+        workers=args.workers,
         scale_tokens=args.scale_tokens or bench.SCALE_TOKENS,
         scale_timeout=args.scale_timeout,
         max_examples=args.max_examples,

@@ -3,6 +3,7 @@ that replays, and clear errors. Small sizes only: the bench's numbers are measur
 
 import dataclasses
 import json
+import statistics
 import time
 
 import pytest
@@ -29,6 +30,9 @@ THROUGHPUT = {
     "warm_seconds",
     "failures",
     "reason",
+    "workers",
+    "parallel_cases_per_s",
+    "parallel_pass_seconds",
 }
 PHASES = {"backend", "device", "checked", "wall_seconds", "ms_per_case", "fractions", "overhead"}
 SCALE = {
@@ -79,6 +83,7 @@ def test_the_json_has_every_section_with_its_documented_fields(tmp_path, monkeyp
     assert set(tp) == THROUGHPUT and tp["backend"] == "torch_native" and not tp["reason"]
     assert tp["checked"] + tp["skipped"] == tp["cases"] == 3
     assert tp["passed"] == tp["checked"] and tp["cases_per_s"] > 0 and tp["failures"] == []
+    assert tp["workers"] == 1 and tp["parallel_cases_per_s"] == 0.0 and tp["parallel_pass_seconds"] == []
 
     (ph,) = doc["phases"]
     assert set(ph) == PHASES and set(ph["fractions"]) == {*bench.PHASES, "other"}
@@ -135,7 +140,7 @@ def test_the_rate_is_of_the_median_timed_pass_and_a_failure_in_any_pass_counts(m
 
 def _skeleton() -> dict:
     meta = {"device": "cpu", "device_name": "cpu", "threads": 1}
-    mix = {"seed": 0, "cases": 10, "max_batch": 8, "max_tokens": 512, **bench.MIX_SHAPE}
+    mix = {"seed": 0, "cases": 10, "max_batch": 8, "max_tokens": 512, "workers": 1, **bench.MIX_SHAPE}
     return {"meta": meta, "mix": mix}
 
 
@@ -186,3 +191,60 @@ def test_help_and_bad_input(capsys):
     assert "unknown backend 'no_such_backend'" in capsys.readouterr().err
     assert main(["bench", "--device", "cpu", "--section", "speed"]) == 2
     assert "unknown section 'speed'" in capsys.readouterr().err
+
+
+# --- throughput in several processes (tests/bench_workers.py: backends that misbehave in workers)
+
+
+def test_workers_measure_the_mix_in_that_many_processes_too(tmp_path, capsys):
+    out = tmp_path / "bench.json"
+    argv = ["bench", "--device", "cpu", "--backend", "torch_native", "--section", "throughput"]
+    assert main(argv + ["--cases", "4", "--workers", "2", "--repeat", "2", "--json", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    (tp,) = doc["throughput"]
+    assert set(tp) == THROUGHPUT and doc["mix"]["workers"] == 2 and tp["reason"] == ""
+    assert tp["workers"] == 2 and tp["passed"] == tp["checked"] == 4 and len(tp["parallel_pass_seconds"]) == 2
+    median = statistics.median(tp["parallel_pass_seconds"])
+    assert tp["parallel_cases_per_s"] == pytest.approx(4 / median) and tp["parallel_cases_per_s"] > 0
+    head = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("backend"))
+    assert head.split()[:3] == ["backend", "cases/s", "2"] and "procs/s" in head
+
+
+def test_a_pass_runs_from_the_barrier_not_from_a_late_workers_start():
+    """Worker 1 loads its backend 4 s after worker 0: with the barrier no pass includes the wait.
+    Every case is checked once per pass, by its worker, and comes back in its place in the mix."""
+    from tests import bench_workers
+
+    backend = load("tests.bench_workers:late_worker_1")
+    cases = bench.mix(0, 5, backend.capabilities, max_tokens=64)
+    par = bench.parallel_passes(backend, "cpu", cases, workers=2, repeat=2)
+    assert par.error == "" and len(par.walls) == 2
+    assert all(0 < wall < bench_workers.LATE_S / 2 for wall in par.walls), par.walls
+    here = [(r.status, r.reason) for r in bench._pass(backend, cases, "cpu")[0]]
+    assert par.found == [here, here] and {status for status, _ in here} == {"pass"}
+
+
+@pytest.mark.parametrize(
+    ("factory", "error"),
+    [("dies_in_worker_0", "worker 0 exited with code 3"), ("raises_in_worker_1", "worker 1: RuntimeError")],
+)
+def test_a_worker_that_fails_ends_the_wait_and_fails_the_bench(factory, error):
+    backend = load(f"tests.bench_workers:{factory}")
+    cases = bench.mix(0, 4, backend.capabilities, max_tokens=64)
+    start = time.monotonic()
+    row, _ = bench.measure_backend(backend, "cpu", cases, ("throughput",), repeat=1, workers=2)
+    assert time.monotonic() - start < 120  # not the 600 s of the timeouts
+    assert error in row.reason and row.reason.startswith("in 2 processes: ")
+    assert row.workers == 2 and row.parallel_cases_per_s == 0.0 and row.cases_per_s > 0
+    doc = {**_skeleton(), "throughput": [dataclasses.asdict(row)]}
+    doc["mix"]["workers"] = 2
+    assert bench.passed(doc) is False and "parallel measurement failed: in 2 processes" in bench.table(doc)
+
+
+def test_a_case_failing_only_in_a_parallel_pass_is_a_failure():
+    backend = load("tests.bench_workers:broken_in_workers")
+    cases = bench.mix(0, 10, backend.capabilities, max_tokens=128)
+    row, _ = bench.measure_backend(backend, "cpu", cases, ("throughput",), repeat=1, workers=2)
+    assert row.reason == "" and row.parallel_cases_per_s > 0
+    assert row.failed >= 1 and row.failures[0]["status"] == "fail"
+    assert bench.passed({"throughput": [dataclasses.asdict(row)]}) is False
