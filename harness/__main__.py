@@ -4,4 +4,5 @@ import sys
 
 from harness.cli import main
 
-sys.exit(main())
+if __name__ == "__main__":  # a spawned bench worker imports this module under another name: no run
+    sys.exit(main())
