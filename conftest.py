@@ -1,7 +1,7 @@
 """Root conftest: loads the harness's pytest plugin and activates the hypothesis profile."""
 
-from harness import profiles
+from harness.search import profiles
 
-pytest_plugins = ["harness.pytest_plugin"]
+pytest_plugins = ["harness.run.pytest_plugin"]
 
 profiles.load()

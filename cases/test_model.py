@@ -1,6 +1,6 @@
 """Model level: per-token logprobs of tiny random HF models served step by step through each backend.
 
-Gemma2-, GPT-OSS- and Mistral-like models (harness/checks/model.py) run prefill, prefix reuse,
+Gemma2-, GPT-OSS- and Mistral-like models (harness/checks/model/check.py) run prefill, prefix reuse,
 chunked extend, decode past the window, DRAFT_EXTEND_V2 and verify over a persistent paged KV cache;
 every query's logprob is compared with the model's own eager forward, and in deterministic mode a
 request's logprobs must not move with the batch composition.
@@ -9,16 +9,17 @@ Ids read `test_model_logprobs[<backend>-<device>-<model>]` and carry only the ba
 markers: no family keyword occurs in them, so `-k swa` or `-k decode` leave them out and
 `-k <backend>` selects them. Under the `ci` profile the CPU runs torch_native only (CI's promise);
 other CPU backends run under the other profiles (flex_eager takes ~40 s a model on the CPU). On
-CUDA the selected checks run in one worker process (harness/checks/model_table.py), so a kernel
+CUDA the selected checks run in one worker process (harness/checks/model/table.py), so a kernel
 that kills its CUDA context fails its own test, not the rest of the session.
 """
 
 import pytest
 
-from harness import backends, profiles
-from harness.checks.model import MODELS, check_model
-from harness.checks.model_table import run_jobs
-from harness.suite import selected_backends
+from harness import backends
+from harness.checks.model.check import MODELS, check_model
+from harness.checks.model.table import run_jobs
+from harness.search import profiles
+from harness.search.suite import selected_backends
 
 CUDA_JOB_TIMEOUT = 900.0  # seconds per model check, a first JIT compile included
 

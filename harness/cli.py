@@ -32,7 +32,7 @@ def _default_device() -> str:
 
 def read_case(text: str):  # noqa: ANN201 - returns a Case
     """A Case from a path to a JSON file or from a JSON literal."""
-    from harness.case import Case, CaseError
+    from harness.core.case import Case, CaseError
 
     src = text
     if not text.lstrip().startswith("{"):
@@ -66,15 +66,12 @@ def add_list(p: argparse.ArgumentParser) -> None:
 
 def cmd_list(args: argparse.Namespace) -> int:
     from harness import backends
+    from harness.core.vocab import FEATURES
 
     for name in args.backend or backends.names():
         b = load_backend(name)
         c = b.capabilities
-        feats = [
-            f
-            for f in ("window", "soft_cap", "sinks", "hybrid_pool", "deterministic", "returns_lse", "tree")
-            if getattr(c, f)
-        ]
+        feats = [f for f in FEATURES if getattr(c, f)]
         print(f"{name}  ({b.library})")
         print(f"  modes: {', '.join(sorted(str(m) for m in c.modes))}")
         dims = ", ".join(map(str, sorted(c.head_dims))) if c.head_dims else "any multiple of 8"
@@ -131,7 +128,7 @@ def add_check(p: argparse.ArgumentParser) -> None:
 
 
 def _families(args: argparse.Namespace) -> list[str]:
-    from harness.modes import FAMILIES, FAMILY_MODE
+    from harness.core.modes import FAMILIES, FAMILY_MODE
 
     bad = [f for f in args.family or [] if f not in FAMILIES]
     if bad:
@@ -146,8 +143,9 @@ def _families(args: argparse.Namespace) -> list[str]:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    from harness import backends, profiles, report
-    from harness.suite import BACKENDS_ENV
+    from harness import backends, report
+    from harness.search import profiles
+    from harness.search.suite import BACKENDS_ENV
 
     on_gpu = _default_device() == "cuda"
     profile = args.profile or ("gpu" if on_gpu and args.device != "cpu" else "ci")
@@ -224,14 +222,15 @@ def _check_parallel(
     results_path: str | None,
 ) -> int:
     """The suite as one pytest process per backend (or per shard of one, when there are more jobs
-    than backends), `jobs` at once (harness/parallel.py), merged into one results.json and report
+    than backends), `jobs` at once (harness/run/parallel.py), merged into one results.json and report
     in run_dir."""
     import time
 
-    from harness import parallel, report
+    from harness import report
+    from harness.core.results import summary_table
     from harness.report import results_json
-    from harness.results import summary_table
-    from harness.suite import BACKENDS_ENV
+    from harness.run import parallel
+    from harness.search.suite import BACKENDS_ENV
 
     started, t0 = time.strftime("%Y-%m-%dT%H:%M:%S%z"), time.monotonic()
     split = parallel.shards(names, jobs)
@@ -278,7 +277,7 @@ def add_repro(p: argparse.ArgumentParser) -> None:
 
 def cmd_repro_sanitized(args: argparse.Namespace) -> int:
     """The repro under compute-sanitizer memcheck; exit 2 saying so where the tool is not installed."""
-    from harness import sanitizer
+    from harness.tools import sanitizer
 
     read_case(args.case)
     load_backend(args.backend)
@@ -342,8 +341,9 @@ def add_mutants(p: argparse.ArgumentParser) -> None:
 def cmd_mutants(args: argparse.Namespace) -> int:
     import time
 
-    from harness import isolation, mutation, profiles
     from harness.report.environment import collect
+    from harness.run import isolation, mutation
+    from harness.search import profiles
 
     if args.profile and args.profile not in profiles.SIZES:
         raise UsageError(f"unknown profile {args.profile!r}; known: {', '.join(profiles.SIZES)}")
@@ -425,7 +425,9 @@ def add_bench(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from harness import backends, bench
+    from harness import backends
+    from harness.tools import bench
+    from harness.tools.bench.table import render
 
     device = args.device or _default_device()
     sections = tuple(s.strip() for s in (args.section or ",".join(bench.SECTIONS)).split(",") if s.strip())
@@ -446,7 +448,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         seed=args.seed,
         repeat=args.repeat,
         workers=args.workers,
-        scale_tokens=args.scale_tokens or bench.SCALE_TOKENS,
+        scale_tokens=args.scale_tokens or bench.scale.SCALE_TOKENS,
         scale_timeout=args.scale_timeout,
         max_examples=args.max_examples,
         detection_budget=args.detection_budget,
@@ -454,7 +456,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     )
     print(f"attn-harness bench on {device}: {', '.join(sections)}", flush=True)
     doc = bench.run(opts, lambda line: print(line, flush=True), lambda d: bench.write_json(args.json, d))
-    print(bench.table(doc))
+    print(render(doc))
     bench.write_json(args.json, doc)
     print(f"json: {args.json}")
     return 0 if doc["passed"] else 1

@@ -1,18 +1,10 @@
 """The Hugging Face reference: transformers' own mask functions and eager attention.
 
 A second reference, independent of references/masks.py and torch_ref.py (it imports neither):
-- Who sees whom comes from `transformers.masking_utils`' mask functions (`causal_mask_function`,
-  `sliding_window_overlay`, `bidirectional_mask_function`, `and_masks`, `or_masks`), evaluated by
-  broadcasting index tensors as transformers' non-vmap mask path does. Only these long-standing
-  functions are used, never the mask builders, whose signatures changed within 5.x (5.17 vs 5.23).
-  A window `window_left = W` is HF `sliding_window = W + 1`: HF's overlay keeps `kv > q - S`.
-- The attention is GPT-OSS's `eager_attention_forward` (sinks concatenated as one extra logit per
-  query and dropped after the softmax), which keeps the input dtype, so it runs in float64 here.
-  Gemma2's `eager_attention_forward` (the soft cap) upcasts its softmax to float32 only, which
-  would cap agreement at ~1e-7; a soft-capped case therefore applies Gemma2's cap lines and then
-  GPT-OSS's softmax lines, in float64 (tests/test_hf_ref.py pins this against both functions).
-The additive mask is transformers' eager one (0 where visible, the dtype's minimum elsewhere). A row
-with no visible key returns 0 (DESIGN.md); transformers would average uniformly there instead.
+visibility from `transformers.masking_utils`' long-standing mask functions, attention from
+GPT-OSS's eager function (sinks) with Gemma2's cap lines, all in float64. HF `sliding_window = S`
+is `window_left = S - 1`. A row with no visible key returns 0. Why each choice:
+docs/hf_and_models.md.
 """
 
 from __future__ import annotations

@@ -1,16 +1,10 @@
 """The pure-PyTorch reference: explicit masks from references/masks.py, chunked over keys.
 
-`reference(case, inputs, precision="exact")` computes in float64 on the CPU (float32 on a GPU) with
-an online softmax over key blocks, so memory stays bounded by the block size: no [T, T] matrix.
-Key blocks that no query of a query block can see (window, causality) are skipped, so a windowed
-request costs O(T * W). On a GPU a batch whose padded scores are small enough is computed at once,
-padded to its longest request (`_padded`): the loop is launch-bound there. `references(case,
-inputs)` gives the exact and native results together; on a GPU they share the padded mask (built on
-the device from positions by masks.padded_visible_from) and the padded inputs.
-
-`precision="native"` is the same computation rounded like a low-precision implementation (scaled
-q, scores, soft-capped scores and probabilities rounded to the case dtype, output rounded at the
-end, fp32 accumulation): its distance from the exact result is the noise floor for the tolerance.
+`reference(case, inputs, precision="exact")`: float64 on the CPU (float32 on a GPU), an online
+softmax over key blocks that skips blocks no query can see, so memory is bounded and a windowed
+request costs O(T * W); on a GPU a small batch is one padded computation (`_padded`).
+`precision="native"` rounds like a low-precision kernel: its distance from exact is the tolerance's
+noise floor. `references(case, inputs)` gives both, sharing the mask and padded inputs on a GPU.
 """
 
 from __future__ import annotations
@@ -23,6 +17,7 @@ import torch
 
 from references.masks import RequestMask, case_masks, padded_positions, padded_visible_from, upload
 
+# Its own copy of harness/core/vocab.py's TORCH_DTYPES: the references import nothing of harness/.
 _DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 
@@ -204,7 +199,7 @@ def _real_rows(lengths: list[int], width: int) -> np.ndarray:
 
 def _padded(
     masks: list[RequestMask],
-    inputs,  # noqa: ANN001 - harness.batch.Inputs
+    inputs,  # noqa: ANN001 - harness.core.batch.Inputs
     scale: float,
     cap: float,
     precisions: list[tuple[torch.dtype, torch.dtype | None]],
@@ -285,7 +280,7 @@ def _padded_softmax(qh, kh, vh, hidden, sink, scale, cap, round_to, g):  # noqa:
 
 def references(
     case,  # noqa: ANN001 - a harness Case (duck-typed: references import nothing of harness)
-    inputs,  # noqa: ANN001 - harness.batch.Inputs
+    inputs,  # noqa: ANN001 - harness.core.batch.Inputs
     precisions: tuple[str, ...] = ("exact", "native"),
     device: torch.device | str = "cpu",
     padded: bool | None = None,
@@ -340,7 +335,7 @@ def references(
 
 def reference(
     case,  # noqa: ANN001 - a harness Case
-    inputs,  # noqa: ANN001 - harness.batch.Inputs
+    inputs,  # noqa: ANN001 - harness.core.batch.Inputs
     precision: str = "exact",
     device: torch.device | str = "cpu",
     padded: bool | None = None,

@@ -1,7 +1,7 @@
 """Small builders shared by the self-tests."""
 
-from harness.batch import build_batch, make_inputs
-from harness.case import Case, Request
+from harness.core.batch import build_batch, make_inputs
+from harness.core.case import Case, Request
 
 
 def case(mode="EXTEND", reqs=((3, 4),), **kw) -> Case:

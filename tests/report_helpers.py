@@ -13,13 +13,13 @@ from pathlib import Path
 from harness.backends import load
 from harness.checks.numeric import check_case
 from harness.checks.probe import probe
+from harness.core.results import CaseResult
 from harness.report import results_json
-from harness.results import CaseResult
 from tests.helpers import case
 
 ROOT = Path(__file__).resolve().parent.parent
 WINDOW_IGNORED = "harness.mutants.torch_native:_WindowIgnored"
-# The pinned SWA extend-with-prefix case (cases/pinned.py), the suite's first example for `prefix`.
+# The pinned SWA extend-with-prefix case (harness/search/pinned.py), the suite's first example for `prefix`.
 PINNED_QUERY_LINE = "request 0, query 0 (position 40) attended keys 0..32, outside its window [33, 40]"
 
 

@@ -4,15 +4,24 @@ that replays, and clear errors. Small sizes only: the bench's numbers are measur
 import dataclasses
 import json
 import statistics
-import time
+from types import SimpleNamespace
 
 import pytest
 
-from harness import bench, mutation, timing
 from harness.backends import load
 from harness.cli import main
-from harness.modes import Mode
+from harness.core import timing
+from harness.core.modes import Mode
 from harness.mutants import by_name
+from harness.run import mutation
+from harness.tools import bench
+from harness.tools.bench import phases as bench_phases
+from harness.tools.bench import throughput
+from harness.tools.bench.cases import MAX_BATCH, MAX_TOKENS, MIX_SHAPE, mix
+from harness.tools.bench.processes import parallel_passes
+from harness.tools.bench.scale import SCALE_WINDOW, scale_row
+from harness.tools.bench.table import render
+from harness.tools.bench.throughput import measure_backend
 
 # The fields docs/bench.md documents, per section.
 THROUGHPUT = {
@@ -77,7 +86,7 @@ def test_the_json_has_every_section_with_its_documented_fields(tmp_path, monkeyp
         assert heading in text
     doc = json.loads(out.read_text())
     assert doc["schema"] == 1 and doc["passed"] is True and doc["meta"]["device"] == "cpu"
-    assert doc["mix"]["cases"] == 3 and doc["mix"]["max_tokens"] == bench.MAX_TOKENS
+    assert doc["mix"]["cases"] == 3 and doc["mix"]["max_tokens"] == MAX_TOKENS
 
     (tp,) = doc["throughput"]
     assert set(tp) == THROUGHPUT and tp["backend"] == "torch_native" and not tp["reason"]
@@ -86,13 +95,13 @@ def test_the_json_has_every_section_with_its_documented_fields(tmp_path, monkeyp
     assert tp["workers"] == 1 and tp["parallel_cases_per_s"] == 0.0 and tp["parallel_pass_seconds"] == []
 
     (ph,) = doc["phases"]
-    assert set(ph) == PHASES and set(ph["fractions"]) == {*bench.PHASES, "other"}
+    assert set(ph) == PHASES and set(ph["fractions"]) == {*bench_phases.PHASES, "other"}
     assert all(0.0 <= f <= 1.0 for f in ph["fractions"].values())
     assert sum(ph["fractions"].values()) <= 1.0 + 1e-9
     assert ph["fractions"]["reference"] > 0 and ph["fractions"]["kernel"] > 0 and ph["fractions"]["plan"] > 0
     assert ph["overhead"] == pytest.approx(1 - ph["fractions"]["kernel"] - ph["fractions"]["reference"])
 
-    assert [(r["tokens"], r["window_left"]) for r in doc["scale"]] == [(64, -1), (64, bench.SCALE_WINDOW)]
+    assert [(r["tokens"], r["window_left"]) for r in doc["scale"]] == [(64, -1), (64, SCALE_WINDOW)]
     for r in doc["scale"]:
         assert set(r) == SCALE and r["status"] == "ok", r
         assert r["check_seconds"] == pytest.approx(r["exact_seconds"] + r["native_seconds"])
@@ -106,23 +115,23 @@ def test_the_json_has_every_section_with_its_documented_fields(tmp_path, monkeyp
 
 def test_a_broken_backend_is_reported_with_its_failures():
     broken = by_name(FAST_MUTANT).make()
-    cases = bench.mix(0, 10, broken.capabilities, max_tokens=128)
+    cases = mix(0, 10, broken.capabilities, max_tokens=128)
     assert any(c.window_left >= 0 and c.mode != Mode.CROSS for c in cases)
-    row, phases = bench.measure_backend(broken, "cpu", cases, ("throughput",))
+    row, phases = measure_backend(broken, "cpu", cases, ("throughput",))
     assert phases is None
     assert row.failed + row.crashed >= 1 and row.passed < row.checked
     f = row.failures[0]
     assert f["status"] == "fail" and "python -m harness repro" in f["repro"] and FAST_MUTANT in f["repro"]
     doc = {"throughput": [vars(row)]}
     assert bench.passed(doc) is False
-    assert "FAIL" in bench.table({**_skeleton(), **doc})
+    assert "FAIL" in render({**_skeleton(), **doc})
 
 
 def test_the_rate_is_of_the_median_timed_pass_and_a_failure_in_any_pass_counts(monkeypatch):
     backend = load("torch_native")
-    cases = bench.mix(0, 4, backend.capabilities, max_tokens=64)
+    cases = mix(0, 4, backend.capabilities, max_tokens=64)
     calls = iter([1.0, 4.0, 2.0, 3.0])  # warm-up, then three timed passes
-    real = bench._pass
+    real = throughput.one_pass
 
     def timed(b, cs, device):  # noqa: ANN001, ANN202
         results, _ = real(b, cs, device)
@@ -131,8 +140,8 @@ def test_the_rate_is_of_the_median_timed_pass_and_a_failure_in_any_pass_counts(m
             results = [dataclasses.replace(results[0], status="fail", reason="injected")] + results[1:]
         return results, n
 
-    monkeypatch.setattr(bench, "_pass", timed)
-    row, _ = bench.measure_backend(backend, "cpu", cases, ("throughput",), repeat=3)
+    monkeypatch.setattr(throughput, "one_pass", timed)
+    row, _ = measure_backend(backend, "cpu", cases, ("throughput",), repeat=3)
     assert row.pass_seconds == [4.0, 2.0, 3.0] and row.seconds == 3.0
     assert row.cases_per_s == pytest.approx(row.checked / 3.0) and row.warm_seconds == 1.0
     assert row.failed == 1 and row.failures[0]["reason"] == "injected"
@@ -140,46 +149,47 @@ def test_the_rate_is_of_the_median_timed_pass_and_a_failure_in_any_pass_counts(m
 
 def _skeleton() -> dict:
     meta = {"device": "cpu", "device_name": "cpu", "threads": 1}
-    mix = {"seed": 0, "cases": 10, "max_batch": 8, "max_tokens": 512, "workers": 1, **bench.MIX_SHAPE}
+    mix = {"seed": 0, "cases": 10, "max_batch": 8, "max_tokens": 512, "workers": 1, **MIX_SHAPE}
     return {"meta": meta, "mix": mix}
 
 
 def test_a_reference_run_over_its_time_limit_is_a_timeout_row():
-    row = bench.scale_row("cpu", 64, -1, timeout=0.01)
+    row = scale_row("cpu", 64, -1, timeout=0.01)
     assert row.status == "timeout" and row.reason == "timeout after 0.01s (exact)"
     assert row.exact_seconds is None and row.check_seconds is None
-    row = bench.scale_row("cpu", 32768, -1, timeout=0.01)
+    row = scale_row("cpu", 32768, -1, timeout=0.01)
     assert row.target and row.verdict == "MISSED"
 
 
 def test_the_mix_replays_from_its_seed():
     caps = load("torch_native").capabilities
-    a, b = bench.mix(7, 20, caps), bench.mix(7, 20, caps)
+    a, b = mix(7, 20, caps), mix(7, 20, caps)
     assert [c.to_json() for c in a] == [c.to_json() for c in b]
-    assert [c.to_json() for c in bench.mix(8, 20, caps)] != [c.to_json() for c in a]
+    assert [c.to_json() for c in mix(8, 20, caps)] != [c.to_json() for c in a]
     assert {c.mode for c in a} == set(Mode) and any(c.window_left >= 0 for c in a)
     for c in a:
         assert load("torch_native").supports(c) is None
-        assert 1 <= c.batch_size <= bench.MAX_BATCH
+        assert 1 <= c.batch_size <= MAX_BATCH
         keys = [r.encoder_len if c.mode == Mode.CROSS else r.prefix_len + r.extend_len for r in c.requests]
-        assert max(keys) <= bench.MAX_TOKENS
+        assert max(keys) <= MAX_TOKENS
 
 
 def test_the_mix_keeps_to_what_a_backend_supports():
     caps = load("flashinfer_dec_cc").capabilities
-    assert {c.mode for c in bench.mix(0, 12, caps)} == {Mode.DECODE}
+    assert {c.mode for c in mix(0, 12, caps)} == {Mode.DECODE}
 
 
-def test_phases_are_exclusive_and_free_when_not_recording():
+def test_phases_are_exclusive_and_free_when_not_recording(monkeypatch):
+    clock = [0.0]  # the recorder's clock, moved by hand: no test depends on how busy the machine is
+    monkeypatch.setattr(timing, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
     with timing.phase("kernel"):  # no recorder: nothing happens, nothing is kept
-        pass
+        clock[0] += 1.0
     with timing.recording() as rec:
         with timing.phase("kernel"):
-            time.sleep(0.02)
+            clock[0] += 0.02
             with timing.phase("plan"):
-                time.sleep(0.03)
-    assert set(rec.seconds) == {"kernel", "plan"}
-    assert 0.02 <= rec.seconds["kernel"] < 0.03 <= rec.seconds["plan"]
+                clock[0] += 0.03
+    assert dict(rec.seconds) == {"kernel": pytest.approx(0.02), "plan": pytest.approx(0.03)}
     assert timing._active is None
 
 
@@ -211,16 +221,22 @@ def test_workers_measure_the_mix_in_that_many_processes_too(tmp_path, capsys):
 
 
 def test_a_pass_runs_from_the_barrier_not_from_a_late_workers_start():
-    """Worker 1 loads its backend 4 s after worker 0: with the barrier no pass includes the wait.
-    Every case is checked once per pass, by its worker, and comes back in its place in the mix."""
-    from tests import bench_workers
-
+    """Worker 1 loads its backend seconds after worker 0: with the barrier no pass includes the
+    wait. The order of the workers' events shows it (one clock for every process, compared with
+    each other, never with a constant): every worker's first pass starts after the last warm-up
+    ended, each later pass after every worker ended the one before, and a pass's wall time spans
+    its workers' passes. Every case is checked once per pass, by its worker, and comes back in its
+    place in the mix."""
     backend = load("tests.bench_workers:late_worker_1")
-    cases = bench.mix(0, 5, backend.capabilities, max_tokens=64)
-    par = bench.parallel_passes(backend, "cpu", cases, workers=2, repeat=2)
-    assert par.error == "" and len(par.walls) == 2
-    assert all(0 < wall < bench_workers.LATE_S / 2 for wall in par.walls), par.walls
-    here = [(r.status, r.reason) for r in bench._pass(backend, cases, "cpu")[0]]
+    cases = mix(0, 5, backend.capabilities, max_tokens=64)
+    par = parallel_passes(backend, "cpu", cases, workers=2, repeat=2)
+    assert par.error == "" and len(par.walls) == len(par.spans) == 2 and len(par.ready) == 2
+    released = max(par.ready)
+    for spans, wall in zip(par.spans, par.walls):
+        assert all(released <= start < end for start, end in spans), (par.ready, par.spans)
+        assert wall == max(end for _, end in spans) - min(start for start, _ in spans) > 0
+        released = max(end for _, end in spans)
+    here = [(r.status, r.reason) for r in throughput.one_pass(backend, cases, "cpu")[0]]
     assert par.found == [here, here] and {status for status, _ in here} == {"pass"}
 
 
@@ -230,21 +246,20 @@ def test_a_pass_runs_from_the_barrier_not_from_a_late_workers_start():
 )
 def test_a_worker_that_fails_ends_the_wait_and_fails_the_bench(factory, error):
     backend = load(f"tests.bench_workers:{factory}")
-    cases = bench.mix(0, 4, backend.capabilities, max_tokens=64)
-    start = time.monotonic()
-    row, _ = bench.measure_backend(backend, "cpu", cases, ("throughput",), repeat=1, workers=2)
-    assert time.monotonic() - start < 120  # not the 600 s of the timeouts
+    cases = mix(0, 4, backend.capabilities, max_tokens=64)
+    row, _ = measure_backend(backend, "cpu", cases, ("throughput",), repeat=1, workers=2)
+    # the failure ended the wait, not the 600 s of a silent worker ("reported nothing for 600 s")
     assert error in row.reason and row.reason.startswith("in 2 processes: ")
     assert row.workers == 2 and row.parallel_cases_per_s == 0.0 and row.cases_per_s > 0
     doc = {**_skeleton(), "throughput": [dataclasses.asdict(row)]}
     doc["mix"]["workers"] = 2
-    assert bench.passed(doc) is False and "parallel measurement failed: in 2 processes" in bench.table(doc)
+    assert bench.passed(doc) is False and "parallel measurement failed: in 2 processes" in render(doc)
 
 
 def test_a_case_failing_only_in_a_parallel_pass_is_a_failure():
     backend = load("tests.bench_workers:broken_in_workers")
-    cases = bench.mix(0, 10, backend.capabilities, max_tokens=128)
-    row, _ = bench.measure_backend(backend, "cpu", cases, ("throughput",), repeat=1, workers=2)
+    cases = mix(0, 10, backend.capabilities, max_tokens=128)
+    row, _ = measure_backend(backend, "cpu", cases, ("throughput",), repeat=1, workers=2)
     assert row.reason == "" and row.parallel_cases_per_s > 0
     assert row.failed >= 1 and row.failures[0]["status"] == "fail"
     assert bench.passed({"throughput": [dataclasses.asdict(row)]}) is False

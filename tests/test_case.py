@@ -6,10 +6,10 @@ import pytest
 from hypothesis import given, settings
 
 from harness.backends import load
-from harness.case import Case, CaseError, Request
-from harness.modes import FAMILIES
-from harness.profiles import SIZES
-from harness.strategies import cases
+from harness.core.case import Case, CaseError, Request
+from harness.core.modes import FAMILIES
+from harness.search.profiles import SIZES
+from harness.search.strategies import cases
 
 
 def ext(**kw):

@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from harness.batch import make_inputs
-from harness.compare import compare, locate, noise
+from harness.core.batch import make_inputs
+from harness.core.compare import compare, locate, noise
 from references.torch_ref import reference
 from tests.helpers import case
 

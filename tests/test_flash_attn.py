@@ -17,18 +17,18 @@ import pytest
 import torch
 from hypothesis import HealthCheck, assume, given, settings
 
-from harness import profiles
 from harness.backends import flash_attn_fa4, flash_attn_glue
 from harness.backends.flash_attn_fa2 import FA2
 from harness.backends.flash_attn_fa3 import FA3
 from harness.backends.flash_attn_fa4 import FA4
-from harness.batch import build_batch, make_inputs
-from harness.case import Case, Request
 from harness.checks.numeric import check_case
-from harness.modes import FAMILIES, FAMILY_MODE, Mode
+from harness.core.batch import build_batch, make_inputs
+from harness.core.case import Case, Request
+from harness.core.modes import FAMILIES, FAMILY_MODE, Mode
 from harness.mutants import hunt
 from harness.mutants.flash_attn import MUTANTS
-from harness.strategies import cases
+from harness.search import profiles
+from harness.search.strategies import cases
 from tests.flash_attn_fakes import Recorder, fa2_module, fa3_module, fa4_module
 
 FAKE_TREE_MASK = "verify_tree_mask (stand-in for the CuTe DSL function)"

@@ -14,11 +14,12 @@ import time
 
 import pytest
 
-from harness import isolation, profiles
 from harness.backends.flash_attn_fa4 import FA4
-from harness.case import Case, Request
+from harness.core.case import Case, Request
 from harness.mutants import hunt
 from harness.mutants.flash_attn import MUTANTS
+from harness.run import isolation
+from harness.search import profiles
 
 SKIP = FA4().available("cuda")
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(SKIP is not None, reason=f"fa4 unavailable: {SKIP}")]

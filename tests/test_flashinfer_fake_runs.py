@@ -13,11 +13,12 @@ import dataclasses
 
 import pytest
 
-from harness import backends, profiles
-from harness.case import Case, Request
+from harness import backends
 from harness.checks.numeric import check_case
+from harness.core.case import Case, Request
 from harness.mutants import hunt
 from harness.mutants.flashinfer import MUTANTS
+from harness.search import profiles
 from tests import flashinfer_fake as fake
 
 H = dict(head_dim=64)

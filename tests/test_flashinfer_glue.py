@@ -19,8 +19,8 @@ import torch
 from harness import backends
 from harness.backends import flashinfer_glue as glue
 from harness.backends.flashinfer_glue import paged_kv_table
-from harness.batch import build_batch, make_inputs
-from harness.case import Case, Request
+from harness.core.batch import build_batch, make_inputs
+from harness.core.case import Case, Request
 from harness.mutants import by_name
 from tests import flashinfer_fake as fake
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from harness import backends, profiles
+from harness import backends
 from harness.backends.base import Backend
 from harness.backends.flashinfer_glue import (
     KERNEL_BACKEND,
@@ -18,10 +18,11 @@ from harness.backends.flashinfer_glue import (
     why_unavailable,
     workspace,
 )
-from harness.case import Case, Request
 from harness.checks.invariance import check_invariance, compositions
+from harness.core.case import Case, Request
 from harness.mutants import by_name, catalogue, hunt
 from harness.mutants.flashinfer import CAUGHT_BY_INVARIANCE
+from harness.search import profiles
 
 SKIP = (
     "no CUDA device: torch.cuda.is_available() is False"

@@ -1,6 +1,6 @@
 """The warm-up's probes: every JIT variant the gpu profile and the pinned cases need, one module each.
 
-Phase 1 of `python -m harness.flashinfer_warmup` learns which module a probe needs by stopping it
+Phase 1 of `python -m harness.tools.flashinfer_warmup` learns which module a probe needs by stopping it
 at its first module load, so each probe must need exactly one module and must be a case its
 adapter runs. Checked here on the recording fake; the device run builds them.
 """
@@ -12,8 +12,8 @@ from types import SimpleNamespace
 import pytest
 
 from harness import backends
-from harness.batch import build_batch, make_inputs
-from harness.flashinfer_warmup import (
+from harness.core.batch import build_batch, make_inputs
+from harness.tools.flashinfer_warmup import (
     GPU_VARIANT,
     coverage_cases,
     install_prebuilt,
@@ -37,7 +37,7 @@ def test_the_gpu_profile_variants_are_all_probed():
 
 def test_pinned_cases_get_probes_for_their_own_dtype_and_head_dim():
     pins = pinned_cases()
-    assert pins, "cases/pinned.py pins cases that the FlashInfer adapters run"
+    assert pins, "harness/search/pinned.py pins cases that the FlashInfer adapters run"
     for _, case in pins:
         assert any(p.case.head_dim == case.head_dim and p.case.dtype == case.dtype for p in PROBES), case
 

@@ -18,13 +18,13 @@ import pytest
 import torch
 from hypothesis import example, given, settings
 
-from harness import profiles
 from harness.backends.flex import CPU_SUITE_ENV, SHAPES_ENV, FlexCompiled, FlexEager, _unpack_lse, bucket
 from harness.checks.invariance import check_invariance
 from harness.checks.numeric import check_case
-from harness.modes import FAMILIES, FAMILY_MODE, Mode
-from harness.strategies import cases
-from harness.suite import pinned_examples
+from harness.core.modes import FAMILIES, FAMILY_MODE, Mode
+from harness.search import profiles
+from harness.search.strategies import cases
+from harness.search.suite import pinned_examples
 from tests.helpers import case
 
 SHAPE = {"dtype": "bfloat16", "num_q_heads": 8, "num_kv_heads": 2, "head_dim": 64}

@@ -11,13 +11,13 @@ import time
 
 import pytest
 
-from harness import profiles
 from harness.backends.flex import FlexCompiled, FlexEager
-from harness.case import Case, Request
 from harness.checks.invariance import check_invariance
 from harness.checks.numeric import check_case
+from harness.core.case import Case, Request
 from harness.mutants import hunt
 from harness.mutants.flex import MUTANTS
+from harness.search import profiles
 
 SKIP = FlexCompiled().available("cuda")
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(SKIP is not None, reason=f"flex on CUDA: {SKIP}")]

@@ -8,10 +8,10 @@ import torch
 from hypothesis import given, settings
 
 from harness.backends import load
-from harness.batch import build_batch, make_inputs
-from harness.modes import FAMILIES
-from harness.profiles import SIZES
-from harness.strategies import ALL_CAPS, cases
+from harness.core.batch import build_batch, make_inputs
+from harness.core.modes import FAMILIES
+from harness.search.profiles import SIZES
+from harness.search.strategies import ALL_CAPS, cases
 from references.torch_ref import reference
 from tests.helpers import case
 

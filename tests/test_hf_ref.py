@@ -12,11 +12,11 @@ from transformers.models.gemma2 import modeling_gemma2
 from transformers.models.gpt_oss import modeling_gpt_oss
 
 from harness.backends import load
-from harness.batch import make_inputs
 from harness.checks import crossref
 from harness.checks.numeric import check_case
-from harness.profiles import SIZES
-from harness.strategies import ALL_CAPS, cases
+from harness.core.batch import make_inputs
+from harness.search.profiles import SIZES
+from harness.search.strategies import ALL_CAPS, cases
 from references import hf_ref
 from references.masks import hf_window_left, request_mask
 from references.torch_ref import reference

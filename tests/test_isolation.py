@@ -8,11 +8,11 @@ import time
 import pytest
 import torch
 
-from harness import isolation
 from harness.backends.torch_native import TorchNative
 from harness.checks.numeric import check_case
 from harness.mutants import by_name, hunt
-from harness.suite import Target, run_family
+from harness.run import isolation
+from harness.search.suite import Target, run_family
 from tests.helpers import case
 
 GOOD = case("EXTEND", ((5, 3),), window_left=2)

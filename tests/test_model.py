@@ -8,17 +8,17 @@ import math
 import pytest
 import torch
 
-from harness import pool
 from harness.backends import load
 from harness.backends.base import BackendOutput, Capabilities
 from harness.backends.torch_native import TorchNative
-from harness.batch import Inputs
-from harness.case import Case
-from harness.checks import model as M
-from harness.engine import PagedKVCache, Work
-from harness.modes import Mode
+from harness.checks.model import check as M
+from harness.checks.model.engine import PagedKVCache, Work
+from harness.checks.model.serving import ATTN_NAME, register, serve, together
+from harness.core import pool
+from harness.core.batch import Inputs
+from harness.core.case import Case
+from harness.core.modes import Mode
 from harness.mutants import by_name, catalogue
-from harness.serving import ATTN_NAME, register, serve, together
 from references.torch_ref import reference
 
 

@@ -1,12 +1,12 @@
-"""python -m harness.checks.model_table: a worker that dies is a crash row, and the rest still runs."""
+"""python -m harness.checks.model.table: a worker that dies is a crash row, and the rest still runs."""
 
 import os
 from pathlib import Path
 
 from harness.backends.torch_native import TorchNative
-from harness.checks import model as M
-from harness.checks import model_table
-from harness.modes import Mode
+from harness.checks.model import check as M
+from harness.checks.model import table as model_table
+from harness.core.modes import Mode
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -1,10 +1,12 @@
-"""Each mode's engine metadata, exactly as DESIGN.md defines it."""
+"""Each mode's engine metadata, exactly as docs/design.md defines it."""
 
 import numpy as np
+import pytest
 import torch
 
-from harness import modes
-from harness.modes import Mode
+from harness.core import modes
+from harness.core.batch import Inputs, build_batch, make_inputs
+from harness.core.modes import Mode
 from tests.helpers import batch_of, case
 
 
@@ -55,7 +57,7 @@ def test_cross_reads_encoder_keys_that_lead_the_row():
     assert modes.kv_extent(Mode.CROSS, 4, 0, 5) == 5
     # encoder K sits in the first encoder_len slots of the row, decoder slots follow
     k, _ = b.pool.read(b.req_to_token[0, :5])
-    assert torch.equal(k, b.inputs.k[0])
+    assert torch.equal(k, make_inputs(b.case).k[0])
     k_dec, _ = b.pool.read(b.req_to_token[0, 5:9])
     assert torch.isnan(k_dec.float()).all()
 
@@ -65,8 +67,9 @@ def test_new_tokens_are_not_in_the_pool_until_the_adapter_writes_them():
     k_new, _ = b.pool.read(b.out_cache_loc)
     assert torch.isnan(k_new.float()).all()
     k_pre, _ = b.pool.read(b.req_to_token[0, :5])
-    assert torch.equal(k_pre, b.inputs.k[0][:5])
-    assert torch.equal(b.k_new, b.inputs.k[0][5:])
+    inputs = make_inputs(b.case)
+    assert torch.equal(k_pre, inputs.k[0][:5])
+    assert torch.equal(b.k_new, inputs.k[0][5:])
 
 
 def test_family_of():
@@ -104,7 +107,7 @@ def test_host_copies_match_the_device_metadata_in_every_mode():
 
 
 def test_one_upload_keeps_each_tensor_and_aligns_it():
-    from harness.batch import UPLOAD_ALIGN, upload_int32
+    from harness.core.metadata import UPLOAD_ALIGN, upload_int32
 
     parts = [
         [4, 5, 6],
@@ -126,8 +129,6 @@ def test_one_upload_keeps_each_tensor_and_aligns_it():
 
 
 def test_packed_inputs_give_each_request_its_own_rows():
-    from harness.batch import Inputs, make_inputs
-
     c = case("EXTEND", ((3, 2), (0, 4), (5, 1)), seed=7)
     inputs = make_inputs(c)
     assert inputs.q_lens == (2, 4, 1) and inputs.kv_lens == (5, 4, 6)
@@ -141,8 +142,6 @@ def test_packed_inputs_give_each_request_its_own_rows():
 
 
 def test_a_request_placed_in_another_batch_carries_exactly_its_inputs():
-    from harness.batch import make_inputs
-
     alone = case("EXTEND", ((3, 2),), seed=1, sinks=True)
     crowd = case("EXTEND", ((4, 4), (1, 3), (3, 2)), seed=2)
     placed = make_inputs(crowd).with_request(2, make_inputs(alone))
@@ -156,9 +155,26 @@ def test_a_request_placed_in_another_batch_carries_exactly_its_inputs():
 def test_the_adapters_tensors_are_not_the_references_inputs():
     """An adapter that writes into q, k_new or v_new in place must not change what the references
     read (the batch's tensors are copies; the inputs are packed and could otherwise be shared)."""
-    b = batch_of(case("EXTEND", ((3, 2), (1, 3)), sinks=True))
-    before = (b.inputs.q_all.clone(), b.inputs.kv_all.clone(), b.inputs.sinks.clone())
+    c = case("EXTEND", ((3, 2), (1, 3)), sinks=True)
+    inputs = make_inputs(c)
+    b = build_batch(c, inputs)
+    before = (inputs.q_all.clone(), inputs.kv_all.clone(), inputs.sinks.clone())
     for t in (b.q, b.k_new, b.v_new, b.sinks):
         t.mul_(2.0)
-    after = (b.inputs.q_all, b.inputs.kv_all, b.inputs.sinks)
+    after = (inputs.q_all, inputs.kv_all, inputs.sinks)
     assert all(torch.equal(x, y) for x, y in zip(before, after))
+
+
+@pytest.mark.parametrize("mode", ["EXTEND", "CROSS"])
+def test_a_batch_does_not_expose_the_references_inputs(mode):
+    """An adapter cannot reach what the references read: no part of the Batch is the Inputs or one of
+    their tensors, nor shares a tensor's memory (only copies, and the pool, hold their values)."""
+    c = case(mode, ((3, 2, 4), (1, 3, 2)) if mode == "CROSS" else ((3, 2), (1, 3)), sinks=True)
+    inputs = make_inputs(c)
+    theirs = {t.untyped_storage().data_ptr() for t in (inputs.q_all, inputs.kv_all, inputs.sinks)}
+    b = build_batch(c, inputs)
+    parts = dict(vars(b), pool_k=b.pool.k, pool_v=b.pool.v)
+    for name, part in parts.items():
+        assert not isinstance(part, Inputs), name
+        if isinstance(part, torch.Tensor):
+            assert part.untyped_storage().data_ptr() not in theirs, name

@@ -6,8 +6,8 @@ are hunted on CUDA and skip here with the reason.
 
 import pytest
 
-from harness import profiles
 from harness.mutants import CHECKS, catalogue, hunt
+from harness.search import profiles
 
 MUTANTS = catalogue()
 CPU = [m for m in MUTANTS if m.device == "cpu"]
@@ -71,7 +71,7 @@ def test_catalogue_is_well_formed():
 
 
 REQUIRED_CPU_CLASSES = {
-    # DESIGN.md's table
+    # docs/design.md's table
     "torch_split~ragged_no_window",
     "torch_split~prefix_window_at_end",
     "torch_native~de_v2_prefix_only",

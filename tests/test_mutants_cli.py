@@ -3,10 +3,11 @@ survives or a hunt errors (skips, with their reasons, do neither)."""
 
 import json
 
-from harness import mutation, profiles
 from harness.backends.torch_native import TorchNative
 from harness.cli import main
 from harness.mutants import Mutant, by_name, named
+from harness.run import mutation
+from harness.search import profiles
 from tests.helpers import case
 
 

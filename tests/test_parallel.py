@@ -6,9 +6,10 @@ import sys
 
 import pytest
 
-from harness import cli, parallel
+from harness import cli
 from harness.cli import main
 from harness.report import results_json
+from harness.run import parallel
 from tests.report_helpers import WINDOW_IGNORED
 
 
@@ -127,7 +128,7 @@ time.sleep(120)
 DRIVER = """
 import json, os, sys
 from pathlib import Path
-from harness import parallel
+from harness.run import parallel
 d = Path(sys.argv[1])
 cmd = [sys.executable, str(d / "child.py")]
 parts = parallel.run(cmd, dict(os.environ), "B", ["a", "b", "c"], 2, d / "parts", d)

@@ -3,8 +3,9 @@
 import pytest
 import torch
 
-from harness import pool
-from harness.pool import CANARY, translate_slots
+from harness.core import pool
+from harness.core.batch import make_inputs
+from harness.core.pool import CANARY, translate_slots
 from tests.helpers import batch_of, case
 
 
@@ -24,10 +25,11 @@ def test_every_unowned_slot_is_nan_and_owned_slots_hold_the_prefix(layout, page_
     for s in range(b.pool.num_slots):
         assert torch.isnan(k[s].float()).all() == (s not in owned), s
     assert 0 not in owned and 0 not in set(b.req_to_token[b.req_to_token > 0].tolist())
+    inputs = make_inputs(b.case)
     for r, req in enumerate(b.case.requests):
         kk, vv = b.pool.read(b.req_to_token[r, : req.prefix_len])
-        assert torch.equal(kk, b.inputs.k[r][: req.prefix_len])
-        assert torch.equal(vv, b.inputs.v[r][: req.prefix_len])
+        assert torch.equal(kk, inputs.k[r][: req.prefix_len])
+        assert torch.equal(vv, inputs.v[r][: req.prefix_len])
 
 
 def test_layouts_place_pages_as_named():
@@ -69,7 +71,7 @@ def test_hybrid_pool_translation(page_size, kv_layout):
         lo = max(0, req.prefix_len - c.window_left)
         keep = b.req_to_token[r, lo : req.prefix_len]
         k, v = b.pool.read(translate_slots(keep, f2s))
-        assert torch.equal(k, b.inputs.k[r][lo : req.prefix_len])
+        assert torch.equal(k, make_inputs(c).k[r][lo : req.prefix_len])
         # pages wholly before the window are freed: they map to the reserved slot 0
         first_kept_page_start = lo // page_size * page_size
         freed = b.req_to_token[r, :first_kept_page_start]

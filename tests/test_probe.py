@@ -5,8 +5,8 @@ import torch
 
 from harness.backends import load
 from harness.backends.torch_native import TorchNative
-from harness.batch import make_inputs
 from harness.checks.probe import CLEAN_LINE, attended, one_hot_values, probe
+from harness.core.batch import make_inputs
 from references.masks import case_masks
 from tests.helpers import case
 

@@ -9,16 +9,16 @@ import torch
 from hypothesis import given, settings
 
 from harness.backends import load
-from harness.batch import make_inputs
-from harness.profiles import SIZES
-from harness.strategies import cases
+from harness.core.batch import make_inputs
+from harness.search.profiles import SIZES
+from harness.search.strategies import cases
 from references import torch_ref
 from references.torch_ref import reference
 from tests.helpers import case
 
 
 def naive(c, inputs):
-    """One query, one head, one key at a time, straight from DESIGN.md's conventions."""
+    """One query, one head, one key at a time, straight from docs/design.md's conventions."""
     outs, lses = [], []
     g = c.num_q_heads // c.num_kv_heads
     for r, req in enumerate(c.requests):
@@ -233,7 +233,7 @@ def test_unknown_precision_is_rejected():
 
 MEMORY_PROBE = """
 import resource, sys, time, torch
-from harness.batch import make_inputs
+from harness.core.batch import make_inputs
 from tests.helpers import case
 from references.torch_ref import reference
 c = case("EXTEND", ((0, 32768),), window_left=1023, num_q_heads=4, num_kv_heads=1, head_dim=64)

@@ -25,7 +25,7 @@ def test_c(n):
 def _collect(pytester: pytest.Pytester, *args: str) -> pytest.RunResult:
     """pytest --collect-only on the generated file with the harness's plugin, in this process."""
     pytester.makepyfile(test_generated=TESTS)
-    return pytester.runpytest("--collect-only", "-q", "-p", "harness.pytest_plugin", *args)
+    return pytester.runpytest("--collect-only", "-q", "-p", "harness.run.pytest_plugin", *args)
 
 
 def _ids(result: pytest.RunResult) -> list[str]:

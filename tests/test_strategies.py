@@ -4,9 +4,9 @@ import pytest
 from hypothesis import find, settings
 
 from harness.backends import load
-from harness.modes import FAMILIES, Mode, tree_depths
-from harness.profiles import SIZES
-from harness.strategies import cases
+from harness.core.modes import FAMILIES, Mode, tree_depths
+from harness.search.profiles import SIZES
+from harness.search.strategies import cases
 
 CAPS = load("torch_native").capabilities
 S = SIZES["ci"]

@@ -9,9 +9,9 @@ import torch
 
 from harness.backends import torch_split
 from harness.backends.torch_split import DETERMINISTIC_SPLIT, Partial, TorchSplit, merge_base2, merge_states
-from harness.batch import build_batch, make_inputs
 from harness.checks.invariance import target_slice
 from harness.checks.numeric import check_case
+from harness.core.batch import build_batch, make_inputs
 from tests.helpers import batch_of, case
 
 

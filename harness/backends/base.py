@@ -8,12 +8,14 @@ can override exactly one of them.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
-from harness.batch import Batch
-from harness.case import Case
-from harness.modes import Mode
+from harness.core.batch import Batch
+from harness.core.case import KV_LAYOUTS, Case
+from harness.core.modes import Mode
+from harness.core.vocab import DTYPES, FEATURE_WORDS, FEATURES, case_features
 
 
 @dataclass(frozen=True)
@@ -36,8 +38,27 @@ class Capabilities:
     whole_page_loads: bool = False  # loads the tail rows of a request's last page (canary there)
     why_not: dict[str, str] = field(default_factory=dict)
 
+    @classmethod
+    def with_features(cls, *features: str, **fields: Any) -> Capabilities:
+        """The named features (of FEATURES) on, every other one off, and the other `fields`."""
+        unknown = set(features) - set(FEATURES)
+        if unknown:
+            raise ValueError(f"unknown features {sorted(unknown)}; known: {', '.join(FEATURES)}")
+        return cls(**dict.fromkeys(features, True), **fields)
+
     def reason(self, feature: str, default: str) -> str:
         return self.why_not.get(feature, default)
+
+
+# Everything a case can ask for: every mode, dtype, KV layout, device and feature. The CPU fallbacks
+# start from it, and the suite's strategies draw from it when no backend narrows them.
+ALL_CAPABILITIES = Capabilities.with_features(
+    *FEATURES,
+    modes=frozenset(Mode),
+    dtypes=frozenset(DTYPES),
+    kv_layouts=frozenset(KV_LAYOUTS),
+    devices=frozenset({"cpu", "cuda"}),
+)
 
 
 @dataclass
@@ -75,16 +96,9 @@ class Backend:
             return f"{n} does not support page_size {case.page_size} (supported: {sorted(c.page_sizes)})"
         if case.kv_layout not in c.kv_layouts:
             return f"{n} does not support kv_layout {case.kv_layout}"
-        checks = (
-            ("window", case.window_left >= 0, "a sliding window"),
-            ("soft_cap", case.soft_cap > 0, "a logit soft cap"),
-            ("sinks", case.sinks, "attention sinks"),
-            ("hybrid_pool", case.hybrid_swa_pool, "the hybrid SWA pool"),
-            ("deterministic", case.deterministic, "a deterministic mode"),
-        )
-        for feature, used, words in checks:
-            if used and not getattr(c, feature):
-                return c.reason(feature, f"{n} does not support {words}")
+        for feature in case_features(case):
+            if not getattr(c, feature):
+                return c.reason(feature, f"{n} does not support {FEATURE_WORDS[feature]}")
         if case.mode == Mode.TARGET_VERIFY and not c.tree:
             if any(p != j - 1 for r in case.requests for j, p in enumerate(r.tree)):
                 return c.reason("tree", f"{n} verifies chains only, not trees with topk > 1")

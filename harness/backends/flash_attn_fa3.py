@@ -14,38 +14,24 @@ from __future__ import annotations
 
 import torch
 
-from harness.backends.base import BackendOutput, Capabilities
-from harness.backends.flash_attn_glue import FlashAttnGlue
-from harness.batch import Batch
-from harness.modes import Mode
-from harness.timing import phase
+from harness.backends.base import BackendOutput
+from harness.backends.flash_attn_glue import FlashAttnGlue, capabilities
+from harness.core.batch import Batch
+from harness.core.timing import phase
 
 
 class FA3(FlashAttnGlue):
     name = "fa3"
     library = "flash-attn-3"
     entry = ("flash_attn_interface", "flash_attn_with_kvcache")
-    capabilities = Capabilities(
-        modes=frozenset(Mode),
-        dtypes=frozenset({"bfloat16", "float16"}),
-        head_dims=frozenset(range(8, 257, 8)),
-        kv_layouts=frozenset({"NHD"}),
-        window=True,
-        soft_cap=True,
-        hybrid_pool=True,
-        deterministic=True,
-        returns_lse=True,
+    capabilities = capabilities(
+        ("window", "soft_cap", "hybrid_pool", "deterministic", "returns_lse"),
         whole_page_loads=True,
         why_not={
             "sinks": "FA3's flash_attn_with_kvcache has no learnable-sink argument",
             "tree": "FA3 has no custom mask: verify trees with topk > 1 need one",
         },
     )
-
-    def window_size(self, batch: Batch) -> tuple[int, int]:
-        """(W, 0) on a windowed layer, (-1, -1) otherwise (FA3's "unbounded")."""
-        w = self.window_left(batch)
-        return (-1, -1) if w < 0 else (w, 0)
 
     def run(self, batch: Batch) -> BackendOutput:
         self.write_kv(batch)

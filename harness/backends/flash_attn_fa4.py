@@ -15,11 +15,11 @@ from functools import cache
 
 import torch
 
-from harness.backends.base import BackendOutput, Capabilities
-from harness.backends.flash_attn_glue import FlashAttnGlue, is_tree
-from harness.batch import Batch
-from harness.modes import Mode
-from harness.timing import phase
+from harness.backends.base import BackendOutput
+from harness.backends.flash_attn_glue import FlashAttnGlue, capabilities, is_tree
+from harness.core.batch import Batch
+from harness.core.timing import phase
+from harness.core.vocab import FEATURES
 
 # (major) compute capabilities whose FA4 forward reads a paged KV cache (sm80 and sm120 do not).
 PAGED_ARCHS = (9, 10, 11)
@@ -63,20 +63,8 @@ class FA4(FlashAttnGlue):
     name = "fa4"
     library = "flash-attn-4"
     entry = ("flash_attn.cute", "flash_attn_varlen_func")
-    capabilities = Capabilities(
-        modes=frozenset(Mode),
-        dtypes=frozenset({"bfloat16", "float16"}),
-        head_dims=frozenset(range(8, 257, 8)),
-        kv_layouts=frozenset({"NHD"}),
-        window=True,
-        soft_cap=True,
-        sinks=True,
-        hybrid_pool=True,
-        deterministic=True,
-        returns_lse=True,
-        tree=True,
-        whole_page_loads=True,
-    )
+    unbounded = (None, None)  # FA4's "no window": it reads -1 as a window edge (an empty window)
+    capabilities = capabilities(FEATURES, whole_page_loads=True)
 
     def available(self, device: str) -> str | None:
         why = super().available(device)
@@ -88,11 +76,6 @@ class FA4(FlashAttnGlue):
         return None
 
     # --- engine glue, one decision per method -------------------------------------------------
-
-    def window_size(self, batch: Batch) -> tuple[int | None, int | None]:
-        """(W, 0) on a windowed layer; (None, None) otherwise: FA4 spells "unbounded" None."""
-        w = self.window_left(batch)
-        return (None, None) if w < 0 else (w, 0)
 
     def num_splits(self, batch: Batch) -> int:
         """1: sm90 FA4 has no split-KV, and deterministic mode needs none anywhere."""

@@ -2,23 +2,24 @@
 
 A serving engine drives flash-attn with varlen queries (`cu_seqlens_q`), a per-request KV extent
 (`seqused_k` / `cache_seqlens`) and a page table over an NHD pool ([pages, page_size, heads, dim]).
-Each decision is one small method, so that a mutant can override exactly one of them:
-the KV extent per mode, the slots of this layer's pool (translated on a hybrid SWA layer), the page
-table, the window, the split count, and the LSE layout. This module registers no backend.
+Each decision is one small method, so that a mutant can override exactly one of them: the engine's
+reads (KV extent, slots of this layer's pool, window, page ids) come from glue.py (EngineGlue); here
+are the page table, how a version spells the window, the split count, and the LSE layout. This
+module registers no backend.
 """
 
 from __future__ import annotations
 
 import importlib
 from functools import cache
+from typing import Any
 
 import torch
 
-from harness import modes
-from harness.backends.base import Backend
-from harness.batch import Batch
-from harness.modes import Mode
-from harness.pool import page_table_from_req_to_token, translate_slots
+from harness.backends.base import Capabilities
+from harness.backends.glue import EngineGlue
+from harness.core.batch import Batch
+from harness.core.modes import Mode
 
 
 @cache
@@ -41,11 +42,24 @@ def is_tree(batch: Batch) -> bool:
     return any(p != j - 1 for r in batch.case.requests for j, p in enumerate(r.tree))
 
 
-class FlashAttnGlue(Backend):
-    """Base adapter: subclasses name the library entry point and implement `call`."""
+def capabilities(features: tuple[str, ...], **fields: Any) -> Capabilities:
+    """The capabilities every flash-attn adapter shares (every mode, half precision, head_dim a multiple
+    of 8 up to 256, an NHD pool, CUDA), plus its own features and fields."""
+    return Capabilities.with_features(
+        *features,
+        modes=frozenset(Mode),
+        dtypes=frozenset({"bfloat16", "float16"}),
+        head_dims=frozenset(range(8, 257, 8)),
+        **fields,
+    )
+
+
+class FlashAttnGlue(EngineGlue):
+    """Base adapter: subclasses name the library entry point and implement `run`."""
 
     library = "flash_attn"
     entry: tuple[str, str] = ("", "")  # (module, function) imported lazily
+    unbounded: tuple[int | None, int | None] = (-1, -1)  # how this version spells "no window"
 
     def available(self, device: str) -> str | None:
         why = super().available(device)
@@ -59,22 +73,7 @@ class FlashAttnGlue(Backend):
             raise RuntimeError(why)
         return fn
 
-    # --- engine glue, one decision per method -------------------------------------------------
-
-    def write_kv(self, batch: Batch) -> None:
-        """Store this forward's new K/V at `out_cache_loc` before attention (not in CROSS)."""
-        if batch.k_new.shape[0]:
-            batch.pool.write(self.layer_slots(batch, batch.out_cache_loc), batch.k_new, batch.v_new)
-
-    def kv_extents(self, batch: Batch) -> list[int]:
-        """Keys per request, from `seq_lens` and the mode's convention (DRAFT_EXTEND_V2: bumped)."""
-        seq = batch.cpu_list("seq_lens")
-        enc = batch.cpu_list("encoder_lens")
-        return [modes.kv_extent(batch.mode, seq[r], batch.num_draft, enc[r]) for r in range(len(seq))]
-
-    def layer_slots(self, batch: Batch, slots: torch.Tensor) -> torch.Tensor:
-        """Full-pool slots -> this layer's pool (the SWA pool on a sliding-window layer)."""
-        return translate_slots(slots, batch.full_to_swa)
+    # --- engine glue: the shared reads (glue.py), and what flash-attn takes -------------------
 
     def token_slots(self, batch: Batch, extents: list[int]) -> torch.Tensor:
         """[B, pages * page_size] full-pool slots covering every extent; past a row: reserved slot 0.
@@ -91,13 +90,14 @@ class FlashAttnGlue(Backend):
         return r2t[:, :width]
 
     def page_table(self, batch: Batch, extents: list[int]) -> torch.Tensor:
-        """[B, pages] int32 page ids of this layer's pool: the translated first slot of each page."""
-        slots = self.layer_slots(batch, self.token_slots(batch, extents))
-        return page_table_from_req_to_token(slots, batch.case.page_size).to(torch.int32).contiguous()
+        """[B, pages] int32 page ids of this layer's pool (`page_ids` of each page's first slot)."""
+        first_slots = self.token_slots(batch, extents)[:, :: batch.case.page_size]
+        return self.page_ids(batch, first_slots).to(torch.int32).contiguous()
 
-    def window_left(self, batch: Batch) -> int:
-        """This layer's window W (keys p - W .. p), -1 for none; cross-attention has none."""
-        return -1 if batch.mode == Mode.CROSS else batch.case.window_left
+    def window_size(self, batch: Batch) -> tuple[int | None, int | None]:
+        """(W, 0) on a windowed layer; `unbounded` otherwise, as this version spells it."""
+        w = self.window_left(batch)
+        return self.unbounded if w < 0 else (w, 0)
 
     def causal(self, batch: Batch) -> bool:
         """Every self-attention mode is causal (bottom-right aligned); CROSS is not."""

@@ -15,10 +15,10 @@ from __future__ import annotations
 
 from harness.backends.base import BackendOutput
 from harness.backends.flashinfer_glue import FlashInferGlue, capabilities
-from harness.batch import Batch
-from harness.case import Case
-from harness.modes import Mode
-from harness.timing import phase
+from harness.core.batch import Batch
+from harness.core.case import Case
+from harness.core.modes import Mode
+from harness.core.timing import phase
 
 SINKS_DROPPED = (
     "FlashInfer 0.7.2.post1's fa2 decode paths accept sinks= at run() and drop them "
@@ -48,10 +48,7 @@ class FlashInferDecCC(_FlashInferDecode):
     kind = "decode_cc"
     capabilities = capabilities(
         {Mode.DECODE},
-        window=True,
-        soft_cap=True,
-        hybrid_pool=True,
-        returns_lse=True,
+        ("window", "soft_cap", "hybrid_pool", "returns_lse"),
         why_not={
             "deterministic": "FlashInfer 0.7.2.post1's CUDA-core decode plan rejects fixed_split_size "
             "and ignores disable_split_kv, so its split-KV follows the batch (flashinfer_dec_tc pins it)",
@@ -76,11 +73,7 @@ class FlashInferDecTC(_FlashInferDecode):
     kind = "decode_tc"
     capabilities = capabilities(
         {Mode.DECODE, Mode.DRAFT_EXTEND_V2, Mode.TARGET_VERIFY},
-        window=True,
-        soft_cap=True,
-        hybrid_pool=True,
-        deterministic=True,
-        returns_lse=True,
+        ("window", "soft_cap", "hybrid_pool", "deterministic", "returns_lse"),
         why_not={
             "sinks": SINKS_DROPPED,
             "tree": "the decode wrapper masks q_len_per_req rows causally and takes no custom mask "

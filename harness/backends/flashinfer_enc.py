@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from harness.backends.base import BackendOutput
 from harness.backends.flashinfer_glue import FlashInferGlue, capabilities
-from harness.batch import Batch
-from harness.modes import Mode
-from harness.timing import phase
+from harness.core.batch import Batch
+from harness.core.modes import Mode
+from harness.core.timing import phase
 
 
 class FlashInferEnc(FlashInferGlue):
@@ -21,9 +21,7 @@ class FlashInferEnc(FlashInferGlue):
     split_tokens = 2048
     capabilities = capabilities(
         {Mode.CROSS},
-        soft_cap=True,
-        deterministic=True,
-        returns_lse=True,
+        ("soft_cap", "deterministic", "returns_lse"),
         why_not={"sinks": "attention sinks are a decoder self-attention feature; not wired for CROSS"},
     )
 
@@ -40,7 +38,7 @@ class FlashInferEnc(FlashInferGlue):
                 self.plan_decode(wrapper, batch, table, options, 1)
             else:
                 wrapper = self.wrapper("paged", batch)
-                self.plan_paged(wrapper, batch, batch.host_tensor("qo_indptr"), table, False, options)
+                self.plan_paged(wrapper, batch, table, False, options, None)
         out, lse = wrapper.run(batch.q, self.kv_cache(batch), return_lse=True)
         return BackendOutput(out=out, lse=self.natural_lse(lse))
 

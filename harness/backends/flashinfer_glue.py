@@ -1,15 +1,10 @@
 """Engine glue shared by the FlashInfer adapters (flashinfer-python 0.7.2.post1). Registers no backend.
 
-A serving engine drives FlashInfer through wrapper objects: `plan()` once per batch with the page
-table (`kv_indptr`, `kv_indices`, `last_page_len`) and every kernel option, then `run()` per layer.
-The decisions every FlashInfer path shares are small methods here, so that a mutant can override
-exactly one: which keys a sliding-window layer reads, the page table of this layer's pool
-(translated on a hybrid SWA layer), the options given at plan, the split parameters in
-deterministic mode, and the LSE base.
-
-Every wrapper is built with backend="fa2". FlashInfer's "auto" picks fa3 on an H100, whose plan
-ignores `fixed_split_size` and `disable_split_kv`; naming the backend also keeps the set of JIT
-variants known in advance (docs/flashinfer.md lists them).
+An engine plans a FlashInfer wrapper once per batch with the page table and every kernel option,
+then runs it. The shared decisions are one method each, so a mutant overrides exactly one: the
+engine's reads in glue.py (kv_start rounded down to a page here), and here the page table, options
+at plan, split parameters, the LSE base. Every wrapper names backend="fa2": "auto" picks fa3 on an
+H100, whose plan ignores the split parameters.
 """
 
 from __future__ import annotations
@@ -20,12 +15,12 @@ from typing import Any
 
 import torch
 
-from harness import modes
-from harness.backends.base import Backend, Capabilities
-from harness.batch import TORCH_DTYPES, Batch
-from harness.case import Case
-from harness.modes import Mode
-from harness.pool import translate_slots
+from harness.backends.base import Capabilities
+from harness.backends.glue import EngineGlue
+from harness.core.batch import Batch
+from harness.core.case import Case
+from harness.core.modes import Mode
+from harness.core.vocab import TORCH_DTYPES
 
 FLASHINFER_VERSION = "0.7.2.post1"
 KERNEL_BACKEND = "fa2"
@@ -39,6 +34,8 @@ PREFILL_NOT_INVARIANT = (
     "batches: decode, verify, DRAFT_EXTEND_V2, decoder steps, keep the tile and stay deterministic)"
 )
 _WORKSPACES: dict[str, torch.Tensor] = {}
+# plan()'s custom_mask: flat bool, request-major, each request's [queries, keys] row-major; or None.
+CustomMask = torch.Tensor | None
 
 
 def flashinfer() -> Any:
@@ -75,15 +72,16 @@ def query_tile_follows_batch(case: Case) -> bool:
     return case.mode == Mode.EXTEND
 
 
-def capabilities(modes_: set[Mode], **features: Any) -> Capabilities:
-    """The capabilities every FlashInfer adapter shares, plus its own modes and features."""
-    return Capabilities(
+def capabilities(modes_: set[Mode], features: tuple[str, ...], **fields: Any) -> Capabilities:
+    """The capabilities every FlashInfer adapter shares, plus its own modes, features and fields."""
+    return Capabilities.with_features(
+        *features,
         modes=frozenset(modes_),
         dtypes=frozenset({"bfloat16", "float16"}),
         head_dims=HEAD_DIMS,
         kv_layouts=frozenset({"NHD", "HND"}),
         devices=frozenset({"cuda"}),
-        **features,
+        **fields,
     )
 
 
@@ -124,7 +122,7 @@ def paged_kv_table(indices: torch.Tensor, pages: list[int], lengths: list[int], 
     )
 
 
-class FlashInferGlue(Backend):
+class FlashInferGlue(EngineGlue):
     """Base adapter for every FlashInfer path. Subclasses set name, capabilities, run()."""
 
     library = "flashinfer"
@@ -146,57 +144,19 @@ class FlashInferGlue(Backend):
             return PREFILL_NOT_INVARIANT
         return why
 
-    # --- where the keys are -------------------------------------------------------------------
-
-    def write_kv(self, batch: Batch) -> None:
-        """Store this forward's new K/V at `out_cache_loc` (this layer's pool; none in CROSS)."""
-        if batch.k_new.shape[0]:
-            batch.pool.write(self.layer_slots(batch, batch.out_cache_loc), batch.k_new, batch.v_new)
-
-    def kv_extents(self, batch: Batch) -> list[int]:
-        """Keys per request, from `seq_lens` and the mode's convention (DRAFT_EXTEND_V2: bumped)."""
-        seq = batch.cpu_list("seq_lens")
-        enc = batch.cpu_list("encoder_lens")
-        return [modes.kv_extent(batch.mode, seq[r], batch.num_draft, enc[r]) for r in range(len(seq))]
-
-    def window_left(self, batch: Batch) -> int:
-        """This layer's window W (a query at p keeps keys p - W .. p), -1 for none."""
-        return -1 if batch.mode == Mode.CROSS else batch.case.window_left
-
-    def query_positions(self, batch: Batch, r: int) -> list[int]:
-        """Absolute positions of request r's queries, from the engine's `positions` (verify: P + depth)."""
-        return batch.query_positions(r)
+    # --- where the keys are (the rest is the shared engine glue, glue.py) ----------------------
 
     def kv_start(self, batch: Batch, r: int) -> int:
-        """First key a windowed layer reads: the page holding the first query's earliest visible key.
-
-        Engines trim the KV of sliding-window layers this way; on a hybrid pool the pages before it
-        are freed (slot 0, poison), so reading them and masking afterwards would give 0 * NaN.
-        """
-        w = self.window_left(batch)
-        if w < 0:
-            return 0
-        first = max(0, min(self.query_positions(batch, r)) - w)
-        return first // batch.case.page_size * batch.case.page_size
-
-    def key_ranges(self, batch: Batch) -> list[tuple[int, int]]:
-        """[lo, hi) key positions each request reads: from kv_start to its KV extent."""
-        return [(self.kv_start(batch, r), n) for r, n in enumerate(self.kv_extents(batch))]
-
-    def kv_slots(self, batch: Batch, r: int, lo: int, hi: int) -> torch.Tensor:
-        """Full-pool slots of request r's positions lo..hi-1 (CROSS: the encoder's lead its row)."""
-        return batch.req_to_token[r, lo:hi]
-
-    def layer_slots(self, batch: Batch, slots: torch.Tensor) -> torch.Tensor:
-        """Full-pool slots -> this layer's pool (the SWA pool on a sliding-window layer)."""
-        return translate_slots(slots, batch.full_to_swa)
+        """First key a windowed layer reads, rounded down to its page: FlashInfer's page table
+        addresses whole pages, so a request's keys start on a page boundary."""
+        return super().kv_start(batch, r) // batch.case.page_size * batch.case.page_size
 
     def page_table(self, batch: Batch, ranges: list[tuple[int, int]]) -> PageTable:
-        """Page ids of this layer's pool for each range: the translated slot of each page's first key,
-        computed where the slots are (an engine builds kv_indices on the device; nothing is read back)."""
+        """The page table of this layer's pool for each range (kv_indices: `page_ids` of each page's
+        first key, built on the device; nothing is read back)."""
         ps = batch.case.page_size
         firsts = [self.kv_slots(batch, r, lo, hi)[::ps] for r, (lo, hi) in enumerate(ranges)]
-        pages = self.layer_slots(batch, torch.cat(firsts)) // ps
+        pages = self.page_ids(batch, torch.cat(firsts))
         return paged_kv_table(pages, [f.numel() for f in firsts], [hi - lo for lo, hi in ranges], ps)
 
     def kv_cache(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
@@ -231,50 +191,26 @@ class FlashInferGlue(Backend):
             return {}
         return {"fixed_split_size": max(1, self.split_tokens // page_size), "disable_split_kv": False}
 
-    def plan_paged(
-        self,
-        wrapper: Any,
-        batch: Batch,
-        qo_indptr: torch.Tensor,
-        table: PageTable,
-        causal: bool,
-        options: dict,
-        custom_mask: torch.Tensor | None = None,
-    ) -> None:
-        """Plan a paged prefill wrapper: page table, mask, kernel options and split parameters."""
+    def plan_arguments(self, batch: Batch, table: PageTable, options: dict) -> tuple[tuple, dict]:
+        """What every paged plan() takes: the page table and the head shape (positional), the true key
+        counts, the kernel options and the split parameters (keywords)."""
         c = batch.case
-        wrapper.plan(
-            qo_indptr,
-            table.indptr,
-            table.indices,
-            table.last_page_len,
-            c.num_q_heads,
-            c.num_kv_heads,
-            c.head_dim,
-            c.page_size,
-            custom_mask=custom_mask,
-            causal=causal,
-            seq_lens=table.kv_lens,
-            **options,
-            **self.split_options(batch, c.page_size),
-        )
+        args = (table.indptr, table.indices, table.last_page_len)
+        args += (c.num_q_heads, c.num_kv_heads, c.head_dim, c.page_size)
+        return args, {"seq_lens": table.kv_lens, **options, **self.split_options(batch, c.page_size)}
+
+    def plan_paged(
+        self, wrapper: Any, batch: Batch, table: PageTable, causal: bool, options: dict, mask: CustomMask
+    ) -> None:
+        """Plan a paged prefill wrapper over the batch's queries: page table, causality or a custom
+        mask, kernel options and split parameters."""
+        args, kwargs = self.plan_arguments(batch, table, options)
+        wrapper.plan(batch.host_tensor("qo_indptr"), *args, custom_mask=mask, causal=causal, **kwargs)
 
     def plan_decode(self, wrapper: Any, batch: Batch, table: PageTable, options: dict, q_len: int) -> None:
         """Plan a decode wrapper; q_len > 1 (tensor cores only) is a bottom-right causal block."""
-        c = batch.case
-        wrapper.plan(
-            table.indptr,
-            table.indices,
-            table.last_page_len,
-            c.num_q_heads,
-            c.num_kv_heads,
-            c.head_dim,
-            c.page_size,
-            seq_lens=table.kv_lens,
-            q_len_per_req=q_len,
-            **options,
-            **self.split_options(batch, c.page_size),
-        )
+        args, kwargs = self.plan_arguments(batch, table, options)
+        wrapper.plan(*args, q_len_per_req=q_len, **kwargs)
 
     # --- wrappers and results -----------------------------------------------------------------
 

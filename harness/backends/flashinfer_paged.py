@@ -17,24 +17,16 @@ import torch
 
 from harness.backends.base import BackendOutput
 from harness.backends.flashinfer_glue import FlashInferGlue, capabilities
-from harness.batch import Batch
-from harness.case import Case
-from harness.modes import Mode
-from harness.timing import phase
+from harness.core.batch import Batch
+from harness.core.case import Case
+from harness.core.modes import Mode
+from harness.core.timing import phase
+from harness.core.vocab import FEATURES
 
 
 class FlashInferPaged(FlashInferGlue):
     name = "flashinfer_paged"
-    capabilities = capabilities(
-        {Mode.EXTEND, Mode.DRAFT_EXTEND_V2, Mode.TARGET_VERIFY},
-        window=True,
-        soft_cap=True,
-        sinks=True,
-        hybrid_pool=True,
-        deterministic=True,
-        returns_lse=True,
-        tree=True,
-    )
+    capabilities = capabilities({Mode.EXTEND, Mode.DRAFT_EXTEND_V2, Mode.TARGET_VERIFY}, FEATURES)
 
     def supports(self, case: Case) -> str | None:
         why = super().supports(case)
@@ -81,7 +73,7 @@ class FlashInferPaged(FlashInferGlue):
             mask = self.verify_mask(batch, ranges) if batch.mode == Mode.TARGET_VERIFY else None
             wrapper = self.wrapper("sink" if sinks else "paged", batch)
             options = self.kernel_options(batch, self.paged_window(batch))
-            self.plan_paged(wrapper, batch, batch.host_tensor("qo_indptr"), table, True, options, mask)
+            self.plan_paged(wrapper, batch, table, True, options, mask)
         extra = (batch.sinks,) if sinks else ()  # the sink variant takes them as its extra tensor
         out, lse = wrapper.run(batch.q, self.kv_cache(batch), *extra, return_lse=True)
         return BackendOutput(out=out, lse=self.natural_lse(lse))

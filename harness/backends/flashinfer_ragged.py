@@ -1,15 +1,9 @@
 """flashinfer_ragged: EXTEND as engines run it with FlashInfer, ragged + paged + merge_state.
 
-The ragged wrapper attends causally over this forward's in-flight K/V; when any request has a
-cached prefix, a paged wrapper attends over the prefix and `merge_state` combines the two by
-their LSE. The new K/V are written to the pool after attention.
-
-The window is the subtle part. FlashInfer anchors `window_left` at the end of each wrapper's own
-KV: in the ragged pass that is the last new token, which is right, so the ragged pass takes
-`window_left`. In the prefix pass the KV ends at the prefix, E tokens before the true query
-positions, so the window would be misplaced: that pass reads only the pages from the first
-query's window start on and masks the rest with a custom mask built from global positions
-(key k is visible to query j iff k >= P + j - W), with no `window_left` of its own.
+The ragged pass attends over this forward's K/V with `window_left`; the paged prefix pass reads only
+the pages from the first query's window start on, with a custom mask from global positions and no
+`window_left` (FlashInfer would anchor it at the prefix end); `merge_state` combines them by LSE.
+docs/flashinfer.md, "The ragged + paged window".
 """
 
 from __future__ import annotations
@@ -22,9 +16,9 @@ import torch
 
 from harness.backends.base import BackendOutput
 from harness.backends.flashinfer_glue import PREFILL_NOT_INVARIANT, FlashInferGlue, capabilities, flashinfer
-from harness.batch import Batch
-from harness.modes import Mode
-from harness.timing import phase
+from harness.core.batch import Batch
+from harness.core.modes import Mode
+from harness.core.timing import phase
 
 
 @dataclass(frozen=True)
@@ -40,10 +34,7 @@ class FlashInferRagged(FlashInferGlue):
     name = "flashinfer_ragged"
     capabilities = capabilities(
         {Mode.EXTEND},
-        window=True,
-        soft_cap=True,
-        hybrid_pool=True,
-        returns_lse=True,
+        ("window", "soft_cap", "hybrid_pool", "returns_lse"),
         why_not={
             "deterministic": PREFILL_NOT_INVARIANT,
             "sinks": "FlashInfer 0.7.2.post1 has no sink variant of the ragged wrapper "
@@ -101,7 +92,7 @@ class FlashInferRagged(FlashInferGlue):
                 table = self.page_table(batch, pre.ranges)
                 paged = self.wrapper("paged", batch)
                 options = self.kernel_options(batch, pre.window_left)
-                self.plan_paged(paged, batch, qo, table, False, options, pre.custom_mask)
+                self.plan_paged(paged, batch, table, False, options, pre.custom_mask)
         if cached:
             out_p, lse_p = paged.run(batch.q, self.kv_cache(batch), return_lse=True)
             out, lse = self.merge(out, lse, out_p, lse_p)

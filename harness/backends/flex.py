@@ -1,29 +1,10 @@
 """FlexAttention (`torch.nn.attention.flex_attention`): an eager and a `torch.compile`d variant.
 
-The glue a serving engine writes around flex, one launch per batch (the eager variant splits big
-batches, as it materialises the scores): this forward's K/V go into the
-pool, each request's keys are gathered through `req_to_token` (translated to the SWA pool on a
-sliding-window layer of a hybrid pool) and laid end to end like documents, and so are the queries.
-One `mask_mod` decides who sees whom from per-token metadata derived from the engine's numbers:
-document ids, absolute positions (`positions` for queries; keys from the KV extent of
-harness/modes.py), the draft index of verify keys into `tree_mask`, and keys that every query of
-its document sees (CROSS encoder keys, the virtual sink key). The soft cap is a `score_mod`.
-
-Sinks: where the kernel returns the log-sum-exp, the output is renormalised per head,
-`out * exp(lse) / (exp(lse) + exp(sink)) = out * sigmoid(lse - sink)`. The compiled kernel on the
-CPU has no LSE output, so there the sink joins as one extra key per document whose score the
-`score_mod` replaces by the sink logit and whose value row is zero: the same softmax denominator.
-
-Shapes: the compiled CPU kernel is built for static shapes (inductor's C++ template fails to
-compile dynamic-shape masks that index captured tensors in torch 2.13), so launches are padded
-to buckets of 128 * 4**k rows and each new bucket compiles once; on CUDA the compiled kernel takes
-dynamic shapes. Every scalar that varies per batch (window, soft cap, sinks) is a tensor the
-functions capture, so a new batch of an already-seen shape does not recompile.
-
-Deterministic mode: one launch per request, so a request's computation, shapes included, never
-depends on the rest of the batch: whatever the kernel decides from shapes (tiles, splits, packing)
-it decides from the request alone, and flex's forward has no atomics.
-The masks here are written independently of references/masks.py on purpose.
+The glue a serving engine writes around flex: each request's keys are gathered from the paged pool
+through `req_to_token` and laid end to end like documents, and one `mask_mod` built from the
+engine's metadata says who sees whom (written independently of references/masks.py). Soft cap is a
+`score_mod`; sinks renormalise through the LSE, or join as a virtual key where the compiled CPU
+kernel returns none. Why each choice, shapes and compile cost: docs/flex.md.
 """
 
 from __future__ import annotations
@@ -33,18 +14,18 @@ import inspect
 import os
 import shutil
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from functools import cache
 
 import torch
 
-from harness.backends.base import BackendOutput, Capabilities
-from harness.backends.engine_reads import EngineReads
-from harness.batch import Batch
-from harness.modes import Mode
-from harness.pool import translate_slots
-from harness.timing import phase
+from harness.backends.base import ALL_CAPABILITIES, BackendOutput
+from harness.backends.glue import EngineGlue
+from harness.core.batch import Batch
+from harness.core.modes import Mode
+from harness.core.timing import phase
 
 # A window bound that admits every key: what "no window" (-1) becomes inside the mask.
 NO_WINDOW = 1 << 40
@@ -132,24 +113,12 @@ def _cxx_compiler() -> str | None:
     return None
 
 
-class FlexBase(EngineReads):
-    """The shared glue; variants differ in how they call flex (`call_flex`, `returns_lse_on`)."""
+class FlexBase(EngineGlue):
+    """The shared glue; variants differ in the kernel they call (`kernel`, `calling`, `kernel_kwargs`)
+    and whether it returns the LSE (`returns_lse_on`)."""
 
     library = "torch.nn.attention.flex_attention"
-    capabilities = Capabilities(
-        modes=frozenset(Mode),
-        dtypes=frozenset({"bfloat16", "float16", "float32"}),
-        head_dims=frozenset({16, 32, 64, 128, 256}),
-        kv_layouts=frozenset({"NHD", "HND"}),
-        devices=frozenset({"cpu", "cuda"}),
-        window=True,
-        soft_cap=True,
-        sinks=True,
-        hybrid_pool=True,
-        deterministic=True,
-        returns_lse=True,
-        tree=True,
-    )
+    capabilities = dataclasses.replace(ALL_CAPABILITIES, head_dims=frozenset({16, 32, 64, 128, 256}))
 
     def available(self, device: str) -> str | None:
         why = super().available(device)
@@ -161,27 +130,12 @@ class FlexBase(EngineReads):
             return f"torch {torch.__version__} has no usable flex_attention: {e}"
         return None
 
-    # --- engine glue, one decision per method -------------------------------------------------
-
-    def write_kv(self, batch: Batch) -> None:
-        """Store this forward's new K/V at `out_cache_loc` before attention."""
-        if batch.k_new.shape[0]:
-            batch.pool.write(self.layer_slots(batch, batch.out_cache_loc), batch.k_new, batch.v_new)
-
-    def kv_slots(self, batch: Batch, r: int, lo: int, hi: int) -> torch.Tensor:
-        """Full-pool slots of request r's positions lo..hi-1 (CROSS: its encoder tokens)."""
-        return batch.req_to_token[r, lo:hi]
-
-    def layer_slots(self, batch: Batch, slots: torch.Tensor) -> torch.Tensor:
-        """Translate full-pool slots into this layer's pool (the SWA pool on a hybrid SWA layer)."""
-        return translate_slots(slots, batch.full_to_swa)
+    # --- engine glue: the shared reads (glue.py), and how flex lays a batch out --------------
 
     def key_positions(self, batch: Batch, r: int, lo: int, hi: int) -> list[int]:
         """Absolute positions of keys lo..hi-1: their index; verify drafts sit at their query's position."""
         if batch.mode == Mode.TARGET_VERIFY:
-            q0 = batch.query_span(r)[0]
-            drafts = batch.cpu_list("positions")[q0 : q0 + batch.num_draft]
-            return list(range(lo, hi - batch.num_draft)) + drafts
+            return list(range(lo, hi - batch.num_draft)) + self.query_positions(batch, r)
         return list(range(lo, hi))
 
     def sinks_via_lse(self, batch: Batch) -> bool:
@@ -284,9 +238,8 @@ class FlexBase(EngineReads):
         case = batch.case
         dev = batch.device
         virtual_sink = batch.sinks is not None and not self.sinks_via_lse(batch)
-        kv_lens = self.kv_lens(batch)
+        ranges = self.key_ranges(batch)
         qo = batch.cpu_list("qo_indptr")
-        positions = batch.cpu_list("positions")
         q_parts, k_parts, v_parts = [], [], []
         q_doc: list[int] = []
         q_pos: list[int] = []
@@ -301,12 +254,12 @@ class FlexBase(EngineReads):
             q0, q1 = qo[r], qo[r + 1]
             q_parts.append(batch.q[q0:q1])
             q_doc += [doc] * (q1 - q0)
-            q_pos += positions[q0:q1]
+            q_pos += self.query_positions(batch, r)
             if batch.mode == Mode.TARGET_VERIFY:
                 q_tree_row += [(r * e + j) * e for j in range(q1 - q0)]
             else:
                 q_tree_row += [0] * (q1 - q0)
-            lo, hi = self.kv_start(batch, r), kv_lens[r]
+            lo, hi = ranges[r]
             k, v = batch.pool.read(self.layer_slots(batch, self.kv_slots(batch, r, lo, hi)))
             k_parts.append(k)
             v_parts.append(v)
@@ -389,6 +342,18 @@ class FlexBase(EngineReads):
         """Whether this variant's kernel returns the LSE on `device`."""
         return True
 
+    def kernel(self, device: str) -> Callable:
+        """The flex_attention function this variant calls on `device`."""
+        raise NotImplementedError
+
+    def kernel_kwargs(self, device: str) -> dict:
+        """Keyword arguments of the variant's own (none here)."""
+        return {}
+
+    def calling(self) -> AbstractContextManager:
+        """The context the variant's call runs in (none here)."""
+        return nullcontext()
+
     def call_flex(
         self,
         launch: Launch,
@@ -397,7 +362,17 @@ class FlexBase(EngineReads):
         scale: float,
         want_lse: bool,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        raise NotImplementedError
+        """One flex call: output [1, Hq, Lq, D], and the LSE (natural log) when `want_lse`."""
+        _, _, lse_kwargs = _flex_api()
+        device = launch.q.device.type
+        kwargs = {**(lse_kwargs if want_lse else {}), **self.kernel_kwargs(device)}
+        gqa = launch.q.shape[1] != launch.k.shape[1]
+        flex = self.kernel(device)
+        with self.calling():
+            res = flex(
+                launch.q, launch.k, launch.v, score_mod, block_mask, scale=scale, enable_gqa=gqa, **kwargs
+            )
+        return _unpack_lse(res) if want_lse else (res, None)
 
     # --- the forward --------------------------------------------------------------------------
 
@@ -443,7 +418,7 @@ class FlexEager(FlexBase):
             return super().launches(batch)
         groups: list[list[int]] = []
         qo = batch.cpu_list("qo_indptr")
-        kv = self.kv_lens(batch)
+        kv = self.kv_extents(batch)
         nq = nk = 0
         for r in range(batch.batch_size):
             q, k = qo[r + 1] - qo[r], kv[r] + 1
@@ -456,23 +431,15 @@ class FlexEager(FlexBase):
             nq, nk = nq + q, nk + k
         return groups
 
-    def call_flex(
-        self,
-        launch: Launch,
-        score_mod: ScoreMod,
-        block_mask: object,
-        scale: float,
-        want_lse: bool,
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        flex, _, lse_kwargs = _flex_api()
-        gqa = launch.q.shape[1] != launch.k.shape[1]
-        kwargs = lse_kwargs if want_lse else {}
-        with warnings.catch_warnings():  # "called without torch.compile()": this variant's point
+    def kernel(self, device: str) -> Callable:
+        return _flex_api()[0]
+
+    @contextmanager
+    def calling(self) -> Iterator[None]:
+        """Without flex's warning "called without torch.compile()": that is this variant's point."""
+        with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="flex_attention called without torch.compile")
-            res = flex(
-                launch.q, launch.k, launch.v, score_mod, block_mask, scale=scale, enable_gqa=gqa, **kwargs
-            )
-        return _unpack_lse(res) if want_lse else (res, None)
+            yield
 
 
 @cache
@@ -533,25 +500,16 @@ class FlexCompiled(FlexBase):
         """With static shapes, padded to a few bucket sizes so that shapes repeat."""
         return bucket(n) if self.static_shapes(device) else n
 
-    def call_flex(
-        self,
-        launch: Launch,
-        score_mod: ScoreMod,
-        block_mask: object,
-        scale: float,
-        want_lse: bool,
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        _, _, lse_kwargs = _flex_api()
-        flex = _compiled_flex(dynamic=not self.static_shapes(launch.q.device.type))
-        gqa = launch.q.shape[1] != launch.k.shape[1]
-        kwargs = dict(lse_kwargs) if want_lse else {}
-        if launch.q.device.type == "cuda":
-            kwargs["kernel_options"] = CUDA_KERNEL_OPTIONS
-        with torch._dynamo.config.patch(**_dynamo_limits()):
-            res = flex(
-                launch.q, launch.k, launch.v, score_mod, block_mask, scale=scale, enable_gqa=gqa, **kwargs
-            )
-        return _unpack_lse(res) if want_lse else (res, None)
+    def kernel(self, device: str) -> Callable:
+        return _compiled_flex(dynamic=not self.static_shapes(device))
+
+    def kernel_kwargs(self, device: str) -> dict:
+        """The CUDA kernel's tiles (CUDA_KERNEL_OPTIONS)."""
+        return {"kernel_options": CUDA_KERNEL_OPTIONS} if device == "cuda" else {}
+
+    def calling(self) -> AbstractContextManager:
+        """Dynamo's recompile limits (`_dynamo_limits`)."""
+        return torch._dynamo.config.patch(**_dynamo_limits())
 
 
 BACKENDS = {"flex_eager": FlexEager, "flex_compiled": FlexCompiled}

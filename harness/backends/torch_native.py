@@ -9,67 +9,38 @@ matmul path. The masks here are written independently of references/masks.py on 
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 import torch.nn.functional as F
 
-from harness.backends.base import BackendOutput, Capabilities
-from harness.backends.engine_reads import EngineReads
-from harness.batch import Batch
-from harness.modes import Mode
-from harness.pool import translate_slots
-from harness.timing import phase
+from harness.backends.base import ALL_CAPABILITIES, BackendOutput
+from harness.backends.glue import EngineGlue
+from harness.core.batch import Batch
+from harness.core.modes import Mode
+from harness.core.timing import phase
 
 
-def row_slots(batch: Batch, r: int, lo: int, hi: int) -> torch.Tensor:
-    """Slots lo..hi-1 of request r's `req_to_token` row. An engine's row is as wide as the longest
-    context, with slot 0 (reserved, poisoned) past the request's tokens: reading beyond the batch's
-    widest row gives slot 0 here too, so an over-long KV extent reads poison instead of failing."""
-    row = batch.req_to_token[r, lo:hi]
-    short = (hi - lo) - row.numel()
-    return torch.cat([row, row.new_zeros(short)]) if short > 0 else row
-
-
-class TorchNative(EngineReads):
+class TorchNative(EngineGlue):
     name = "torch_native"
     library = "torch"
-    capabilities = Capabilities(
-        modes=frozenset(Mode),
-        dtypes=frozenset({"bfloat16", "float16", "float32"}),
-        kv_layouts=frozenset({"NHD", "HND"}),
-        devices=frozenset({"cpu", "cuda"}),
-        window=True,
-        soft_cap=True,
-        sinks=True,
-        hybrid_pool=True,
-        deterministic=True,
-        tree=True,
-        why_not={"returns_lse": "SDPA does not return the log-sum-exp"},
+    capabilities = dataclasses.replace(
+        ALL_CAPABILITIES, returns_lse=False, why_not={"returns_lse": "SDPA does not return the log-sum-exp"}
     )
 
-    # --- engine glue, one decision per method -------------------------------------------------
-
-    def write_kv(self, batch: Batch) -> None:
-        """Store this forward's new K/V at `out_cache_loc` before attention."""
-        if batch.k_new.shape[0]:
-            slots = self.layer_slots(batch, batch.out_cache_loc)
-            batch.pool.write(slots, batch.k_new, batch.v_new)
+    # --- engine glue: the shared reads (glue.py), and this fallback's masks -------------------
 
     def kv_slots(self, batch: Batch, r: int, lo: int, hi: int) -> torch.Tensor:
-        """Full-pool slots of request r's positions lo..hi-1 (CROSS: its encoder tokens)."""
-        return row_slots(batch, r, lo, hi)
-
-    def layer_slots(self, batch: Batch, slots: torch.Tensor) -> torch.Tensor:
-        """Translate full-pool slots into this layer's pool (the SWA pool on a hybrid SWA layer)."""
-        return translate_slots(slots, batch.full_to_swa)
+        """Slots lo..hi-1 of request r's `req_to_token` row. An engine's row is as wide as the longest
+        context, with slot 0 (reserved, poisoned) past the request's tokens: reading beyond the batch's
+        widest row gives slot 0 here too, so an over-long KV extent reads poison instead of failing."""
+        row = super().kv_slots(batch, r, lo, hi)
+        short = (hi - lo) - row.numel()
+        return torch.cat([row, row.new_zeros(short)]) if short > 0 else row
 
     def in_window(self, key_pos: torch.Tensor, query_pos: torch.Tensor, window_left: int) -> torch.Tensor:
         """Sliding window: a query at p keeps keys p - W .. p (W + 1 keys)."""
         return key_pos >= query_pos - window_left
-
-    def query_positions(self, batch: Batch, r: int) -> torch.Tensor:
-        """Absolute position of request r's queries, from the engine's `positions` (verify: P + depth)."""
-        q0, q1 = batch.query_span(r)
-        return batch.positions[q0:q1].long()
 
     def key_positions(self, batch: Batch, lo: int, hi: int, query_pos: torch.Tensor) -> torch.Tensor:
         """Absolute position of keys lo..hi-1: their index, but verify drafts sit at their depth."""
@@ -83,7 +54,7 @@ class TorchNative(EngineReads):
         q0, q1 = batch.query_span(r)
         if batch.mode == Mode.CROSS:
             return torch.ones(q1 - q0, hi - lo, dtype=torch.bool, device=batch.device)
-        qpos = self.query_positions(batch, r)
+        qpos = torch.tensor(self.query_positions(batch, r), device=batch.device)
         kpos = self.key_positions(batch, lo, hi, qpos)
         mask = kpos[None, :] <= qpos[:, None]
         w = self.window_left(batch)
@@ -153,10 +124,9 @@ class TorchNative(EngineReads):
     def run(self, batch: Batch) -> BackendOutput:
         self.write_kv(batch)
         outs = []
-        for r, n in enumerate(self.kv_lens(batch)):
+        for r, (lo, n) in enumerate(self.key_ranges(batch)):
             with phase("plan"):  # the gather and the mask: what an engine's metadata step builds
                 q0, q1 = batch.query_span(r)
-                lo = self.kv_start(batch, r)
                 k, v = batch.pool.read(self.layer_slots(batch, self.kv_slots(batch, r, lo, n)))
                 mask = self.build_mask(batch, r, lo, n)
             outs.append(self.attend(batch.q[q0:q1], k, v, mask, batch))

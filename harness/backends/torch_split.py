@@ -1,21 +1,10 @@
 """torch_split: an engine-style chunked fallback whose partial results are merged by log-sum-exp.
 
-The cached keys (read from the paged pool) and this forward's new tokens (the in-flight K/V: a
-"ragged" pass) are attended in separate passes, and the paged pass is cut into KV splits. Every
-partial result carries its LSE and the glue merges them, as engines do around FlashInfer (ragged +
-paged + merge_state) and split-KV decode kernels. This gives the CPU the code paths that torch_native
-lacks, so their bug classes can be shown there: a window per pass, a base-2 LSE to convert before
-merging, and split parameters that deterministic mode must fix.
-
-Like FlashInfer's kernels, a pass returns base-2 LSE; the glue converts it to natural log. Like a GPU
-kernel, a split rounds its probabilities to the case dtype before P @ V, relative to its own running
-maximum, so how the keys were split shows in the output bits: without a fixed split size the split
-depends on the batch (a scheduler spreading the work over WORK_UNITS), and batch invariance fails.
-
-Requests are computed in groups, each group's requests padded to its largest (`groups`): one set of
-launches per group instead of one per request, which is what a GPU run is bound by. Deterministic
-mode puts each request in a group of its own, so nothing about its neighbours, not even the shape of
-a padded tensor, can reach its bits.
+Cached keys (a paged pass, cut into KV splits) and this forward's new tokens (a ragged pass) are
+attended separately and merged by base-2 LSE, as engines do around FlashInfer: the CPU gets the
+code paths torch_native lacks (a window per pass, an LSE base, split parameters deterministic mode
+must fix). Requests run in groups padded to their largest; deterministic mode gives each request
+its own group. Details: docs/mutants.md, "torch_split".
 """
 
 from __future__ import annotations
@@ -27,12 +16,15 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from harness import modes
-from harness.backends.base import Backend, BackendOutput, Capabilities
-from harness.batch import TORCH_DTYPES, Batch, upload_int32
-from harness.modes import Mode
-from harness.pool import take, translate_slots
-from harness.timing import phase
+from harness.backends.base import ALL_CAPABILITIES, BackendOutput
+from harness.backends.glue import EngineGlue
+from harness.core import modes
+from harness.core.batch import Batch
+from harness.core.metadata import upload_int32
+from harness.core.modes import Mode
+from harness.core.pool import take
+from harness.core.timing import phase
+from harness.core.vocab import TORCH_DTYPES
 
 LN2 = math.log(2.0)
 LOG2E = 1.0 / LN2
@@ -89,42 +81,17 @@ def merge_states(states: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch
     return merge(torch.stack([s[0] for s in states]), torch.stack([s[1] for s in states]), base2=False)
 
 
-class TorchSplit(Backend):
+class TorchSplit(EngineGlue):
     name = "torch_split"
     library = "torch"
-    capabilities = Capabilities(
-        modes=frozenset(Mode),
-        dtypes=frozenset({"bfloat16", "float16", "float32"}),
-        kv_layouts=frozenset({"NHD", "HND"}),
-        devices=frozenset({"cpu", "cuda"}),
-        window=True,
-        soft_cap=True,
-        sinks=True,
-        hybrid_pool=True,
-        deterministic=True,
-        returns_lse=True,
-        tree=True,
-    )
+    capabilities = ALL_CAPABILITIES
 
-    # --- engine glue, one decision per method -------------------------------------------------
-
-    def write_kv(self, batch: Batch) -> None:
-        """Store this forward's new K/V at `out_cache_loc` (translated on a hybrid SWA layer)."""
-        if batch.k_new.shape[0]:
-            batch.pool.write(self.layer_slots(batch, batch.out_cache_loc), batch.k_new, batch.v_new)
-
-    def layer_slots(self, batch: Batch, slots: torch.Tensor) -> torch.Tensor:
-        """Full-pool slots -> this layer's pool (the SWA pool on a hybrid SWA layer)."""
-        return translate_slots(slots, batch.full_to_swa)
-
-    def window_left(self, batch: Batch) -> int:
-        """The layer's window for the paged pass (-1: none)."""
-        return batch.case.window_left
+    # --- engine glue: the shared reads (glue.py), and this fallback's passes and splits -------
 
     def paged_windowed(self, batch: Batch) -> bool:
-        """Whether the paged pass masks by the window: never in CROSS (the encoder's keys are not on
-        the decoder's positions)."""
-        return self.window_left(batch) >= 0 and batch.mode != Mode.CROSS
+        """Whether the paged pass masks by the window: never in CROSS, where `window_left` is -1 (the
+        encoder's keys are not on the decoder's positions)."""
+        return self.window_left(batch) >= 0
 
     def ragged_window_left(self, batch: Batch) -> int:
         """The window the ragged pass over the new tokens gets: the same as the paged pass's."""
@@ -132,7 +99,7 @@ class TorchSplit(Backend):
 
     def prefix_query_positions(self, batch: Batch, r: int) -> list[int]:
         """Where the paged pass places request r's queries for its window: their true positions."""
-        return batch.query_positions(r)
+        return self.query_positions(batch, r)
 
     def paged_range(self, batch: Batch, r: int) -> tuple[int, int]:
         """Keys lo..hi-1 the paged pass reads: the prefix (two-pass modes), all keys (DECODE), or the
@@ -140,9 +107,7 @@ class TorchSplit(Backend):
         if batch.mode == Mode.CROSS:
             return 0, batch.cpu_list("encoder_lens")[r]
         hi = batch.cpu_list("prefix_lens" if self.two_pass(batch) else "seq_lens")[r]
-        w = self.window_left(batch)
-        lo = max(0, batch.first_position(r) - w) if w >= 0 else 0
-        return min(lo, hi), hi
+        return min(self.kv_start(batch, r), hi), hi
 
     def split_params(self, batch: Batch) -> SplitParams:
         """Deterministic mode fixes the split size on every path; otherwise the scheduler decides."""
@@ -174,7 +139,7 @@ class TorchSplit(Backend):
     def request_sizes(self, batch: Batch) -> tuple[list[tuple[int, int]], list[int], list[int]]:
         """Per request: its paged pass's key range (paged_range, read once per forward), its queries,
         and the keys its queries attend over (paged, plus its own new tokens in two-pass modes)."""
-        qo = batch.host["qo_indptr"] if "qo_indptr" in batch.host else batch.cpu_list("qo_indptr")
+        qo = batch.host["qo_indptr"]
         queries = [qo[r + 1] - qo[r] for r in range(batch.batch_size)]
         two = self.two_pass(batch)
         ranges = [self.paged_range(batch, r) for r in range(batch.batch_size)]

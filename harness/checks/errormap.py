@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from harness.case import Case
+from harness.core.case import Case
 
 MAX_BINS = 256
 QUANTITY = "max over head_dim of |out - ref|"

@@ -16,11 +16,11 @@ from dataclasses import dataclass
 import torch
 
 from harness.backends.base import Backend
-from harness.batch import Inputs, build_batch, make_inputs
-from harness.case import Case, Request
-from harness.modes import Mode
-from harness.profiles import Sizes
-from harness.results import CaseResult
+from harness.core.batch import Inputs, build_batch, make_inputs
+from harness.core.case import Case, Request
+from harness.core.modes import Mode
+from harness.core.results import CaseResult
+from harness.search.profiles import Sizes
 
 BATCH_SIZES = (1, 2, 3, 8, 16, 32, 64)
 

@@ -8,19 +8,14 @@ import traceback
 import torch
 
 from harness.backends.base import Backend
-from harness.batch import build_batch, make_inputs
-from harness.case import Case
 from harness.checks import crossref
 from harness.checks.errormap import error_map
-from harness.compare import compare
-from harness.results import CaseResult
-from harness.timing import phase
+from harness.core.batch import build_batch, make_inputs
+from harness.core.case import Case
+from harness.core.compare import compare
+from harness.core.results import CaseResult
+from harness.core.timing import phase
 from references.torch_ref import references
-
-
-def reference_device(device: str) -> torch.device:
-    """References run where the backend runs: float64 on the CPU, float32 accumulation on a GPU."""
-    return torch.device(device)
 
 
 def check_case(backend: Backend, case: Case, device: str = "cpu") -> CaseResult:
@@ -37,7 +32,7 @@ def check_case(backend: Backend, case: Case, device: str = "cpu") -> CaseResult:
             result = backend.run(batch)
             if device == "cuda":
                 torch.cuda.synchronize()
-    except Exception as e:  # the backend failed: a CRASH result (harness/isolation.py), not the end
+    except Exception as e:  # the backend failed: a CRASH result (harness/run/isolation.py), not the end
         frame = traceback.extract_tb(e.__traceback__)[-1]
         where = f"{frame.filename.rsplit('/', 1)[-1]}:{frame.lineno} in {frame.name}"
         reason = f"backend raised {type(e).__name__}: {e} (at {where})"
@@ -45,9 +40,8 @@ def check_case(backend: Backend, case: Case, device: str = "cpu") -> CaseResult:
         return CaseResult(
             "crash", backend.name, device, case, None, reason, time.perf_counter() - start, extra=extra
         )
-    ref_dev = reference_device(device)
-    with phase("reference"):
-        exact, native = references(case, inputs, ("exact", "native"), ref_dev)
+    with phase("reference"):  # where the backend ran: float64 on the CPU, float32 accumulation on a GPU
+        exact, native = references(case, inputs, ("exact", "native"), device)
     with phase("compare"):
         verdict = compare(case, result.out, exact.out, native.out, result.lse, exact.lse, native.lse)
         status = "pass" if verdict.passed else "fail"

@@ -1,28 +1,10 @@
 """The mask probe: which keys did a backend actually attend to, compared with the reference mask.
 
-The case is rerun with V replaced by one-hot rows: in chunk c, key t (c*D <= t < (c+1)*D) carries
-the unit vector e_(t - c*D) and every other key carries zeros, so output column i of the chunk is
-the attention probability of key c*D + i. ceil(T / D) runs recover the whole [query, head, key]
-probability tensor through nothing but `backend.run`, so the probe works for every backend.
-
-Queries are set to ZERO. Every score is then exactly 0 whatever the soft cap, sm_scale or
-q_amplitude, so a correct kernel gives each visible key the same weight 1 / (n + sum of sink
-terms) and each invisible key exactly 0. With the case's own q, soft caps, sinks and extreme
-logits make the weights of visible keys underflow (q_amplitude 30 puts most keys below 1e-30),
-and a real mask bug would hide among them. K keeps the case's values: 0 * K is still 0 for finite
-K, and poisoned (NaN) memory read through K or V still shows up as NaN.
-
-Threshold: key t counts as attended by (query, head) iff p > max_t' p / 16 over that row. In a
-correct row every attended key has the same weight up to output rounding (bf16: relative 2^-8), so
-any fixed fraction of the row maximum separates "attended" from exact zeros; it is relative
-because a kernel that attends 1000 keys instead of 8 gives each of them 1/1000, far below an
-absolute 1/8 cut. The factor 16 keeps keys whose weight a bug has made non-uniform (a key counted
-twice weighs 2x) while a finitely masked key (exp(-1e4)-ish, or exp(-soft_cap) when a cap is
-applied after masking) stays 20+ orders of magnitude below it. A weight outside [0, 1] (canary or
-another request's data mixed in) and NaN (poison read) are reported separately.
-
-Blind spots, by construction: bugs that change values but not the support (scale, soft cap,
-sinks, GQA head mapping, LSE, merge). A clean probe of a failing case says so, which points there.
+The failing case is rerun through `backend.run` with zero queries and one-hot V, so the output is
+the attention weights themselves; a key counts as attended when its weight exceeds 1/16 of its
+row's largest. It works for every backend, and cannot see bugs that change values but not the
+support (scale, soft cap, sinks, GQA mapping, LSE). Why zero queries and this threshold:
+docs/reports.md, "The mask probe".
 """
 
 from __future__ import annotations
@@ -32,9 +14,10 @@ from dataclasses import dataclass, field
 import torch
 
 from harness.backends.base import Backend
-from harness.batch import TORCH_DTYPES, Inputs, build_batch, kv_len, make_inputs
-from harness.case import Case
-from harness.modes import Mode
+from harness.core.batch import Inputs, build_batch, kv_len, make_inputs
+from harness.core.case import Case
+from harness.core.modes import Mode
+from harness.core.vocab import TORCH_DTYPES
 from references.masks import RequestMask, case_masks
 
 RELATIVE_THRESHOLD = 1.0 / 16

@@ -15,15 +15,17 @@ import pkgutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from hypothesis import find, settings
 from hypothesis.errors import NoSuchExample, Unsatisfiable
 
-from harness import isolation, profiles
 from harness.backends.base import Backend
-from harness.case import Case
 from harness.checks.invariance import neighbour_sizes
-from harness.strategies import cases
+from harness.core.case import Case
+from harness.run import isolation
+from harness.search import profiles
+from harness.search.strategies import cases
 
 CHECKS = ("numeric", "invariance")
 
@@ -54,6 +56,19 @@ def named(cls: type[Backend], name: str) -> Callable[[], Backend]:
         b = cls()
         b.name = name
         return b
+
+    return make
+
+
+def mutants_of(backend: str) -> Callable[..., Mutant]:
+    """The constructor of one backend's mutants: `make(bug_name, bug, method, families, windowed, cls,
+    **fields)` is the Mutant `<backend>~<bug_name>`, its backend built under that name."""
+
+    def make(
+        name: str, bug: str, method: str, families: tuple[str, ...], windowed: bool, cls: type, **fields: Any
+    ) -> Mutant:
+        full = f"{backend}~{name}"
+        return Mutant(full, bug, method, families, windowed, named(cls, full), **fields)
 
     return make
 

@@ -7,10 +7,10 @@ import torch
 
 from harness.backends.flash_attn_fa4 import FA4
 from harness.backends.flash_attn_glue import is_tree
-from harness.batch import Batch
-from harness.modes import Mode
+from harness.core.batch import Batch
+from harness.core.modes import Mode
+from harness.core.pool import page_table_from_req_to_token
 from harness.mutants import Mutant, named
-from harness.pool import page_table_from_req_to_token
 
 
 class _DraftExtendPrefixOnly(FA4):

@@ -14,11 +14,11 @@ import torch
 
 from harness.backends.flashinfer_dec import FlashInferDecTC
 from harness.backends.flashinfer_enc import FlashInferEnc
-from harness.backends.flashinfer_glue import PageTable
+from harness.backends.flashinfer_glue import CustomMask, PageTable
 from harness.backends.flashinfer_paged import FlashInferPaged
 from harness.backends.flashinfer_ragged import FlashInferRagged, PrefixPass
-from harness.batch import Batch
-from harness.case import Case, Request
+from harness.core.batch import Batch
+from harness.core.case import Case, Request
 from harness.mutants import Mutant, named
 
 
@@ -46,17 +46,10 @@ class _LseMergedAsNaturalLog(FlashInferRagged):
 
 class _OptionsOnlyAtRun(FlashInferPaged):
     def plan_paged(
-        self,
-        wrapper: Any,
-        batch: Batch,
-        qo_indptr: torch.Tensor,
-        table: PageTable,
-        causal: bool,
-        options: dict,
-        custom_mask: torch.Tensor | None = None,
+        self, wrapper: Any, batch: Batch, table: PageTable, causal: bool, options: dict, mask: CustomMask
     ) -> None:
         at_plan = dict(options, window_left=-1, logits_soft_cap=0.0)
-        super().plan_paged(wrapper, batch, qo_indptr, table, causal, at_plan, custom_mask)
+        super().plan_paged(wrapper, batch, table, causal, at_plan, mask)
         # What the deprecated forward(..., window_left=, logits_soft_cap=) does before run().
         wrapper._window_left = options["window_left"]
         wrapper._logits_soft_cap = options["logits_soft_cap"]

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import torch
 
-from harness.backends.torch_native import TorchNative, row_slots
-from harness.batch import Batch
-from harness.modes import Mode
-from harness.mutants import Mutant, named
+from harness.backends.torch_native import TorchNative
+from harness.core.batch import Batch
+from harness.core.modes import Mode
+from harness.mutants import Mutant, mutants_of
 
 
 class _WindowIgnored(TorchNative):
@@ -26,9 +26,10 @@ class _WindowLong(TorchNative):
 
 
 class _VerifyWindowFlat(TorchNative):
-    def query_positions(self, batch: Batch, r: int) -> torch.Tensor:
-        q0, q1 = int(batch.qo_indptr[r]), int(batch.qo_indptr[r + 1])
-        return int(batch.prefix_lens[r]) + torch.arange(q1 - q0, device=batch.device)  # P + j, not P + depth
+    def query_positions(self, batch: Batch, r: int) -> list[int]:
+        q0, q1 = batch.query_span(r)
+        p = batch.cpu_list("prefix_lens")[r]
+        return list(range(p, p + q1 - q0))  # P + j, not P + depth
 
 
 class _SoftCapMissing(TorchNative):
@@ -59,7 +60,7 @@ class _CrossOffset(TorchNative):
         if batch.mode != Mode.CROSS:
             return super().kv_slots(batch, r, lo, hi)
         dec = int(batch.seq_lens[r])  # encoder keys read from the decoder's length on
-        return row_slots(batch, r, lo + dec, hi + dec)
+        return super().kv_slots(batch, r, lo + dec, hi + dec)
 
 
 class _StalePage(TorchNative):
@@ -68,14 +69,14 @@ class _StalePage(TorchNative):
 
 
 class _DraftExtendPrefixOnly(TorchNative):
-    def kv_lens(self, batch: Batch) -> list[int]:
+    def kv_extents(self, batch: Batch) -> list[int]:
         if batch.mode != Mode.DRAFT_EXTEND_V2:  # the field exists in DRAFT_EXTEND_V2 only
-            return super().kv_lens(batch)
+            return super().kv_extents(batch)
         return batch.cpu_list("seq_lens_before_bump")  # reads P keys, misses the written drafts
 
 
 class _DraftExtendDoubleCounted(TorchNative):
-    def kv_lens(self, batch: Batch) -> list[int]:
+    def kv_extents(self, batch: Batch) -> list[int]:
         return [s + batch.num_draft for s in batch.cpu_list("seq_lens")]  # bumped twice
 
 
@@ -84,12 +85,7 @@ class _SwaUntranslated(TorchNative):
         return slots  # full-pool slots used on the SWA pool
 
 
-def _m(
-    name: str, bug: str, method: str, families: tuple[str, ...], windowed: bool, cls: type, **kw
-) -> Mutant:
-    full = f"torch_native~{name}"
-    return Mutant(full, bug, method, families, windowed, named(cls, full), **kw)
-
+_m = mutants_of("torch_native")
 
 HYBRID = {"hybrid_swa_pool": True}
 EXACT = {"hybrid_swa_pool": True, "swa_pool_exact": True}
@@ -178,7 +174,7 @@ MUTANTS: list[Mutant] = [
     _m(
         "de_v2_prefix_only",
         "DRAFT_EXTEND_V2 reads only the P prefix keys, not the bumped seq_lens = P + num_draft",
-        "kv_lens",
+        "kv_extents",
         ("draft_extend_v2",),
         False,
         _DraftExtendPrefixOnly,
@@ -186,7 +182,7 @@ MUTANTS: list[Mutant] = [
     _m(
         "de_v2_double_counted",
         "DRAFT_EXTEND_V2 extent double-counted: seq_lens (already bumped) + num_draft keys read",
-        "kv_lens",
+        "kv_extents",
         ("draft_extend_v2",),
         False,
         _DraftExtendDoubleCounted,

@@ -5,9 +5,9 @@ from __future__ import annotations
 import torch
 
 from harness.backends.torch_split import SplitParams, TorchSplit
-from harness.batch import Batch
-from harness.modes import Mode
-from harness.mutants import Mutant, named
+from harness.core.batch import Batch
+from harness.core.modes import Mode
+from harness.mutants import Mutant, mutants_of
 
 
 class _RaggedNoWindow(TorchSplit):
@@ -43,12 +43,7 @@ class _SplitDroppedCross(TorchSplit):
         return super().split_params(batch)
 
 
-def _m(
-    name: str, bug: str, method: str, families: tuple[str, ...], windowed: bool, cls: type, **kw
-) -> Mutant:
-    full = f"torch_split~{name}"
-    return Mutant(full, bug, method, families, windowed, named(cls, full), **kw)
-
+_m = mutants_of("torch_split")
 
 MUTANTS: list[Mutant] = [
     _m(

@@ -11,10 +11,10 @@ import math
 from collections import Counter
 from html import escape
 
-from harness.case import Case, CaseError
-from harness.compare import where
+from harness.core.case import Case, CaseError
+from harness.core.compare import where
+from harness.core.vocab import STATUSES
 from harness.report import matrix, pictures
-from harness.report.results_json import STATUSES
 
 PROBLEMS = ("fail", "crash", "hang")
 CSS = """

@@ -10,11 +10,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from harness.modes import FAMILIES, FAMILY_MODE
-from harness.report.results_json import STATUSES
+from harness.core.modes import FAMILIES, FAMILY_MODE
+from harness.core.vocab import CASE_FEATURES, STATUSES
 
-FEATURES = ("window", "soft_cap", "sinks", "hybrid_pool", "deterministic")
-COLUMNS = ("all", "none") + FEATURES
+COLUMNS = ("all", "none") + CASE_FEATURES
 CLOSE = 0.5  # a passing cell whose worst ratio exceeds this is shown as close to its budget
 
 
@@ -46,7 +45,7 @@ Row = tuple[str, str, str]  # backend, device, family
 
 
 def columns_of(record: dict) -> list[str]:
-    feats = [f for f in record.get("features") or [] if f in FEATURES]
+    feats = [f for f in record.get("features") or [] if f in CASE_FEATURES]
     return ["all"] + (feats or ["none"])
 
 

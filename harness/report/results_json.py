@@ -13,9 +13,10 @@ import math
 from pathlib import Path
 from typing import Any
 
+from harness.core.vocab import STATUSES
+
 FORMAT = "attn-harness-results"
 VERSION = 1
-STATUSES = ("pass", "fail", "skip", "crash", "hang")
 RECORD_KEYS = ("status", "backend", "device", "family", "mode", "features", "reason")
 _NONFINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
 

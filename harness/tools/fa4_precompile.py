@@ -1,20 +1,13 @@
 """Compile fa4's kernel variants ahead of time, without a GPU, into flash-attn-4's disk cache.
 
-FA4 JIT-compiles one kernel per variant the first time a process meets it (about 5 s each on
-sm90): per code path (causal, local window, non-causal CROSS, verify-tree mask_mod), GQA ratio,
-soft cap value, sinks or not, page size equal to the key tile (TMA) or not, and query rows above
-one tile or not. This walks every variant the `gpu` profile can draw (plus the pinned cases and
-the model-level check's soft cap), runs the fa4 adapter itself on a CPU batch of each, and hands
-the exact arguments it built, as fake CUDA tensors (torch FakeTensorMode), to flash_attn.cute,
-which compiles and exports each kernel to
-FLASH_ATTENTION_CUTE_DSL_CACHE_DIR. A device run with the same cache directory (and the same
-flash-attn-4, CuTe DSL and Python minor version: FA4 keys the directory on them) loads instead
-of compiling; a miss just compiles.
-
-Needs Python 3.12, torch, and the flash-attn-4 bundle (.device/core, .device/cutlass) on the path:
+Walks every variant the `gpu` profile can draw (and the pins and the model check's soft cap), runs
+the fa4 adapter on a CPU batch of each and hands its exact arguments, as fake CUDA tensors, to
+flash_attn.cute, which compiles each kernel into the cache; a GPU run with the same cache (same
+flash-attn-4, CuTe DSL and Python minor version) loads instead of compiling. docs/flash_attn.md.
+Needs Python 3.12, torch and flash-attn-4 importable:
   FLASH_ATTENTION_ARCH=sm_90 CUTE_DSL_ARCH=sm_90a FLASH_ATTENTION_NUM_SMS=132 \
   FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=1 FLASH_ATTENTION_CUTE_DSL_CACHE_DIR=DIR \
-  python -m harness.backends.flash_attn_fa4_precompile [--part I/N]
+  python -m harness.tools.fa4_precompile [--part I/N]
 """
 
 from __future__ import annotations
@@ -26,13 +19,13 @@ import time
 import torch
 
 from harness.backends.flash_attn_fa4 import FA4
-from harness.batch import build_batch, make_inputs
-from harness.case import Case, Request
+from harness.core.batch import build_batch, make_inputs
+from harness.core.case import Case, Request
 
 HEADS = ((8, 8), (8, 2), (8, 1))  # the gpu profile's (q heads, kv heads)
 SOFT_CAPS = (0.0, 30.0, 5.0)  # strategies' soft cap values: each value is its own kernel
 TREE = (-1, 0, 0, 1, 2)
-# cases/test_model.py's Gemma2-like model: soft cap 4, 8 q / 2 kv heads, no sinks (harness/checks/model.py).
+# cases/test_model.py's Gemma2-like model: soft cap 4, 8 q / 2 kv heads, no sinks (checks/model/check.py).
 MODEL_SOFT_CAPS = {4.0: (8, 2)}
 
 
@@ -61,7 +54,7 @@ def variant_cases() -> list[Case]:
                 page_size=page,
             )
         )
-    from cases.pinned import PINNED
+    from harness.search.pinned import PINNED
 
     fa4 = FA4()
     pinned = [Case.from_dict(d) for family in PINNED.values() for d in family]

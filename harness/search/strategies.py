@@ -9,24 +9,12 @@ from __future__ import annotations
 
 from hypothesis import strategies as st
 
-from harness.backends.base import Capabilities
-from harness.case import PAGE_LAYOUTS, Case, Request
-from harness.modes import FAMILIES, FAMILY_MODE, Mode
-from harness.profiles import Sizes
+from harness.backends.base import ALL_CAPABILITIES, Capabilities
+from harness.core.case import PAGE_LAYOUTS, Case, Request
+from harness.core.modes import FAMILIES, FAMILY_MODE, Mode
+from harness.search.profiles import Sizes
 
-ALL_CAPS = Capabilities(
-    modes=frozenset(Mode),
-    dtypes=frozenset({"bfloat16", "float16", "float32"}),
-    kv_layouts=frozenset({"NHD", "HND"}),
-    devices=frozenset({"cpu", "cuda"}),
-    window=True,
-    soft_cap=True,
-    sinks=True,
-    hybrid_pool=True,
-    deterministic=True,
-    returns_lse=True,
-    tree=True,
-)
+ALL_CAPS = ALL_CAPABILITIES  # no backend's limits: every case a family can have
 
 
 def _length(draw: st.DrawFn, lo: int, hi: int, anchors: list[int]) -> int:

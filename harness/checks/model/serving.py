@@ -1,7 +1,7 @@
 """Serving a transformers model as an engine does: attention on a backend over a paged KV cache.
 
 The model's attention is routed, through transformers' AttentionInterface, to a Runner that turns
-each layer's call into a harness Batch over the persistent cache of harness/engine.py and runs the
+each layer's call into a harness Batch over the persistent cache of engine.py (beside it) and runs the
 backend under test on it. `serve` drives a scenario (phases of per-request work) through the model
 in a given batch composition and collects each query's log-probability of its target token.
 """
@@ -15,14 +15,15 @@ from dataclasses import dataclass, field
 
 import torch
 
-from harness import backends, pool
+from harness import backends
 from harness.backends.base import Backend
-from harness.case import Case
-from harness.engine import PagedKVCache, Step, Work
-from harness.modes import Mode
+from harness.checks.model.engine import PagedKVCache, Step, Work
+from harness.core import pool
+from harness.core.case import Case
+from harness.core.modes import Mode
+from harness.core.vocab import DTYPE_NAMES
 
 ATTN_NAME = "attn_harness_paged"
-DTYPE_NAMES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
 
 _RUNNER: ContextVar[Runner | None] = ContextVar("attn_harness_runner", default=None)
 
@@ -265,7 +266,7 @@ def serve(
             for group in compose(phase.items):
                 works = [it.work for it in group]
                 runner.step = cache.plan(phase.mode, works)
-                runner.bounds = runner.step.qo_indptr.tolist()
+                runner.bounds = runner.step.cpu_list("qo_indptr")
                 runner.fell_back = []
                 ids = torch.tensor([t for w in works for t in w.tokens], device=device)
                 pos = runner.step.positions.long()

@@ -6,27 +6,10 @@ import shlex
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from harness.case import Case
-from harness.compare import Verdict
-from harness.modes import family_of
-
-STATUSES = ("pass", "fail", "skip", "crash", "hang")
-
-
-def features(case: Case) -> list[str]:
-    """The case's features, as the report's matrix columns name them."""
-    out = []
-    if case.window_left >= 0:
-        out.append("window")
-    if case.soft_cap > 0:
-        out.append("soft_cap")
-    if case.sinks:
-        out.append("sinks")
-    if case.hybrid_swa_pool:
-        out.append("hybrid_pool")
-    if case.deterministic:
-        out.append("deterministic")
-    return out
+from harness.core.case import Case
+from harness.core.compare import Verdict
+from harness.core.modes import family_of
+from harness.core.vocab import STATUSES, case_features
 
 
 def repro_command(case: Case, backend: str, device: str) -> str:
@@ -59,7 +42,7 @@ class CaseResult:
             "device": self.device,
             "family": self.family,
             "mode": str(self.case.mode),
-            "features": features(self.case),
+            "features": case_features(self.case),
             "case": self.case.to_dict(),
             "verdict": self.verdict.to_dict() if self.verdict else None,
             "reason": self.reason,

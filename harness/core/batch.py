@@ -2,24 +2,24 @@
 
 `make_inputs` draws the logical Q/K/V/sinks from the Case's seed; the references compute from
 those alone. `build_batch` lays them out the way a serving engine would (pages, slots, metadata),
-leaving this forward's new K/V for the adapter to write, as engine glue does.
+leaving this forward's new K/V for the adapter to write, as engine glue does. The Batch holds copies:
+the Inputs stay with the caller, out of an adapter's reach.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import cached_property
 
 import numpy as np
 import torch
 
-from harness import modes, pool
-from harness.case import Case
-from harness.modes import Mode
-
-TORCH_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
-HostInts = np.ndarray | torch.Tensor | list[int]  # what `upload_int32` takes
+from harness.core import modes, pool
+from harness.core.case import Case
+from harness.core.metadata import Metadata, upload_metadata
+from harness.core.modes import Mode
+from harness.core.vocab import TORCH_DTYPES
 
 
 @dataclass(frozen=True)
@@ -103,21 +103,14 @@ def make_inputs(case: Case, device: torch.device | str = "cpu") -> Inputs:
     return Inputs(q_all, kv_all, q_lens, kv_lens, sinks)
 
 
-@dataclass
-class Batch:
-    """What a backend adapter receives: engine metadata, queries, new K/V, and the layer's pool.
+@dataclass(kw_only=True)
+class Batch(Metadata):
+    """What a backend adapter receives: the forward's engine metadata (harness/core/metadata.py),
+    the queries, the new K/V, and the layer's pool. Only what an engine has: the logical inputs the
+    references read stay with the caller of build_batch.
 
-    Metadata follows DESIGN.md and harness/modes.py (int32 on `device`):
-      seq_lens, prefix_lens, extend_lens, encoder_lens: [B]
-      qo_indptr: [B+1] offsets of each request's queries in q
-      positions: [sum E] absolute position of each query
-      req_to_token: [B, max_row] full-pool slot of each position (CROSS: encoder positions first,
-        then the decoder's); padding is slot 0
-      out_cache_loc: [sum E] full-pool slots of this forward's new tokens
-      tree_mask: [B, E, E] bool (TARGET_VERIFY): draft j may see draft i (ancestor or itself)
     `pool` is the buffer this layer reads: on a sliding-window layer of a hybrid pool it is the SWA
     pool, indexed through `full_to_swa` ([num full slots] -> SWA slot; freed tokens map to 0).
-    `inputs` belongs to the references; an adapter must not read it.
     """
 
     case: Case
@@ -126,21 +119,8 @@ class Batch:
     k_new: torch.Tensor
     v_new: torch.Tensor
     sinks: torch.Tensor | None
-    seq_lens: torch.Tensor
-    prefix_lens: torch.Tensor
-    extend_lens: torch.Tensor
-    encoder_lens: torch.Tensor
-    qo_indptr: torch.Tensor
-    positions: torch.Tensor
-    req_to_token: torch.Tensor
-    out_cache_loc: torch.Tensor
-    tree_mask: torch.Tensor | None
     pool: pool.PagedPool
     full_to_swa: torch.Tensor | None
-    num_draft: int
-    seq_lens_before_bump: torch.Tensor | None = None
-    inputs: Inputs | None = field(default=None, repr=False)
-    host: dict[str, list[int]] = field(default_factory=dict, repr=False)
 
     @property
     def mode(self) -> Mode:
@@ -149,34 +129,6 @@ class Batch:
     @property
     def batch_size(self) -> int:
         return self.case.batch_size
-
-    def cpu_list(self, name: str) -> list[int]:
-        """A metadata vector as Python ints, as engines keep CPU copies for planning: the copy made
-        when the batch was built (reading the device tensor back would wait for the GPU)."""
-        if name in self.host:
-            return list(self.host[name])
-        return [int(x) for x in getattr(self, name).tolist()]
-
-    def host_tensor(self, name: str) -> torch.Tensor:
-        """A metadata vector as an int32 CPU tensor (what a planner takes on the host), from the host
-        copy: no read back from the device."""
-        return torch.tensor(self.cpu_list(name), dtype=torch.int32)
-
-    def query_span(self, r: int) -> tuple[int, int]:
-        """Request r's rows in `q` (and in `positions`), from qo_indptr's host copy."""
-        qo = self.host["qo_indptr"] if "qo_indptr" in self.host else self.cpu_list("qo_indptr")
-        return qo[r], qo[r + 1]
-
-    def query_positions(self, r: int) -> list[int]:
-        """Request r's query positions, from the host copy of `positions`."""
-        q0, q1 = self.query_span(r)
-        if "positions" in self.host:
-            return self.host["positions"][q0:q1]
-        return self.positions[q0:q1].tolist()
-
-    def first_position(self, r: int) -> int:
-        """The smallest position among request r's queries."""
-        return min(self.query_positions(r))
 
 
 def _row_len(case: Case, r: int) -> int:
@@ -271,43 +223,26 @@ def build_batch(
         tails = grid[span(kv_end, [-(-n // ps) * ps for n in kv_end])]
         canary_slots = np.concatenate([layer_slots(tails), np.arange(ps)])  # the reserved page untranslated
 
-    seq_lens = [modes.seq_len(case.mode, r.prefix_len, r.extend_len) for r in reqs]
-    extend = [r.extend_len for r in reqs]
-    positions = []
-    for req in reqs:
-        positions += modes.query_positions(case.mode, req.prefix_len, req.extend_len, req.tree)
-    host = dict(
-        seq_lens=seq_lens,
-        prefix_lens=[r.prefix_len for r in reqs],
-        extend_lens=extend,
-        encoder_lens=[r.encoder_len for r in reqs],
-        qo_indptr=modes.offsets(extend),
-        positions=positions,
+    meta, dev = upload_metadata(
+        case.mode,
+        reqs,
+        req_to_token,
+        grid[new],
+        device,
+        extra={
+            "full_to_swa": full_to_swa,
+            "cached_slots": layer_slots(grid[cached]),
+            "cached_rows": kv_rows[cached],
+            "new_rows": None if cross else kv_rows[new],
+            "canary_slots": canary_slots,
+        },
     )
-    if case.mode == Mode.DRAFT_EXTEND_V2:
-        host["seq_lens_before_bump"] = host["prefix_lens"]
-    # Every integer the device needs (metadata, where the pool is written from and to, the tree mask)
-    # in one copy, made before the batch's first launch: a copy from pageable memory waits for the queue.
-    ints: dict[str, HostInts | None] = {
-        **host,
-        "req_to_token": req_to_token,
-        "out_cache_loc": grid[new],
-        "full_to_swa": full_to_swa,
-        "cached_slots": layer_slots(grid[cached]),
-        "cached_rows": kv_rows[cached],
-        "new_rows": None if cross else kv_rows[new],
-        "canary_slots": canary_slots,
-    }
-    if case.mode == Mode.TARGET_VERIFY:
-        ints["tree_mask"] = np.array([modes.tree_ancestry(r.tree) for r in reqs], dtype=np.int32)
-    sent = [name for name, x in ints.items() if x is not None]
-    dev = dict(zip(sent, upload_int32(device, [ints[name] for name in sent])))
 
     layer_pool = pool.empty_pool(
         storage_pages, ps, case.num_kv_heads, case.head_dim, dt, case.kv_layout, device
     )
     kv_all = inputs.kv_all.to(device)
-    if len(ints["cached_slots"]):
+    if len(dev["cached_slots"]):
         cached_kv = kv_all.index_select(1, dev["cached_rows"])
         layer_pool.write(dev["cached_slots"], cached_kv[0], cached_kv[1])
     if whole_page_loads:
@@ -325,38 +260,7 @@ def build_batch(
         k_new=k_new,
         v_new=v_new,
         sinks=inputs.sinks.to(device, copy=True) if inputs.sinks is not None else None,
-        seq_lens=dev["seq_lens"],
-        prefix_lens=dev["prefix_lens"],
-        extend_lens=dev["extend_lens"],
-        encoder_lens=dev["encoder_lens"],
-        qo_indptr=dev["qo_indptr"],
-        positions=dev["positions"],
-        req_to_token=dev["req_to_token"],
-        out_cache_loc=dev["out_cache_loc"],
-        tree_mask=dev["tree_mask"].bool() if "tree_mask" in dev else None,
         pool=layer_pool,
         full_to_swa=dev.get("full_to_swa"),
-        num_draft=case.num_draft,
-        seq_lens_before_bump=dev.get("seq_lens_before_bump"),
-        inputs=inputs,
-        host=host,
+        **meta,
     )
-
-
-UPLOAD_ALIGN = 16  # int32 elements: every tensor of an upload starts 64-byte aligned, as kernels expect
-
-
-def upload_int32(device: torch.device, parts: list[HostInts]) -> list[torch.Tensor]:
-    """Host integers (arrays, tensors, or lists of ints for 1-D vectors) on `device` as int32, through
-    one copy (on a GPU each separate copy waits for the host), returned as contiguous views of their
-    own shapes, each starting UPLOAD_ALIGN-aligned (one code path on every device). They are packed
-    into one numpy buffer first: no torch operation per part."""
-    arrays = [p.numpy() if isinstance(p, torch.Tensor) else np.asarray(p, dtype=np.int32) for p in parts]
-    sizes = [-(-a.size // UPLOAD_ALIGN) * UPLOAD_ALIGN for a in arrays]
-    buf = np.zeros(sum(sizes), dtype=np.int32)
-    at = 0
-    for a, size in zip(arrays, sizes):
-        buf[at : at + a.size] = a.ravel()
-        at += size
-    dev = torch.from_numpy(buf).to(device).split(sizes)
-    return [d[: a.size].view(a.shape) for d, a in zip(dev, arrays)]

@@ -15,12 +15,15 @@ from dataclasses import dataclass
 import pytest
 from hypothesis import assume, example, given, target
 
-from harness import backends, isolation, profiles
+from harness import backends
 from harness.backends.base import Backend
-from harness.case import Case
-from harness.modes import FAMILY_MODE, Mode
-from harness.results import CaseResult
-from harness.strategies import cases
+from harness.core.case import Case
+from harness.core.modes import FAMILY_MODE, Mode
+from harness.core.results import CaseResult
+from harness.run import isolation
+from harness.search import profiles
+from harness.search.pinned import PINNED
+from harness.search.strategies import cases
 
 WINDOWS = ("full", "swa")
 # Comma-separated backend names or module:factory specs; set by `python -m harness check --backend`.
@@ -41,6 +44,17 @@ class Target:
     def backend(self) -> Backend:
         return backends.load(self.backend_name)
 
+    def param(self) -> pytest.ParameterSet:
+        """This target as a pytest param, marked with its family, backend name, `swa` and `gpu`."""
+        marks = [getattr(pytest.mark, self.family)]
+        if self.backend_name.isidentifier():  # a module:factory spec is no marker name
+            marks.append(getattr(pytest.mark, self.backend_name))
+        if self.window == "swa":
+            marks.append(pytest.mark.swa)
+        if self.device == "cuda":
+            marks.append(pytest.mark.gpu)
+        return pytest.param(self, id=self.id, marks=marks)
+
 
 def selected_backends() -> list[str]:
     """The backends the suite runs: those named in ATTN_HARNESS_BACKENDS, else every registered one."""
@@ -55,16 +69,7 @@ def family_params(family: str) -> list:
     for name in selected_backends():
         b = backends.load(name)
         for device in sorted(b.capabilities.devices):
-            for w in windows:
-                marks = [getattr(pytest.mark, family)]
-                if name.isidentifier():  # a module:factory spec is no marker name
-                    marks.append(getattr(pytest.mark, name))
-                if w == "swa":
-                    marks.append(pytest.mark.swa)
-                if device == "cuda":
-                    marks.append(pytest.mark.gpu)
-                t = Target(name, device, family, w)
-                out.append(pytest.param(t, id=t.id, marks=marks))
+            out += [Target(name, device, family, w).param() for w in windows]
     return out
 
 
@@ -83,11 +88,7 @@ def _probe_reason(backend: Backend, t: Target) -> str | None:
 
 
 def pinned_examples(family: str) -> list[Case]:
-    """Cases pinned in cases/pinned.py for this family (every bug ever found is one)."""
-    try:
-        from cases.pinned import PINNED
-    except ImportError:
-        return []
+    """Cases pinned in harness/search/pinned.py for this family (every bug ever found is one)."""
     return [Case.from_dict(d) for d in PINNED.get(family, [])]
 
 

@@ -1,26 +1,10 @@
 """The model-level check: per-token logprobs of tiny random HF models, served through a backend.
 
-Three tiny models are built offline from configs: Gemma2-like (alternating sliding/full layers,
-attention soft cap, a non-default sm_scale), GPT-OSS-like (alternating layers, attention sinks, a
-few small experts) and Mistral-like (every layer sliding). The reference is the model's own eager
-forward over whole sequences. The model under test is the same module with its attention routed,
-through transformers' AttentionInterface, to a backend that reads and writes a persistent paged KV
-cache (harness/engine.py) step by step: a prefill; a second request reusing the first one's cached
-prefix, batched with the first one's next chunk; decode steps well past the window; a
-DRAFT_EXTEND_V2 step; TARGET_VERIFY over a chain and over a tree.
-
-Dtypes: weights and dense layers float32; attention (q, k, v, the pool, the backend) in `dtype`,
-float32 on the CPU and bf16 on the GPU, so the budget is about attention's rounding.
-
-Tolerance (the project's rule, applied to logprobs): with `exact` the reference in float64 (CPU)
-or float32 (GPU) and `native` the reference with its eager attention in `dtype` (evaluated twice,
-over whole sequences and per query), a token differs when
-    |lp_test - lp_exact| > k * max |lp_native - lp_exact| + noise(model dtype),  k = 2 (3: soft cap)
-so the budget is what rounding to the dtype does to this model's logprobs, measured, not chosen.
-
-Deterministic mode: the run is repeated with the requests batched differently (together, one per
-forward, reversed with a long neighbour); each request's logprobs must be bitwise equal. The dense
-layers then run one request at a time, so only attention (the thing under test) sees the batch.
+Gemma2-, GPT-OSS- and Mistral-like models built offline run a scenario (prefill, prefix reuse,
+decode past the window, DRAFT_EXTEND_V2, verify chain and tree) with attention routed to a backend
+over a persistent paged cache (engine.py beside it); each logprob is judged against the model's
+own forward by the project's tolerance rule, and in deterministic mode must not move with the batch
+composition. Models, dtypes and the rule applied to logprobs: docs/hf_and_models.md.
 """
 
 from __future__ import annotations
@@ -36,12 +20,9 @@ from dataclasses import dataclass, field
 import torch
 
 from harness.backends.base import Backend
-from harness.compare import noise
-from harness.engine import Work
-from harness.modes import Mode
-from harness.serving import (
+from harness.checks.model.engine import Work
+from harness.checks.model.serving import (
     ATTN_NAME,
-    DTYPE_NAMES,
     Item,
     Key,
     Phase,
@@ -54,6 +35,9 @@ from harness.serving import (
     serve,
     together,
 )
+from harness.core.compare import noise
+from harness.core.modes import Mode
+from harness.core.vocab import DTYPE_NAMES
 
 PAGE_SIZE_PREFERENCE = (16, 32, 64, 128, 1)
 

@@ -3,7 +3,7 @@
 Registered by the root conftest.py. `--harness-results PATH` writes results.json; `--harness-report
 DIR` writes results.json, index.html and junit.xml into DIR (docs/reports.md); `--harness-progress`
 prints a progress line while the suite runs; `--harness-shard I/N` keeps every Nth test from the
-Ith, so N processes can split one backend's suite (harness/parallel.py). The summary table is
+Ith, so N processes can split one backend's suite (harness/run/parallel.py). The summary table is
 printed at the end of any run that checked cases. Examples hypothesis tried while shrinking a
 failure (or crash, or hang) are dropped except the final (minimal) one, so a failure counts once; a
 failing one is rerun through the mask probe.
@@ -15,12 +15,12 @@ import time
 
 import pytest
 
-from harness import profiles
 from harness.checks.probe import ProbeResult, probe
+from harness.core.results import CaseResult, summary_table
 from harness.report import environment, results_json, write_run
 from harness.report.progress import Progress
-from harness.results import CaseResult, summary_table
-from harness.suite import Target
+from harness.search import profiles
+from harness.search.suite import Target
 
 _RESULTS_KEY = pytest.StashKey[list]()
 _ITEM_KEY = pytest.StashKey[list]()
@@ -212,7 +212,3 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config)
         terminalreporter.write_line(f"results: {path}")
     if report_dir:
         terminalreporter.write_line(f"report: {write_run(report_dir, data)}")
-
-
-def session_results(config: pytest.Config) -> list[dict]:
-    return config.stash.get(_RESULTS_KEY, [])

@@ -80,9 +80,12 @@ def query_positions(mode: Mode, prefix_len: int, extend_len: int, tree: tuple[in
     return [prefix_len + j for j in range(extend_len)]
 
 
-def writes_before_attention(mode: Mode) -> bool:
-    """New K/V go into the pool before attention in every mode that has new K/V (not CROSS)."""
-    return mode != Mode.CROSS
+def num_draft(mode: Mode, extend_lens: Sequence[int]) -> int:
+    """The engine's num_draft: draft tokens per request in DRAFT_EXTEND_V2 and TARGET_VERIFY (one
+    count for the whole batch: every request's extend_len), 0 in other modes."""
+    if mode in (Mode.DRAFT_EXTEND_V2, Mode.TARGET_VERIFY):
+        return extend_lens[0]
+    return 0
 
 
 def tree_ancestry(parents: tuple[int, ...] | list[int]) -> list[list[bool]]:

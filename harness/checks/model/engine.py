@@ -1,22 +1,24 @@
 """A paged KV cache that persists across forward steps, and the per-step metadata an engine builds.
 
-The model-level check (harness/checks/model.py) runs a model step by step as a serving engine does:
+The model-level check (harness/checks/model/check.py) runs a model step by step as a serving engine does:
 every attention layer has its own pool, requests own page lists that grow as they are extended, a
 request may start from another's cached prefix (whole pages shared, as a radix cache shares them),
 and the drafts of a verify step get slots that are given back afterwards. So what one step writes is
-what later steps read. Every slot that no request owns holds NaN, as in harness/batch.py.
+what later steps read. Every slot that no request owns holds NaN, as in harness/core/batch.py.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
-from harness import modes, pool
-from harness.batch import Batch
-from harness.case import Case, Request
-from harness.modes import Mode
+from harness.core import pool
+from harness.core.batch import Batch
+from harness.core.case import Case, Request
+from harness.core.metadata import Metadata, upload_metadata
+from harness.core.modes import Mode
 
 
 @dataclass(frozen=True)
@@ -31,23 +33,12 @@ class Work:
     reuse: int = 0  # tokens of the parent's prefix reused (a whole number of pages)
 
 
-@dataclass
-class Step:
-    """Engine metadata of one forward (harness/modes.py conventions), shared by all its layers."""
+@dataclass(kw_only=True)
+class Step(Metadata):
+    """One forward: its requests and its engine metadata, shared by all its layers."""
 
     mode: Mode
     requests: tuple[Request, ...]
-    seq_lens: torch.Tensor
-    prefix_lens: torch.Tensor
-    extend_lens: torch.Tensor
-    encoder_lens: torch.Tensor
-    qo_indptr: torch.Tensor
-    positions: torch.Tensor
-    req_to_token: torch.Tensor
-    out_cache_loc: torch.Tensor
-    tree_mask: torch.Tensor | None
-    num_draft: int
-    seq_lens_before_bump: torch.Tensor | None
 
 
 class PagedKVCache:
@@ -122,45 +113,20 @@ class PagedKVCache:
 
     def plan(self, mode: Mode, works: list[Work]) -> Step:
         """Reserve slots for this forward's new tokens and build its metadata, as an engine does."""
-        device = self.device
-        reqs, positions, out_loc, rows = [], [], [], []
+        reqs, out_loc, rows = [], [], []
         for w in works:
             if w.rid not in self.pages:
                 self.start(w.rid, w.parent, w.reuse)
             p, e = self.length[w.rid], len(w.tokens)
             self.reserve(w.rid, p + e)
             reqs.append(Request(prefix_len=p, extend_len=e, tree=w.tree))
-            positions += modes.query_positions(mode, p, e, w.tree)
             out_loc += self.slots(w.rid, p, p + e)
             rows.append(self.slots(w.rid, 0, p + e))
-        req_to_token = torch.zeros(len(works), max(len(r) for r in rows), dtype=torch.int32)
+        req_to_token = np.zeros((len(works), max(len(r) for r in rows)), dtype=np.int32)
         for i, r in enumerate(rows):
-            req_to_token[i, : len(r)] = torch.tensor(r, dtype=torch.int32)
-        qo = modes.offsets([r.extend_len for r in reqs])
-        num_draft = reqs[0].extend_len if mode in (Mode.DRAFT_EXTEND_V2, Mode.TARGET_VERIFY) else 0
-
-        def i32(x: list[int]) -> torch.Tensor:
-            return torch.tensor(x, dtype=torch.int32, device=device)
-
-        tree_mask = None
-        if mode == Mode.TARGET_VERIFY:
-            tree_mask = torch.tensor([modes.tree_ancestry(r.tree) for r in reqs], dtype=torch.bool)
-            tree_mask = tree_mask.to(device)
-        return Step(
-            mode=mode,
-            requests=tuple(reqs),
-            seq_lens=i32([modes.seq_len(mode, r.prefix_len, r.extend_len) for r in reqs]),
-            prefix_lens=i32([r.prefix_len for r in reqs]),
-            extend_lens=i32([r.extend_len for r in reqs]),
-            encoder_lens=i32([0] * len(reqs)),
-            qo_indptr=i32(qo),
-            positions=i32(positions),
-            req_to_token=req_to_token.to(device),
-            out_cache_loc=i32(out_loc),
-            tree_mask=tree_mask,
-            num_draft=num_draft,
-            seq_lens_before_bump=i32([r.prefix_len for r in reqs]) if mode == Mode.DRAFT_EXTEND_V2 else None,
-        )
+            req_to_token[i, : len(r)] = r
+        meta, _ = upload_metadata(mode, reqs, req_to_token, out_loc, self.device)
+        return Step(mode=mode, requests=tuple(reqs), **meta)
 
     def finish(self, step: Step, works: list[Work]) -> None:
         """Commit the new tokens (verify drafts are not committed: their pages go back)."""
@@ -188,17 +154,7 @@ class PagedKVCache:
             k_new=k_new,
             v_new=v_new,
             sinks=sinks,
-            seq_lens=step.seq_lens,
-            prefix_lens=step.prefix_lens,
-            extend_lens=step.extend_lens,
-            encoder_lens=step.encoder_lens,
-            qo_indptr=step.qo_indptr,
-            positions=step.positions,
-            req_to_token=step.req_to_token,
-            out_cache_loc=step.out_cache_loc,
-            tree_mask=step.tree_mask,
             pool=self.pools[layer],
             full_to_swa=None,
-            num_draft=step.num_draft,
-            seq_lens_before_bump=step.seq_lens_before_bump,
+            **step.metadata(),
         )

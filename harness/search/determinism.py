@@ -16,13 +16,15 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from harness import backends, isolation, profiles
-from harness.case import Case
+from harness import backends
 from harness.checks.invariance import neighbour_sizes
-from harness.modes import FAMILIES, FAMILY_MODE, Mode
-from harness.results import CaseResult
-from harness.strategies import cases
-from harness.suite import WINDOWS, Target, selected_backends
+from harness.core.case import Case
+from harness.core.modes import FAMILIES, FAMILY_MODE, Mode
+from harness.core.results import CaseResult
+from harness.run import isolation
+from harness.search import profiles
+from harness.search.strategies import cases
+from harness.search.suite import WINDOWS, Target, selected_backends
 
 FAMILY = "deterministic"
 # An invariance check runs the backend on about a dozen batches (up to 64 requests): fewer examples.
@@ -40,15 +42,7 @@ def params() -> list:
             for w in WINDOWS:
                 if not families(w, b.capabilities.modes) or (w == "swa" and not b.capabilities.window):
                     continue
-                marks = [pytest.mark.deterministic]
-                if name.isidentifier():
-                    marks.append(getattr(pytest.mark, name))
-                if w == "swa":
-                    marks.append(pytest.mark.swa)
-                if device == "cuda":
-                    marks.append(pytest.mark.gpu)
-                t = Target(name, device, FAMILY, w)
-                out.append(pytest.param(t, id=t.id, marks=marks))
+                out.append(Target(name, device, FAMILY, w).param())
     return out
 
 

@@ -15,12 +15,12 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from harness import modes
-from harness.case import Case
+from harness.core import modes
+from harness.core.case import Case
+from harness.core.vocab import TORCH_DTYPES
 
 # LSE is fp32 in every kernel; below this its differences are accumulation order, not bugs.
 LSE_FLOOR = 1e-5
-_DT = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 
 @dataclass
@@ -49,7 +49,7 @@ def _max_abs(x: torch.Tensor) -> torch.Tensor:
 
 def _rounding(ref: torch.Tensor, dtype: str) -> torch.Tensor:
     """max|(x+0.3)-0.3-x| with x = ref in dtype, as a 0-d tensor on ref's device (no readback)."""
-    x = ref.to(_DT[dtype])
+    x = ref.to(TORCH_DTYPES[dtype])
     y = x + 0.3  # then in place, op by op: the same roundings without a fresh tensor per step
     return _max_abs(y.sub_(0.3).sub_(x))
 

@@ -1,17 +1,10 @@
 """Build every FlashInfer JIT module the `gpu` profile touches, all at once, before the suite runs.
 
-    python -m harness.flashinfer_warmup [--jobs N]
+    python -m harness.tools.flashinfer_warmup [--jobs N]
 
-FlashInfer compiles one module per variant (dtype, head_dim, window on/off, soft cap on/off,
-sink variant, kernel family) on first use, 70-100 s each when built one after another. Phase 1
-finds the modules by running one small probe per variant with FlashInfer's `build_and_load`
-replaced by a recorder (each probe stops at its module's spec), then builds them all with
-FlashInfer's own `build_jit_specs`: one ninja over every translation unit, `--jobs` at a time, and
-installs them as prebuilt modules, so that each variant compiles once (`install_prebuilt`).
-Phase 2 runs every FlashInfer adapter over each feature combination the gpu profile draws and
-over the pinned cases; these only load modules now, so a slow probe compiled something phase 1
-missed, and is flagged. Prints the module names and the times; `.device/core/save-jit.sh` then
-packs the cache.
+Phase 1 finds each module with one small probe per variant, builds them all in one ninja run and
+installs them as prebuilt modules, so each variant compiles once; phase 2 runs every adapter over
+the profile's feature combinations and flags a probe that still compiled. docs/flashinfer.md.
 """
 
 from __future__ import annotations
@@ -24,7 +17,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness.case import Case, Request
+from harness.core.case import Case, Request
 
 GPU_SHAPE = dict(num_q_heads=8, num_kv_heads=2, page_size=16)
 GPU_VARIANT = ("bfloat16", 128)  # the gpu profile's only dtype and head_dim
@@ -87,11 +80,11 @@ def flashinfer_backends() -> list[str]:
 
 
 def pinned_cases() -> list[tuple[str, Case]]:
-    """(backend, case) for every case pinned in cases/pinned.py that a FlashInfer adapter runs: the
+    """(backend, case) for every case pinned in harness/search/pinned.py that a FlashInfer adapter runs: the
     suite runs them in every profile, at their own dtype and head_dim."""
     from harness import backends
-    from harness.modes import FAMILIES
-    from harness.suite import pinned_examples
+    from harness.core.modes import FAMILIES
+    from harness.search.suite import pinned_examples
 
     out = []
     for family in FAMILIES:
@@ -226,8 +219,8 @@ def install_prebuilt(specs: list) -> tuple[list[str], list[str]]:
     then 12 to 24 s again at the first use of each module, 383 s in all; with it 153 s and no probe
     compiled): `build_jit_specs` runs one ninja from the JIT root, which keeps its dependency log
     there, but `build_and_load` runs ninja again inside the module's own directory, where `ninja -d
-    explain` reports "deps for ... are missing" and rebuilds every object. `.device/core/save-jit.sh`
-    and `setup.sh` carry modules between machines through the same directory.
+    explain` reports "deps for ... are missing" and rebuilds every object. A saved module directory
+    restored there on another machine loads the same way.
     """
     installed, problems = [], []
     for spec in specs:
@@ -271,7 +264,7 @@ def check_coverage() -> int:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
-        prog="python -m harness.flashinfer_warmup", description=__doc__.splitlines()[0]
+        prog="python -m harness.tools.flashinfer_warmup", description=__doc__.splitlines()[0]
     )
     p.add_argument(
         "--jobs", type=int, default=os.cpu_count() or 8, help="nvcc jobs at a time (each takes GBs)"

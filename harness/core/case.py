@@ -12,9 +12,9 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from harness.modes import Mode, tree_depths
+from harness.core.modes import Mode, tree_depths
+from harness.core.vocab import DTYPES
 
-DTYPES = ("bfloat16", "float16", "float32")
 PAGE_SIZES = (1, 16, 32, 64, 128)
 PAGE_LAYOUTS = ("contiguous", "shuffled", "interleaved", "nonmonotonic")
 KV_LAYOUTS = ("NHD", "HND")
@@ -50,7 +50,7 @@ class Request:
 
 @dataclass(frozen=True)
 class Case:
-    """One batch for one attention layer. See DESIGN.md "Conventions" for the semantics."""
+    """One batch for one attention layer. docs/design.md, "Conventions", gives the semantics."""
 
     mode: str
     requests: tuple[Request, ...]
@@ -83,13 +83,6 @@ class Case:
     @property
     def batch_size(self) -> int:
         return len(self.requests)
-
-    @property
-    def num_draft(self) -> int:
-        """Draft tokens per request (DRAFT_EXTEND_V2, TARGET_VERIFY); 0 in other modes."""
-        if self.mode in (Mode.DRAFT_EXTEND_V2, Mode.TARGET_VERIFY):
-            return self.requests[0].extend_len
-        return 0
 
     def replace(self, **changes: Any) -> Case:
         return dataclasses.replace(self, **changes)

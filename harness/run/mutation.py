@@ -16,10 +16,10 @@ import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from harness import profiles
-from harness.batch import kv_len
-from harness.case import Case
+from harness.core.batch import kv_len
+from harness.core.case import Case
 from harness.mutants import Mutant, catalogue, hunt
+from harness.search import profiles
 
 DEVICE_PROFILE = {"cpu": "ci", "cuda": "gpu"}
 

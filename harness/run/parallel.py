@@ -13,16 +13,15 @@ A process's output goes to `<run dir>/parts/<backend>.log`; its results to `part
 from __future__ import annotations
 
 import re
-import signal
-import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
+from harness.core.vocab import STATUSES
 from harness.report import results_json
-from harness.results import STATUSES
+from harness.run.workers import Child
 
 # The longest suites on the H100 (docs/bench.md): started first so that they do not start last.
 SLOW_FIRST = ("flex_compiled", "fa4", "flex_eager")
@@ -41,8 +40,7 @@ class Part:
     log: Path
     shard: int = 0
     shards: int = 1
-    proc: subprocess.Popen | None = None
-    started: float = 0.0
+    child: Child | None = None
     seconds: float = 0.0
     code: int | None = None
     records: list[dict] = field(default_factory=list)
@@ -102,20 +100,12 @@ def _file_name(backend: str) -> str:
 
 
 def _start(part: Part, cmd: list[str], env: dict[str, str], backends_env: str, cwd: Path) -> None:
-    part.log.parent.mkdir(parents=True, exist_ok=True)
-    with part.log.open("w") as log:
-        part.proc = subprocess.Popen(
-            [*cmd, *part.args, "--harness-results", str(part.results)],
-            cwd=cwd,
-            env={**env, backends_env: part.backend},
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-    part.started = time.monotonic()
+    argv = [*cmd, *part.args, "--harness-results", str(part.results)]
+    part.child = Child(argv, part.log, env={**env, backends_env: part.backend}, cwd=cwd)
 
 
 def _finish(part: Part, code: int) -> None:
-    part.code, part.seconds = code, time.monotonic() - part.started
+    part.code, part.seconds = code, time.monotonic() - part.child.started
     if part.results.is_file():
         try:
             doc = results_json.load(part.results)
@@ -152,7 +142,7 @@ def run(
                 _start(part, cmd, env, backends_env, cwd)
                 running.append(part)
             for part in list(running):
-                code = part.proc.poll()
+                code = part.child.poll()
                 if code is None:
                     continue
                 running.remove(part)
@@ -164,19 +154,15 @@ def run(
             if running and time.monotonic() - last_status >= status_every:
                 last_status = time.monotonic()
                 now = time.monotonic()
-                busy = ", ".join(f"{p.name} {now - p.started:.0f} s" for p in running)
+                busy = ", ".join(f"{p.name} {now - p.child.started:.0f} s" for p in running)
                 print(f"running: {busy}; {len(waiting)} waiting", file=out, flush=True)
             time.sleep(0.2)
     except KeyboardInterrupt:  # stopped: what the running parts checked so far still makes the report
         print(f"interrupted: stopping {', '.join(p.name for p in running)}", file=out, flush=True)
         for part in running:
-            part.proc.send_signal(signal.SIGINT)  # pytest writes its results on an interrupt
+            part.child.interrupt()  # pytest writes its results on an interrupt
         for part in running:
-            try:
-                part.proc.wait(INTERRUPT_GRACE_S)
-            except subprocess.TimeoutExpired:
-                part.proc.kill()
-                part.proc.wait()
+            part.child.stop(INTERRUPT_GRACE_S)
             _finish(part, INTERRUPTED)
         for part in waiting:
             part.code = INTERRUPTED

@@ -1,0 +1,1 @@
+"""The core path: Case -> inputs and Batch -> compare -> CaseResult, and the engine conventions."""

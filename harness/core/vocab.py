@@ -1,0 +1,48 @@
+"""The harness's shared vocabularies: dtype names, result statuses, case features.
+
+Each is spelled once here and imported wherever it is listed, checked or reported, so that a new
+dtype, status or feature cannot be known to one part of the harness and missing from another.
+(references/ keeps its own dtype map: the references import nothing of harness/.)
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+if TYPE_CHECKING:
+    from harness.core.case import Case
+
+# A Case's dtype names and the torch dtypes they stand for.
+TORCH_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+DTYPES = tuple(TORCH_DTYPES)
+DTYPE_NAMES = {dt: name for name, dt in TORCH_DTYPES.items()}
+
+# What a checked case (or a skipped test) came to, in the order reports count them.
+STATUSES = ("pass", "fail", "skip", "crash", "hang")
+
+# The optional features a Case may use, in report column order, and the words a skip reason uses.
+FEATURE_WORDS = {
+    "window": "a sliding window",
+    "soft_cap": "a logit soft cap",
+    "sinks": "attention sinks",
+    "hybrid_pool": "the hybrid SWA pool",
+    "deterministic": "a deterministic mode",
+}
+CASE_FEATURES = tuple(FEATURE_WORDS)
+# The features a backend declares (Capabilities' flags): the case features, then what it offers
+# besides. `whole_page_loads` is a property of the kernel, not a feature.
+FEATURES = (*CASE_FEATURES, "returns_lse", "tree")
+
+
+def case_features(case: Case) -> list[str]:
+    """The features this case uses, in CASE_FEATURES order."""
+    used = {
+        "window": case.window_left >= 0,
+        "soft_cap": case.soft_cap > 0,
+        "sinks": case.sinks,
+        "hybrid_pool": case.hybrid_swa_pool,
+        "deterministic": case.deterministic,
+    }
+    return [f for f in CASE_FEATURES if used[f]]

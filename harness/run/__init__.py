@@ -1,0 +1,1 @@
+"""How work runs: worker processes, pytest, parallel checks, the mutation catalogue."""

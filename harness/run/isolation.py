@@ -1,0 +1,248 @@
+"""Crash and hang isolation: cases run in persistent worker processes with a time limit per case.
+
+A worker (harness/run/workers.py) is a spawned Python process that imports the harness once and
+then runs the checks sent to it over a pipe, each backend pickled to it once. The outcomes:
+- the backend raised (a CUDA error, a device-side assert, an out-of-bounds index on the CPU):
+  CRASH with the error text and the worker's last output;
+- the worker died (segfault, abort, killed): CRASH with its exit signal and the tail of its stderr
+  (faulthandler prints the Python stack there);
+- no result within the time limit: HANG, and the worker is killed.
+After a CRASH or HANG the worker is replaced (a CUDA context that saw an illegal access is dead) and
+the run goes on with the next case. With several GPUs, `WorkerPool` keeps one worker per GPU.
+
+Isolation is on for CUDA and off for the CPU unless ATTN_HARNESS_ISOLATE=1 (0 turns it off
+everywhere); ATTN_HARNESS_CASE_TIMEOUT sets the time limit per case in seconds.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import time
+from collections.abc import Callable
+
+from harness.backends.base import Backend
+from harness.checks.invariance import invariance_result
+from harness.checks.numeric import check_case
+from harness.core.case import Case
+from harness.core.results import CaseResult
+from harness.run.workers import Outcome, Worker, WorkerError, describe_exit, spread
+
+ISOLATE_ENV = "ATTN_HARNESS_ISOLATE"
+TIMEOUT_ENV = "ATTN_HARNESS_CASE_TIMEOUT"
+DEFAULT_TIMEOUT = 120.0  # seconds per case
+FIRST_CASE_TIMEOUT = 600.0  # a backend's first case in a worker may compile kernels (JIT)
+PRELOAD = ("harness.checks.numeric",)  # a worker imports the checks before its first case
+
+
+def enabled(device: str) -> bool:
+    """Whether cases on `device` run isolated: CUDA yes, CPU no, unless ATTN_HARNESS_ISOLATE says."""
+    value = os.environ.get(ISOLATE_ENV, "").strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    return device == "cuda"
+
+
+def case_timeout() -> float:
+    return float(os.environ.get(TIMEOUT_ENV) or DEFAULT_TIMEOUT)
+
+
+def backend_key(backend: Backend) -> str:
+    cls = type(backend)
+    return f"{cls.__module__}.{cls.__qualname__}:{backend.name}"
+
+
+_BACKENDS: dict[str, Backend] = {}  # in a worker: the backends sent to it, by backend_key
+
+
+def _run_in_worker(key: str, blob: bytes | None, fn: Callable, args: tuple) -> CaseResult:
+    """In the worker: fn(backend, *args), the backend unpickled from `blob` the first time it comes."""
+    if blob is not None:
+        _BACKENDS[key] = pickle.loads(blob)
+    return fn(_BACKENDS[key], *args)
+
+
+class IsolatedRunner:
+    """Runs checks in one worker (pinned to one GPU when given); replaces it after a CRASH or HANG.
+
+    A backend is pickled to a worker once; its first case in a worker gets `first_timeout` (it may
+    compile kernels), the later ones `timeout`."""
+
+    def __init__(
+        self, gpu: str | None = None, timeout: float | None = None, first_timeout: float | None = None
+    ) -> None:
+        self.timeout = timeout if timeout is not None else case_timeout()
+        first = first_timeout if first_timeout is not None else max(self.timeout, FIRST_CASE_TIMEOUT)
+        self.first_timeout = first
+        env = {"CUDA_VISIBLE_DEVICES": gpu} if gpu is not None else {}
+        self.worker = Worker(env=env, preload=PRELOAD)
+        self.process = 0  # the worker process that `sent` and `warm` describe (Worker.started)
+        self.sent: set[str] = set()  # backends that process holds
+        self.warm: set[str] = set()  # backends that completed a case there
+
+    def _call(self, backend: Backend, fn: Callable, args: tuple) -> Outcome:
+        self.worker.start()
+        if self.worker.started != self.process:
+            self.process, self.sent, self.warm = self.worker.started, set(), set()
+        key = backend_key(backend)
+        try:
+            blob = None if key in self.sent else pickle.dumps(backend)
+        except Exception as e:
+            raise WorkerError(f"backend {backend.name} cannot be sent to a worker: {e}") from None
+        limit = self.timeout if key in self.warm else max(self.timeout, self.first_timeout)
+        self.sent.add(key)
+        out = self.worker.call(_run_in_worker, (key, blob, fn, args), limit)
+        if out.kind == "timeout":
+            text = f"no result within {limit:g}s: the case was stopped and its worker killed"
+            out.error = text + (f"\nworker output:\n{out.output}" if out.output else "")
+        elif out.kind == "died":
+            text = f"the worker process died ({describe_exit(out.code)}) while running the case"
+            out.error = text + (f"\nworker output:\n{out.output}" if out.output else "")
+        else:
+            self.warm.add(key)
+        return out
+
+    def run(self, fn: Callable, backend: Backend, case: Case, device: str, *more: object) -> CaseResult:
+        """fn(backend, case, device, *more) -> CaseResult, isolated."""
+        start = time.perf_counter()
+        out = self._call(backend, fn, (case, device, *more))
+        if out.kind == "ok":
+            res = out.value
+            if res.status == "crash":  # the backend raised: its CUDA context may be gone
+                tail = self.worker.log_tail()
+                if tail:
+                    res.extra["worker_output"] = tail
+                self.worker.stop()
+            return res
+        if out.kind == "raised":
+            self.worker.stop()
+            raise WorkerError(f"the harness failed inside the worker:\n{out.error}")
+        status = "crash" if out.kind == "died" else "hang"
+        return CaseResult(
+            status, backend.name, device, case, reason=out.error, seconds=time.perf_counter() - start
+        )
+
+    def close(self) -> None:
+        self.worker.stop()
+
+
+def visible_gpus() -> list[str]:
+    """CUDA_VISIBLE_DEVICES entries of the GPUs this process may use (all of them if unset)."""
+    import torch
+
+    listed = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if listed is not None:
+        return [g.strip() for g in listed.split(",") if g.strip()]
+    return [str(i) for i in range(torch.cuda.device_count())]
+
+
+class WorkerPool:
+    """One isolated runner per GPU (CUDA) or `size` workers (CPU): checks many cases in parallel."""
+
+    def __init__(
+        self,
+        device: str,
+        size: int | None = None,
+        timeout: float | None = None,
+        first_timeout: float | None = None,
+    ) -> None:
+        gpus: list[str | None] = visible_gpus() if device == "cuda" else [None] * (size or 1)
+        if device == "cuda" and size:
+            gpus = gpus[:size]
+        if not gpus:
+            raise WorkerError("no GPU is visible for a CUDA worker pool")
+        self.runners = [IsolatedRunner(g, timeout, first_timeout) for g in gpus]
+
+    def map(self, fn: Callable, backend: Backend, cases: list[Case], device: str) -> list[CaseResult]:
+        """fn(backend, case, device) for every case, spread over the workers; results in order."""
+        return spread(self.runners, cases, lambda runner, case: runner.run(fn, backend, case, device))
+
+    def close(self) -> None:
+        for r in self.runners:
+            r.close()
+
+
+# --- what the suite and the hunts call ----------------------------------------------------------
+
+_RUNNERS: dict[str, IsolatedRunner] = {}
+
+
+def _process_gpu() -> str | None:
+    """Under pytest-xdist (`-n <number of GPUs>`), xdist worker gwN drives GPU N mod count."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    gpus = visible_gpus()
+    if worker.startswith("gw") and worker[2:].isdigit() and gpus:
+        return gpus[int(worker[2:]) % len(gpus)]
+    return None
+
+
+def runner_for(device: str) -> IsolatedRunner:
+    """This process's persistent runner for `device`."""
+    if device not in _RUNNERS:
+        _RUNNERS[device] = IsolatedRunner(_process_gpu() if device == "cuda" else None)
+    return _RUNNERS[device]
+
+
+def check(backend: Backend, case: Case, device: str) -> CaseResult:
+    """The numeric check of one case: in a worker where cases are isolated, in-process otherwise."""
+    if enabled(device):
+        return runner_for(device).run(check_case, backend, case, device)
+    return check_case(backend, case, device)
+
+
+def check_invariant(backend: Backend, case: Case, device: str, long_kv: int, long_q: int) -> CaseResult:
+    """Batch invariance of one deterministic case, isolated like `check`."""
+    if enabled(device):
+        return runner_for(device).run(invariance_result, backend, case, device, long_kv, long_q)
+    return invariance_result(backend, case, device, long_kv, long_q)
+
+
+class Search:
+    """The check a hypothesis search calls, case by case.
+
+    Results are memoised, so hypothesis's replay of a failure sees the same result without rerunning
+    it. When cases are isolated, the first CRASH or HANG ends the search: later new cases return None
+    (the caller rejects them), so a crash is reported as found, not shrunk (each would cost a fresh
+    worker); `python -m harness repro --sanitize` is the tool for digging into it.
+    """
+
+    def __init__(
+        self,
+        backend: Backend,
+        device: str,
+        check_kind: str = "numeric",
+        neighbours: tuple[int, int] = (4096, 512),
+    ) -> None:
+        if check_kind not in ("numeric", "invariance"):
+            raise ValueError(f"unknown check {check_kind!r}: numeric or invariance")
+        self.backend = backend
+        self.device = device
+        self.kind = check_kind
+        self.neighbours = neighbours  # (long_kv, long_q) of the invariance check
+        self.isolated = enabled(device)
+        self.seen: dict[str, CaseResult] = {}
+        self.stopped: CaseResult | None = None
+        self.ran_last = False  # whether the last call ran its case (False: memo or stopped)
+
+    def known(self, case: Case) -> bool:
+        """Whether the case was already run (its result is memoised)."""
+        return case.to_json() in self.seen
+
+    def __call__(self, case: Case) -> CaseResult | None:
+        key = case.to_json()
+        self.ran_last = False
+        if key in self.seen:
+            return self.seen[key]
+        if self.stopped is not None:
+            return None
+        if self.kind == "numeric":
+            res = check(self.backend, case, self.device)
+        else:
+            res = check_invariant(self.backend, case, self.device, *self.neighbours)
+        self.ran_last = True
+        self.seen[key] = res
+        if self.isolated and res.status in ("crash", "hang"):
+            self.stopped = res
+        return res

@@ -1,0 +1,322 @@
+"""The one process layer: spawned workers that survive what they run, and commands run as children.
+
+- `Worker`: a spawned Python process (spawn, never fork: a forked CUDA context is unusable) that
+  imports what it needs once, then runs the calls sent to it over a pipe, its stdout and stderr in a
+  log file. A call comes back as an `Outcome`: its value, the exception it raised, the worker's
+  death (exit status or signal, and the tail of its output: faulthandler prints the Python stack of
+  a segfault there), or a timeout (the worker is killed). A dead or killed worker is replaced by a
+  fresh one on the next call, so the remaining work goes on.
+- `concurrently` / `spread`: several workers at once, from one thread each.
+- `Child`: a command (pytest, a measurement) as a child process with its output in a log file, a
+  time limit, and a polite stop (SIGINT) before a forced one.
+"""
+
+from __future__ import annotations
+
+import atexit
+import faulthandler
+import importlib
+import multiprocessing as mp
+import os
+import queue
+import signal
+import subprocess
+import tempfile
+import threading
+import time
+import traceback
+import weakref
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+STARTUP_TIMEOUT = 300.0  # spawning a worker and importing torch and the harness
+LOG_TAIL = 3000  # characters of a call's output kept in its Outcome
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+class WorkerError(RuntimeError):
+    """The harness itself failed in a worker (it could not start, or the harness raised): a bug."""
+
+
+def describe_exit(code: int | None) -> str:
+    if code is None:
+        return "still running"
+    if code < 0:
+        try:
+            return f"killed by signal {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit status {code}"
+
+
+@dataclass
+class Outcome:
+    """One call in a worker: `ok` (value), `raised` (error: its traceback), `died` (code: the exit
+    status, negative for a signal) or `timeout` (the worker was killed); output: the tail of what
+    the worker printed during the call."""
+
+    kind: str
+    value: Any = None
+    error: str = ""
+    code: int | None = None
+    output: str = ""
+
+    @property
+    def error_line(self) -> str:
+        """The exception of a `raised` call in one line (`RuntimeError: ...`)."""
+        return (self.error.strip().splitlines() or [""])[-1]
+
+
+# --- the worker process -------------------------------------------------------------------------
+
+
+def _serve(conn, log_path: str, preload: tuple[str, ...]) -> None:  # noqa: ANN001 - a Connection
+    """The worker's loop: fn(*args) for each (fn, args) received, until None or the pipe closes."""
+    fd = os.open(log_path, os.O_WRONLY | os.O_APPEND)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    faulthandler.enable()
+    for module in preload:  # the imports are paid before "ready"
+        importlib.import_module(module)
+    conn.send("ready")
+    while True:
+        try:
+            msg = conn.recv()
+        except EOFError:
+            return
+        if msg is None:
+            return
+        fn, args = msg
+        try:
+            conn.send(("ok", fn(*args)))
+        except Exception:
+            conn.send(("raised", traceback.format_exc()))
+
+
+# --- the parent's side --------------------------------------------------------------------------
+
+
+@contextmanager
+def _environ(changes: dict[str, str]) -> Iterator[None]:
+    """Set environment variables while a worker is spawned (it inherits them)."""
+    old = {k: os.environ.get(k) for k in changes}
+    os.environ.update(changes)
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+_WORKERS: weakref.WeakSet = weakref.WeakSet()  # every Worker, so that exit stops them all
+
+
+class Worker:
+    """One spawned worker process, started on first use and replaced after it dies or is killed.
+
+    `env`: variables it starts with (CUDA_VISIBLE_DEVICES: one GPU); `name`: its process name
+    (multiprocessing.current_process().name inside it); `preload`: modules it imports before it
+    reports ready. `started` counts the processes started so far (1 + replacements): a caller
+    that keeps state in the process sees a new one by a new count.
+    """
+
+    def __init__(
+        self, name: str | None = None, env: dict[str, str] | None = None, preload: Sequence[str] = ()
+    ) -> None:
+        _WORKERS.add(self)
+        self.name = name
+        self.env = env or {}
+        self.preload = tuple(preload)
+        self.proc = None
+        self.conn = None
+        self.log_path: str | None = None
+        self.mark = 0  # the log's size when the last call began: its output starts there
+        self.started = 0
+
+    def start(self) -> None:
+        """Start the process unless one is running (one that died while idle is replaced)."""
+        if self.proc is not None and not self.proc.is_alive():
+            self.stop()
+        if self.proc is not None:
+            return
+        ctx = mp.get_context("spawn")
+        fd, self.log_path = tempfile.mkstemp(prefix="attn-harness-worker-", suffix=".log")
+        os.close(fd)
+        parent, child = ctx.Pipe()
+        with _environ(self.env):
+            self.proc = ctx.Process(
+                target=_serve, args=(child, self.log_path, self.preload), name=self.name, daemon=True
+            )
+            self.proc.start()
+        child.close()
+        self.conn = parent
+        self.mark = 0
+        self.started += 1
+        if not parent.poll(STARTUP_TIMEOUT):
+            tail = self.log_tail()
+            self.stop(kill=True)
+            raise WorkerError(f"worker did not start within {STARTUP_TIMEOUT:.0f}s\n{tail}")
+        try:
+            parent.recv()
+        except EOFError:
+            code = self._reap()
+            tail = self.log_tail()
+            self.stop()
+            raise WorkerError(f"worker died while starting ({describe_exit(code)})\n{tail}") from None
+
+    def call(self, fn: Callable[..., Any], args: tuple, timeout: float) -> Outcome:
+        """fn(*args) in the worker (fn importable by name there), within `timeout` seconds."""
+        self.start()
+        self.mark = self._log_size()
+        self.conn.send((fn, args))
+        if not self.conn.poll(timeout):
+            output = self.log_tail()
+            self.stop(kill=True)
+            return Outcome("timeout", output=output)
+        try:
+            kind, value = self.conn.recv()
+        except (EOFError, OSError):
+            code = self._reap()
+            output = self.log_tail()
+            self.stop()
+            return Outcome("died", code=code, output=output)
+        if kind == "raised":
+            return Outcome(kind, error=value, output=self.log_tail())
+        return Outcome(kind, value)
+
+    def _log_size(self) -> int:
+        return os.path.getsize(self.log_path) if self.log_path and os.path.exists(self.log_path) else 0
+
+    def log_tail(self) -> str:
+        """The end of what the worker printed since the last call began."""
+        if not self.log_path or not os.path.exists(self.log_path):
+            return ""
+        with open(self.log_path, errors="replace") as f:
+            f.seek(self.mark)
+            text = f.read()
+        return text[-LOG_TAIL:].strip()
+
+    def _reap(self) -> int | None:
+        self.proc.join(10)
+        return self.proc.exitcode
+
+    def stop(self, kill: bool = False) -> None:
+        """End the worker (politely unless `kill`, then by force); the next call starts a fresh one."""
+        if self.proc is not None:
+            if not kill:
+                try:
+                    self.conn.send(None)
+                except OSError:
+                    pass
+                self.proc.join(2)
+            if self.proc.is_alive():
+                self.proc.kill()
+                self.proc.join(10)
+            self.conn.close()
+        if self.log_path and os.path.exists(self.log_path):
+            os.unlink(self.log_path)
+        self.proc = self.conn = self.log_path = None
+
+
+@atexit.register
+def _stop_workers() -> None:
+    for w in list(_WORKERS):
+        w.stop()
+
+
+def concurrently(tasks: Sequence[Callable[[], T]]) -> list[T]:
+    """Every task at once, each in its own thread (each drives its own worker); their results in
+    order. The first exception is re-raised once all have ended."""
+    results: list[Any] = [None] * len(tasks)
+    errors: list[BaseException] = []
+
+    def run(i: int) -> None:
+        try:
+            results[i] = tasks[i]()
+        except BaseException as e:  # re-raised in the caller's thread
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(tasks))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+    return results
+
+
+def spread(runners: Sequence[R], items: Sequence[T], run: Callable[[R, T], Any]) -> list[Any]:
+    """run(runner, item) for every item, each runner taking the next item when it is free; the
+    results in item order. A runner whose run raised takes no more items; the error is re-raised."""
+    todo: queue.Queue = queue.Queue()
+    for i, item in enumerate(items):
+        todo.put((i, item))
+    results: list[Any] = [None] * len(items)
+
+    def drain(runner: R) -> None:
+        while True:
+            try:
+                i, item = todo.get_nowait()
+            except queue.Empty:
+                return
+            results[i] = run(runner, item)
+
+    concurrently([lambda r=r: drain(r) for r in runners])
+    return results
+
+
+# --- commands as child processes ----------------------------------------------------------------
+
+
+class Child:
+    """A command run as a child process, its stdout and stderr into `log`."""
+
+    def __init__(
+        self, cmd: list[str], log: Path, env: dict[str, str] | None = None, cwd: Path | None = None
+    ) -> None:
+        log.parent.mkdir(parents=True, exist_ok=True)
+        with log.open("w") as out:
+            self.proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT)
+        self.log = log
+        self.started = time.monotonic()
+
+    def poll(self) -> int | None:
+        """The exit status, or None while it runs."""
+        return self.proc.poll()
+
+    def wait(self, timeout: float | None = None) -> int | None:
+        """The exit status once it ends; None if it still runs after `timeout` seconds."""
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            return None
+
+    def interrupt(self) -> None:
+        """Ask it to stop (SIGINT: pytest writes its results)."""
+        self.proc.send_signal(signal.SIGINT)
+
+    def stop(self, grace: float = 0.0) -> int:
+        """Its exit status once it ends, killed if it still runs after `grace` seconds."""
+        code = self.wait(grace)
+        if code is None:
+            self.proc.kill()
+            code = self.proc.wait()
+        return code
+
+
+def run_child(cmd: list[str], log: Path, timeout: float) -> int | None:
+    """`cmd` to its end: its exit status, or None when it ran past `timeout` seconds and was killed."""
+    child = Child(cmd, log)
+    code = child.wait(timeout)
+    if code is None:
+        child.stop()
+    return code

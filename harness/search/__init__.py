@@ -1,0 +1,1 @@
+"""What the suite draws: hypothesis strategies, profiles, the generated tests, pinned cases."""

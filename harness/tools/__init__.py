@@ -1,0 +1,1 @@
+"""Tools around the suite: the benchmark, compile warm-ups, the sanitizer replay."""

@@ -1,0 +1,129 @@
+"""The harness's own benchmark: how fast it checks, where the time goes, how far its reference
+scales, and how fast the mutation catalogue is caught. `python -m harness bench`, `make bench`.
+
+A correctness harness that is slow gets run rarely and with small shapes, and small shapes are
+where window bugs hide: this measures the harness on whatever device is present and prints a table
+and writes JSON (docs/bench.md documents every field). Sections:
+- throughput: cases checked per second over a fixed, seeded mix of small cases, caches warm; with
+  `workers` > 1 also in that many processes at once, as `check --jobs N` runs one backend;
+- phases: fractions of each check's wall time spent building, planning, in the kernel, in the
+  references, comparing, and (CPU) in the Hugging Face cross-check (harness/core/timing.py);
+- scale: time and peak memory of the reference on one long request, in a subprocess per run;
+- detection: examples and seconds until each mutant of the catalogue first fails (harness/run/mutation.py).
+One module per section (cases.py makes the mix; table.py prints the report); this one runs them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from harness.backends.base import Backend
+from harness.run import mutation
+from harness.tools.bench import cases, detection, scale, throughput
+
+SECTIONS = ("throughput", "phases", "scale", "detection")
+
+
+@dataclass
+class Options:
+    device: str
+    backends: list[Backend]
+    sections: tuple[str, ...] = SECTIONS
+    cases: int = 64
+    seed: int = 0
+    repeat: int = 3  # timed throughput passes; the median is reported
+    workers: int = 1  # > 1: throughput also in this many processes at once
+    scale_tokens: tuple[int, ...] = scale.SCALE_TOKENS
+    scale_timeout: float = 180.0
+    max_examples: int = 200
+    detection_budget: float | None = None
+    mutant_backends: list[str] | None = None  # detection: only these backends' mutants (None: all)
+
+
+def run(
+    opts: Options, say: Callable[[str], None] = print, save: Callable[[dict], None] | None = None
+) -> dict:
+    """Every selected section; returns the JSON document (docs/bench.md describes it). `save` gets
+    the document after every row, so a run stopped by a time limit keeps what it measured."""
+    doc: dict = {
+        "schema": 1,
+        "meta": {
+            "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
+            "device": opts.device,
+            "device_name": torch.cuda.get_device_name() if opts.device == "cuda" else "cpu",
+            "torch": torch.__version__,
+            "threads": torch.get_num_threads(),
+            "sections": list(opts.sections),
+        },
+        "mix": {
+            "seed": opts.seed,
+            "cases": opts.cases,
+            "timed_passes": opts.repeat,
+            "workers": opts.workers,
+            "max_batch": cases.MAX_BATCH,
+            "max_tokens": cases.MAX_TOKENS,
+            **cases.MIX_SHAPE,
+        },
+        "scale_shape": {**scale.SCALE_SHAPE, "mode": "EXTEND", "window_left": scale.SCALE_WINDOW},
+        "detection_profile": mutation.DEVICE_PROFILE[opts.device],
+        **{section: [] for section in opts.sections},
+    }
+
+    def keep(section: str, row: dict) -> None:
+        doc[section].append(row)
+        doc["passed"] = passed(doc)
+        if save:
+            save(doc)
+
+    if "throughput" in opts.sections or "phases" in opts.sections:
+        for b in opts.backends:
+            say(f"  throughput/phases: {b.name} on {opts.device} ...")
+            mix = cases.mix(opts.seed, opts.cases, b.capabilities)
+            row, phases = throughput.measure_backend(
+                b, opts.device, mix, opts.sections, opts.repeat, opts.workers
+            )
+            if row:
+                keep("throughput", dataclasses.asdict(row))
+            if phases:
+                keep("phases", dataclasses.asdict(phases))
+    if "scale" in opts.sections:
+        for tokens in opts.scale_tokens:
+            for window in (-1, scale.SCALE_WINDOW):
+                say(f"  scale: {tokens} tokens, window_left {window} ...")
+                keep(
+                    "scale",
+                    dataclasses.asdict(scale.scale_row(opts.device, tokens, window, opts.scale_timeout)),
+                )
+    if "detection" in opts.sections:
+
+        def progress(d: dict) -> None:
+            say(f"  detection: {d['outcome']:8} {d['mutant']} ({d['hunt_seconds']:.1f}s)")
+            keep("detection", d)
+
+        detection.detection(
+            opts.device, opts.mutant_backends, opts.max_examples, opts.detection_budget, progress
+        )
+    doc["passed"] = passed(doc)
+    return doc
+
+
+def passed(doc: dict) -> bool:
+    """False when a mix case failed, crashed or hung, a parallel measurement failed, or a mutant
+    survived or its hunt errored."""
+    bad_case = any(r["failed"] or r["crashed"] for r in doc.get("throughput", []))
+    bad_workers = any(r["workers"] > 1 and r["reason"] for r in doc.get("throughput", []))
+    bad_hunt = any(r["outcome"] in ("survived", "error") for r in doc.get("detection", []))
+    return not (bad_case or bad_workers or bad_hunt)
+
+
+def write_json(path: str | Path, doc: dict) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(doc, indent=1))

@@ -1,0 +1,176 @@
+"""The bench's printed report: one aligned table per section that ran, from the JSON document."""
+
+from __future__ import annotations
+
+from harness.tools.bench.detection import DETECTION_TARGET_S
+from harness.tools.bench.phases import PHASES
+from harness.tools.bench.scale import GIB
+
+
+def _grid(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> list[str]:
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    lines = [
+        "  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths)))
+        for r in [header, *rows]
+    ]
+    return [lines[0], "-" * len(lines[0]), *lines[1:]]
+
+
+def _mib(n: int | None) -> str:
+    return "-" if n is None else (f"{n / GIB:.2f} GiB" if n >= GIB else f"{n / (1 << 20):.0f} MiB")
+
+
+def _s(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2f}"
+
+
+def _throughput_cells(r: dict, parallel: bool) -> tuple[str, ...]:
+    """A throughput row's cells; `-` for what was not measured (the parallel rate when it failed)."""
+    if not r["pass_seconds"]:  # unavailable here
+        return (r["backend"], *["-"] * (9 if parallel else 8))
+    rate = r["parallel_cases_per_s"]
+    procs = (f"{rate:.1f}" if rate else "-",) if parallel else ()
+    counts = (r["checked"], r["passed"], r["failed"], r["crashed"], r["skipped"])
+    return (
+        r["backend"],
+        f"{r['cases_per_s']:.1f}",
+        *procs,
+        *map(str, counts),
+        _s(r["seconds"]),
+        _s(r["warm_seconds"]),
+    )
+
+
+def _throughput(doc: dict) -> list[str]:
+    """The throughput table, then each backend's reason and failures."""
+    m, meta = doc["mix"], doc["meta"]
+    mix_words = (
+        f"seed {m['seed']}, {m['cases']} cases, batch <= {m['max_batch']}, "
+        f"<= {m['max_tokens']} tokens/request, {m['num_q_heads']} q / {m['num_kv_heads']} kv heads "
+        f"x {m['head_dim']}, {m['dtype']}, page {m['page_size']}"
+    )
+    dev = f"{meta['device']} ({meta['device_name']}, {meta['threads']} threads)"
+    out = [f"throughput on {dev}; mix: {mix_words}"]
+    workers = m["workers"]
+    procs = (f"{workers} procs/s",) if workers > 1 else ()
+    head = (
+        "backend",
+        "cases/s",
+        *procs,
+        "checked",
+        "pass",
+        "fail",
+        "crash",
+        "skip",
+        "seconds",
+        "warm-up s",
+    )
+    out += _grid(head, [_throughput_cells(r, workers > 1) for r in doc["throughput"]])
+    for r in doc["throughput"]:
+        if r["reason"]:
+            what = "not measured" if not r["pass_seconds"] else "parallel measurement failed"
+            out.append(f"  {r['backend']}: {what}: {r['reason']}")
+        for f in r["failures"]:
+            out.append(f"  {r['backend']} {f['status'].upper()}: {f['reason']}\n    {f['repro']}")
+    out.append("")
+    return out
+
+
+def _phases(doc: dict) -> list[str]:
+    """The phases table: each phase's fraction of the checks' wall time."""
+    out = ["phases: fractions of each check's wall time (crossref: the CPU-only HF cross-check)"]
+    head = ("backend", "ms/case", *PHASES, "other", "overhead")
+    rows = [
+        (
+            r["backend"],
+            f"{r['ms_per_case']:.1f}",
+            *(f"{r['fractions'][p]:.3f}" for p in (*PHASES, "other")),
+            f"{r['overhead']:.3f}",
+        )
+        for r in doc["phases"]
+    ]
+    out += _grid(head, rows)
+    out.append("  overhead = 1 - kernel - reference; target on the H100: under 0.5")
+    out.append("")
+    return out
+
+
+def _scale(doc: dict) -> list[str]:
+    """The scale table: the reference's seconds and peak memory per request length."""
+    out: list[str] = []
+    s = doc["scale_shape"]
+    out.append(
+        f"scale: reference (exact, then native) on one {s['mode']} request, no prefix, "
+        f"{s['num_q_heads']} q / {s['num_kv_heads']} kv heads x {s['head_dim']}, {s['dtype']}; "
+        "each run in its own process"
+    )
+    head = (
+        "tokens",
+        "window",
+        "exact s",
+        "exact peak",
+        "native s",
+        "native peak",
+        "check s",
+        "target",
+        "verdict",
+    )
+    rows = [
+        (
+            str(r["tokens"]),
+            "none" if r["window_left"] < 0 else str(r["window_left"]),
+            _s(r["exact_seconds"]),
+            _mib(r["exact_peak_bytes"]),
+            _s(r["native_seconds"]),
+            _mib(r["native_peak_bytes"]),
+            _s(r["check_seconds"]) if r["status"] == "ok" else r["reason"],
+            r["target"] or "-",
+            r["verdict"] or "-",
+        )
+        for r in doc["scale"]
+    ]
+    out += _grid(head, rows)
+    out.append("")
+    return out
+
+
+def _detection(doc: dict) -> list[str]:
+    """The detection table, the outcome counts and the seed-class target."""
+    out: list[str] = []
+    out.append(
+        f"detection: profile {doc['detection_profile']}, first family of each mutant, "
+        "seconds to the first failure"
+    )
+    head = ("mutant", "family", "seed class", "result", "examples", "seconds")
+    rows = [
+        (
+            d["mutant"],
+            d["family"],
+            "yes" if d["seed_class"] else "",
+            d["outcome"].upper() if d["outcome"] != "caught" else f"caught ({d['status']})",
+            str(d["examples"]) if d["outcome"] == "caught" else "-",
+            _s(d["seconds"]) if d["outcome"] == "caught" else "-",
+        )
+        for d in doc["detection"]
+    ]
+    out += _grid(head, rows)
+    counts = {
+        o: sum(d["outcome"] == o for d in doc["detection"]) for o in ("caught", "survived", "skip", "error")
+    }
+    seeds = [d for d in doc["detection"] if d["seed_class"] and d["outcome"] != "skip"]
+    fast = sum(d["within_target"] for d in seeds)
+    out.append(", ".join(f"{n} {o}" for o, n in counts.items()))
+    scope = "" if doc["meta"]["device"] == "cuda" else " (the target is for warm GPU time)"
+    out.append(f"seed-class mutants caught within {DETECTION_TARGET_S:g} s: {fast} of {len(seeds)}{scope}")
+    for d in doc["detection"]:
+        if d["outcome"] != "caught":
+            out.append(f"  {d['mutant']}: {(d['reason'].splitlines() or [''])[0]}")
+    return out
+
+
+BLOCKS = {"throughput": _throughput, "phases": _phases, "scale": _scale, "detection": _detection}
+
+
+def render(doc: dict) -> str:
+    """The printed report: one block per section that ran, in the bench's order."""
+    return "\n".join(line for name, block in BLOCKS.items() if name in doc for line in block(doc)).rstrip()

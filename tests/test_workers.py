@@ -1,0 +1,117 @@
+"""harness/run/workers.py: a call's value, exception, death (by signal or exit) and time limit each
+come back as an Outcome, a fresh worker takes the next call, and a child command keeps to its limit."""
+
+import os
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+
+from harness.run import workers
+
+
+def square(x: int) -> int:
+    return x * x
+
+
+def pid() -> int:
+    return os.getpid()
+
+
+def raises() -> None:
+    raise ValueError("bad input")
+
+
+def killed_by(sig: int) -> None:
+    print("last words", flush=True)
+    os.kill(os.getpid(), sig)
+
+
+def exits(code: int) -> None:
+    os._exit(code)
+
+
+def sleeps(seconds: float) -> None:
+    print("going to sleep", flush=True)
+    time.sleep(seconds)
+
+
+def test_a_value_comes_back_and_the_worker_is_reused():
+    w = workers.Worker(name="test-worker-0")
+    try:
+        assert w.call(square, (7,), 60) == workers.Outcome("ok", 49)
+        first = w.call(pid, (), 60).value
+        assert w.call(pid, (), 60).value == first != os.getpid() and w.started == 1
+    finally:
+        w.stop()
+
+
+def test_an_exception_is_raised_with_its_traceback_and_the_worker_lives_on():
+    w = workers.Worker()
+    try:
+        out = w.call(raises, (), 60)
+        assert out.kind == "raised" and out.error_line == "ValueError: bad input"
+        assert "Traceback" in out.error and "in raises" in out.error
+        assert w.call(square, (3,), 60).value == 9 and w.started == 1
+    finally:
+        w.stop()
+
+
+def test_a_worker_killed_by_a_signal_is_an_outcome_and_a_fresh_worker_goes_on():
+    w = workers.Worker()
+    try:
+        before = w.call(pid, (), 60).value
+        out = w.call(killed_by, (signal.SIGSEGV,), 60)
+        assert out.kind == "died" and out.code == -signal.SIGSEGV
+        assert workers.describe_exit(out.code) == "killed by signal SIGSEGV"
+        assert "last words" in out.output and "Segmentation fault" in out.output  # faulthandler's
+        assert w.call(pid, (), 60).value != before and w.started == 2
+        out = w.call(exits, (7,), 60)
+        assert out.kind == "died" and out.code == 7 and workers.describe_exit(7) == "exit status 7"
+    finally:
+        w.stop()
+
+
+def test_a_call_past_its_time_limit_kills_the_worker_and_a_fresh_one_goes_on():
+    w = workers.Worker()
+    try:
+        w.call(square, (1,), 60)  # started: the limit below is the call's alone
+        slept = w.proc
+        out = w.call(sleeps, (3600,), 1)
+        assert out.kind == "timeout" and "going to sleep" in out.output
+        assert not slept.is_alive() and w.proc is None
+        assert w.call(square, (5,), 60).value == 25 and w.started == 2
+    finally:
+        w.stop()
+
+
+def test_a_calls_output_is_its_own():
+    w = workers.Worker()
+    try:
+        w.call(sleeps, (0,), 60)
+        out = w.call(killed_by, (signal.SIGABRT,), 60)
+        assert out.kind == "died" and "going to sleep" not in out.output and "last words" in out.output
+    finally:
+        w.stop()
+
+
+def test_spread_keeps_item_order_and_uses_every_runner():
+    used: list[str] = []
+    both = threading.Barrier(2, timeout=60)  # each runner's first item waits for the other's
+
+    def run(runner: str, item: int) -> int:
+        if runner not in used:
+            used.append(runner)
+            both.wait()
+        return item * 10
+
+    assert workers.spread(["a", "b"], list(range(6)), run) == [0, 10, 20, 30, 40, 50]
+    assert sorted(used) == ["a", "b"]
+
+
+def test_a_child_command_ends_or_is_killed_at_its_limit(tmp_path: Path):
+    log = tmp_path / "child.log"
+    assert workers.run_child([sys.executable, "-c", "print('hi'); raise SystemExit(3)"], log, 60) == 3
+    assert log.read_text().strip() == "hi"
+    assert workers.run_child([sys.executable, "-c", "import time; time.sleep(3600)"], log, 0.5) is None
