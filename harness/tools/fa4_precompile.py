@@ -38,22 +38,25 @@ def variant_cases() -> list[Case]:
         "cross": lambda e: dict(mode="CROSS", requests=(Request(0, e, 9),)),
         "tree": lambda e: dict(mode="TARGET_VERIFY", requests=(Request(7, 5, tree=TREE),)),
     }
+
+    def variant(path: str, rows: int, heads: tuple[int, int], cap: float, page: int, sinks: bool) -> Case:
+        """The Case of one compile variant: a path's shape with the given heads, cap, sinks, page."""
+        return Case(
+            **paths[path](rows),
+            num_q_heads=heads[0],
+            num_kv_heads=heads[1],
+            head_dim=128,
+            soft_cap=cap,
+            sinks=sinks,
+            page_size=page,
+        )
+
     for path, heads, cap, sinks, page, rows in itertools.product(
         paths, HEADS, SOFT_CAPS, (False, True), (16, 128), (1, 200)
     ):
         if path == "tree" and rows > 1:
             continue  # drafts never fill a query tile
-        out.append(
-            Case(
-                **paths[path](rows),
-                num_q_heads=heads[0],
-                num_kv_heads=heads[1],
-                head_dim=128,
-                soft_cap=cap,
-                sinks=sinks,
-                page_size=page,
-            )
-        )
+        out.append(variant(path, rows, heads, cap, page, sinks))
     from harness.search.pinned import PINNED
 
     fa4 = FA4()
@@ -62,16 +65,7 @@ def variant_cases() -> list[Case]:
         MODEL_SOFT_CAPS.items(), ("causal", "local", "tree"), (16, 128), (1, 200)
     ):
         if path != "tree" or rows == 1:
-            out.append(
-                Case(
-                    **paths[path](rows),
-                    num_q_heads=heads[0],
-                    num_kv_heads=heads[1],
-                    head_dim=128,
-                    soft_cap=cap,
-                    page_size=page,
-                )
-            )
+            out.append(variant(path, rows, heads, cap, page, False))
     out.sort(key=lambda c: (c.soft_cap > 0) + c.sinks)  # the variants drawn most often first
     return out + [c for c in pinned if fa4.supports(c) is None]
 
