@@ -22,6 +22,8 @@ endif
 	touch $@
 
 # The suite (cases/) over every backend available here, with the per-family summary table.
+# A runner that must test some backends: ARGS="--require fa4,flashinfer_paged" (or ATTN_HARNESS_REQUIRE)
+# exits 2 before running when one of them is unavailable or broken here.
 check: $(SETUP)
 	$(PYTHON) -m harness check $(if $(PROFILE),--profile $(PROFILE)) $(ARGS)
 

@@ -18,6 +18,8 @@ from typing import NamedTuple
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_REPORTS = ROOT / "reports"
+REQUIRE_ENV = "ATTN_HARNESS_REQUIRE"  # comma-separated backends `check` requires, as --require (CI)
+NOTHING_CHECKED = 3  # repro's exit status when the case did not run (a SKIP: unsupported, no device)
 
 
 class UsageError(Exception):
@@ -57,6 +59,18 @@ def load_backend(name: str):  # noqa: ANN201 - returns a Backend
         raise UsageError(str(e)) from None
 
 
+def availability(backend, device: str) -> tuple[str, str | None]:  # noqa: ANN001 - a Backend
+    """("available", None), ("unavailable", why) or ("broken", why): an installed library that fails
+    to import or is at an unsupported version is broken, an error, not a reason to skip."""
+    from harness.backends import BackendBroken
+
+    try:
+        why = backend.available(device)
+    except BackendBroken as e:
+        return "broken", str(e)
+    return ("available", None) if why is None else ("unavailable", why)
+
+
 # --- list -------------------------------------------------------------------------------------
 
 
@@ -68,6 +82,7 @@ def cmd_list(args: argparse.Namespace) -> int:
     from harness import backends
     from harness.core.vocab import FEATURES
 
+    broken = False
     for name in args.backend or backends.names():
         b = load_backend(name)
         c = b.capabilities
@@ -81,11 +96,12 @@ def cmd_list(args: argparse.Namespace) -> int:
         )
         print(f"  features: {', '.join(feats) or '-'}")
         for device in sorted(c.devices):
-            why = b.available(device)
-            print(f"  {device}: {'available' if why is None else 'unavailable: ' + why}")
+            state, why = availability(b, device)
+            broken |= state == "broken"
+            print(f"  {device}: {state}" + (f": {why}" if why else ""))
         for feature, why in sorted(c.why_not.items()):
             print(f"  no {feature}: {why}")
-    return 0
+    return 1 if broken else 0
 
 
 # --- check ------------------------------------------------------------------------------------
@@ -111,6 +127,12 @@ def add_check(p: argparse.ArgumentParser) -> None:
         "--device", choices=("cpu", "cuda"), help="only backends on this device (default: cuda where present)"
     )
     p.add_argument("--profile", help="hypothesis profile: ci, dev, gpu, thorough")
+    p.add_argument(
+        "--require",
+        action="append",
+        metavar="NAME,...",
+        help=f"exit 2 before running unless these backends run on the device here (also ${REQUIRE_ENV})",
+    )
     p.add_argument(
         "--reports",
         default=str(DEFAULT_REPORTS),
@@ -142,6 +164,22 @@ def _families(args: argparse.Namespace) -> list[str]:
     return out
 
 
+def _required(given: list[str] | None) -> list[str]:
+    """The backends named by --require and $ATTN_HARNESS_REQUIRE (comma-separated), once each."""
+    text = ",".join([os.environ.get(REQUIRE_ENV, ""), *(given or [])])
+    return list(dict.fromkeys(n.strip() for n in text.split(",") if n.strip()))
+
+
+def _unavailable(names: list[str], device: str) -> list[str]:
+    """One line per required backend that cannot run on `device` here, saying why."""
+    lines = []
+    for name in names:
+        state, why = availability(load_backend(name), device)
+        if state != "available":
+            lines.append(f"required backend {name} is {state} on {device}: {why}")
+    return lines
+
+
 def cmd_check(args: argparse.Namespace) -> int:
     from harness import backends, report
     from harness.search import profiles
@@ -153,6 +191,12 @@ def cmd_check(args: argparse.Namespace) -> int:
         raise UsageError(f"unknown profile {profile!r}; known: {', '.join(profiles.SIZES)}")
     for name in args.backend or []:
         load_backend(name)
+    if args.device == "cuda" and not on_gpu:
+        raise UsageError("--device cuda: no CUDA device here (torch.cuda.is_available() is False)")
+    missing = _unavailable(_required(args.require), args.device or _default_device())
+    if missing:
+        print("\n".join(f"error: {line}" for line in missing), file=sys.stderr)
+        return 2
     names = args.backend or backends.names()
     jobs = _jobs(args.jobs, on_gpu and args.device != "cpu")  # more than backends: shards (parallel.py)
     marks = []  # markers are exact names ("-k extend" would also match draft_extend_v2)
@@ -291,6 +335,7 @@ def cmd_repro_sanitized(args: argparse.Namespace) -> int:
 
 
 def cmd_repro(args: argparse.Namespace) -> int:
+    from harness.backends import BackendBroken
     from harness.checks.numeric import check_case
     from harness.checks.probe import THRESHOLD_RULE, picture_text, probe
 
@@ -299,7 +344,11 @@ def cmd_repro(args: argparse.Namespace) -> int:
     case = read_case(args.case)
     backend = load_backend(args.backend)
     device = args.device or _default_device()
-    res = check_case(backend, case, device)
+    try:
+        res = check_case(backend, case, device)
+    except BackendBroken as e:
+        print(f"{backend.name} on {device}: BROKEN: {e}")
+        return 1
     print(f"{backend.name} on {device}: {res.status.upper()}: {res.reason}")
     if args.probe:
         pr = probe(backend, case, device)
@@ -311,7 +360,7 @@ def cmd_repro(args: argparse.Namespace) -> int:
             print(picture_text(pr))
     if args.json:
         print(json.dumps(res.to_dict(), indent=1))
-    return 0 if res.status in ("pass", "skip") else 1
+    return {"pass": 0, "skip": NOTHING_CHECKED}.get(res.status, 1)
 
 
 # --- mutants ----------------------------------------------------------------------------------

@@ -268,15 +268,18 @@ def test_unsupported_cases_are_skips_with_the_reason(name, case, words):
     assert why and words in why, why
 
 
-def test_without_flashinfer_or_at_another_version_the_reason_says_so(monkeypatch):
+def test_without_flashinfer_the_reason_says_so_and_another_version_is_broken(monkeypatch):
     monkeypatch.setitem(sys.modules, "flashinfer", None)
-    assert "does not import" in glue.why_unavailable()
+    assert glue.why_unavailable() == "flashinfer is not installed here"
     monkeypatch.setitem(sys.modules, "flashinfer", fake)
     assert glue.why_unavailable() is None
     monkeypatch.setattr(fake, "__version__", "0.6.0")
-    assert "0.6.0 is installed" in glue.why_unavailable()
+    with pytest.raises(backends.BackendBroken, match="0.6.0 is installed; this glue is written against"):
+        glue.why_unavailable()
     for name in NAMES:
         assert backends.load(name).available("cpu") == f"{name} does not run on cpu"
+        with pytest.raises(backends.BackendBroken, match="flashinfer 0.6.0 is installed"):
+            fake.on_cpu(backends.load(name)).available("cpu")
 
 
 def test_the_ln_merge_mutant_is_a_correct_merge_fed_the_wrong_base(fi):

@@ -2,7 +2,8 @@
 
 Built-in: every module in this package (but base) exports `BACKENDS`, a dict of name -> factory.
 Importing such a module must not import its kernel library (that happens lazily, so a missing
-library is a reason from `available`, not an ImportError). External backends plug in through the
+library is a reason from `available`, not an ImportError; an installed one that fails to import
+raises BackendBroken from `available`). External backends plug in through the
 entry-point group `attn_harness.backends` (name -> factory) or on the command line as
 `--backend package.module:factory`; a factory returns a Backend.
 """
@@ -15,9 +16,18 @@ from collections.abc import Callable
 from functools import cache
 from importlib.metadata import entry_points
 
-from harness.backends.base import Backend, BackendOutput, Capabilities
+from harness.backends.base import Backend, BackendBroken, BackendOutput, Capabilities
 
-__all__ = ["Backend", "BackendOutput", "Capabilities", "BackendError", "load", "names", "all_backends"]
+__all__ = [
+    "Backend",
+    "BackendBroken",
+    "BackendOutput",
+    "Capabilities",
+    "BackendError",
+    "load",
+    "names",
+    "all_backends",
+]
 
 FIRST = "torch_native"  # listed first: the backend every machine has
 

@@ -61,6 +61,11 @@ ALL_CAPABILITIES = Capabilities.with_features(
 )
 
 
+class BackendBroken(RuntimeError):
+    """A backend's library is installed but unusable here (fails to import, unsupported version): an
+    error that its tests, `list` and `check --require` report, never a skip reason."""
+
+
 @dataclass
 class BackendOutput:
     out: torch.Tensor  # [sum E, Hq, D]
@@ -75,7 +80,11 @@ class Backend:
     capabilities: Capabilities
 
     def available(self, device: str) -> str | None:
-        """None if the backend can run on `device` here, else why not (becomes a skip reason)."""
+        """None if the backend can run on `device` here, else why not (becomes a skip reason).
+
+        Raises BackendBroken where its library is installed but broken (harness/backends/library.py):
+        that is an error, so it must not read as "not here".
+        """
         if device not in self.capabilities.devices:
             return f"{self.name} does not run on {device}"
         if device == "cuda" and not torch.cuda.is_available():

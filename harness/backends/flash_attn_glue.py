@@ -10,25 +10,23 @@ module registers no backend.
 
 from __future__ import annotations
 
-import importlib
-from functools import cache
 from typing import Any
 
 import torch
 
 from harness.backends.base import Capabilities
 from harness.backends.glue import EngineGlue
+from harness.backends.library import import_library
 from harness.core.batch import Batch
 from harness.core.modes import Mode
 
 
-@cache
-def import_attr(module: str, attr: str) -> tuple[object | None, str | None]:
-    """(module.attr, None) if it imports, else (None, why): the reason becomes a skip reason."""
-    try:
-        mod = importlib.import_module(module)
-    except Exception as e:  # a broken install (missing DSL libraries) is a reason, not a crash
-        return None, f"{module} does not import here: {type(e).__name__}: {e}"
+def import_attr(module: str, attr: str, version: str | None = None) -> tuple[object | None, str | None]:
+    """(module.attr, None) if it imports, else (None, why not): not installed, or the module without
+    `attr`. An installed module that fails to import raises BackendBroken (harness/backends/library.py)."""
+    mod, why = import_library(module, version)
+    if mod is None:
+        return None, why
     fn = getattr(mod, attr, None)
     if fn is None:
         return None, f"{module} imports but has no {attr} (another package owns that name here)"
@@ -59,16 +57,17 @@ class FlashAttnGlue(EngineGlue):
 
     library = "flash_attn"
     entry: tuple[str, str] = ("", "")  # (module, function) imported lazily
+    library_version: str | None = None  # the version this glue is written against (None: not checked)
     unbounded: tuple[int | None, int | None] = (-1, -1)  # how this version spells "no window"
 
     def available(self, device: str) -> str | None:
         why = super().available(device)
         if why:
             return why
-        return import_attr(*self.entry)[1]
+        return import_attr(*self.entry, self.library_version)[1]
 
     def kernel(self):  # noqa: ANN201 - the library function
-        fn, why = import_attr(*self.entry)
+        fn, why = import_attr(*self.entry, self.library_version)
         if fn is None:
             raise RuntimeError(why)
         return fn

@@ -17,6 +17,7 @@ import torch
 
 from harness.backends.base import Capabilities
 from harness.backends.glue import EngineGlue
+from harness.backends.library import import_library
 from harness.core.batch import Batch
 from harness.core.case import Case
 from harness.core.modes import Mode
@@ -46,15 +47,9 @@ def flashinfer() -> Any:
 
 
 def why_unavailable() -> str | None:
-    """None when flashinfer imports at the version this glue was written against, else why not."""
-    try:
-        fi = flashinfer()
-    except Exception as e:  # noqa: BLE001 - a broken install is a skip reason, not a crash
-        return f"flashinfer does not import here: {type(e).__name__}: {e}"
-    version = getattr(fi, "__version__", "unknown")
-    if version != FLASHINFER_VERSION:
-        return f"flashinfer {version} is installed; this glue is written against {FLASHINFER_VERSION}"
-    return None
+    """None when flashinfer imports at FLASHINFER_VERSION, the reason when it is not installed; raises
+    BackendBroken when it is installed but fails to import or is at another version."""
+    return import_library("flashinfer", FLASHINFER_VERSION)[1]
 
 
 def workspace(device: torch.device) -> torch.Tensor:

@@ -23,10 +23,12 @@ import torch
 
 from harness.backends.base import ALL_CAPABILITIES, BackendOutput
 from harness.backends.glue import EngineGlue
+from harness.backends.library import import_library
 from harness.core.batch import Batch
 from harness.core.modes import Mode
 from harness.core.timing import phase
 
+FLEX_MODULE = "torch.nn.attention.flex_attention"
 # A window bound that admits every key: what "no window" (-1) becomes inside the mask.
 NO_WINDOW = 1 << 40
 # Padded launch sizes of the compiled CPU kernel: 128 * 4**k rows. Coarse buckets mean few C++
@@ -124,11 +126,8 @@ class FlexBase(EngineGlue):
         why = super().available(device)
         if why:
             return why
-        try:
-            _flex_api()
-        except ImportError as e:
-            return f"torch {torch.__version__} has no usable flex_attention: {e}"
-        return None
+        _, absent = import_library(FLEX_MODULE)  # raises BackendBroken where it fails to import
+        return f"torch {torch.__version__} has no flex_attention: {absent}" if absent else None
 
     # --- engine glue: the shared reads (glue.py), and how flex lays a batch out --------------
 

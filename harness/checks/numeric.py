@@ -19,7 +19,8 @@ from references.torch_ref import references
 
 
 def check_case(backend: Backend, case: Case, device: str = "cpu") -> CaseResult:
-    """Build the batch, run the backend, compare. Unsupported or unavailable: a skip with the reason."""
+    """Build the batch, run the backend, compare. Unsupported or unavailable: a skip with the reason;
+    a backend whose library is installed but broken raises BackendBroken (an error, not a skip)."""
     why = backend.available(device) or backend.supports(case)
     if why:
         return CaseResult("skip", backend.name, device, case, reason=why)

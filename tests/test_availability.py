@@ -1,0 +1,233 @@
+"""Not installed is a skip; installed but broken, or at an unsupported version, is an error.
+
+A broken install is a fake package at the front of sys.path that raises when imported (as a kernel
+library built against another torch does); this CPU machine is the host without CUDA. Adapters are
+declared runnable on the CPU (tests/cpu_declared.py) so that their library is probed here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from harness import backends, cli
+from harness.backends import BackendBroken
+from harness.backends.flash_attn_fa2 import FA2
+from harness.backends.flash_attn_fa3 import FA3
+from harness.backends.flash_attn_fa4 import FA4
+from harness.backends.library import import_library
+from harness.cli import main
+from tests import flashinfer_fake
+
+ROOT = Path(__file__).resolve().parent.parent
+FLEX_MODULE = "torch.nn.attention.flex_attention"
+REQUIRE_ENV = "ATTN_HARNESS_REQUIRE"
+UNDEFINED = "undefined symbol: _ZN3c104cuda9SetDeviceEi"  # an extension built against another torch
+BROKEN = f"raise ImportError({UNDEFINED!r})\n"
+GOOD = '{"mode": "EXTEND", "requests": [{"prefix_len": 3, "extend_len": 4}], "window_left": 2}'
+
+
+@pytest.fixture
+def site(tmp_path, monkeypatch):
+    """install(module, code): a package at the front of sys.path whose __init__ runs `code`, hiding any
+    real package of that name and its imported modules (on a GPU machine the real ones are there)."""
+    monkeypatch.syspath_prepend(str(tmp_path))
+
+    def install(module: str, code: str = "") -> None:
+        top = module.partition(".")[0]
+        for name in [n for n in sys.modules if n == top or n.startswith(top + ".")]:
+            monkeypatch.delitem(sys.modules, name)
+        path = tmp_path.joinpath(*module.split("."))
+        path.mkdir(parents=True, exist_ok=True)
+        (path / "__init__.py").write_text(code)
+        importlib.invalidate_caches()
+
+    install.path = tmp_path
+    return install
+
+
+def on_cpu(backend):
+    backend.capabilities = dataclasses.replace(backend.capabilities, devices=frozenset({"cpu"}))
+    return backend
+
+
+# --- the library probe ----------------------------------------------------------------------------
+
+
+def test_absent_present_and_broken_are_three_answers(site):
+    assert import_library("no_such_kernel_lib") == (None, "no_such_kernel_lib is not installed here")
+    site("kernel_ok", "__version__ = '1.2'\n")
+    mod, why = import_library("kernel_ok", "1.2")
+    assert why is None and mod.__version__ == "1.2"
+    site("kernel_broken", BROKEN)
+    with pytest.raises(BackendBroken, match="kernel_broken is installed but does not import: ImportError"):
+        import_library("kernel_broken")
+    with pytest.raises(BackendBroken, match="kernel_ok 1.2 is installed; this glue is written against 1.3"):
+        import_library("kernel_ok", "1.3")
+
+
+def test_a_missing_submodule_is_absent_and_a_missing_dependency_broken(site):
+    """flash-attn-2 alone has no `flash_attn.cute` (fa4 is not installed); flash-attn-4 without its
+    CuTe DSL is installed and broken."""
+    site("flash_attn")
+    mod, why = import_library("flash_attn.cute")
+    assert mod is None and "flash_attn.cute is not installed here" in why
+    site("flash_attn.cute", "import cutlass_dsl_absent_here\n")
+    with pytest.raises(BackendBroken, match="No module named 'cutlass_dsl_absent_here'"):
+        import_library("flash_attn.cute")
+
+
+# --- every library-backed adapter -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("adapter", [FA4, FA3, FA2], ids=lambda a: a.name)
+def test_a_flash_attn_that_fails_to_import_is_broken_not_a_skip(site, adapter):
+    backend = on_cpu(adapter())
+    site(backend.entry[0], BROKEN)
+    with pytest.raises(BackendBroken, match=UNDEFINED):
+        backend.available("cpu")
+
+
+def test_a_flash_attn_at_another_version_than_its_glues_is_broken(site):
+    site("flash_attn", "__version__ = '2.7.0'\ndef flash_attn_varlen_func(): pass\n")
+    backend = on_cpu(FA2())
+    assert backend.available("cpu") is None  # library_version None: any version
+    backend.library_version = "2.8.3"
+    with pytest.raises(BackendBroken) as raised:
+        backend.available("cpu")
+    assert str(raised.value) == "flash_attn 2.7.0 is installed; this glue is written against 2.8.3"
+
+
+@pytest.mark.parametrize("name", [n for n in backends.names() if n.startswith("flashinfer")])
+def test_a_flashinfer_that_fails_to_import_is_broken_not_a_skip(site, name):
+    site("flashinfer", BROKEN)
+    with pytest.raises(BackendBroken, match=UNDEFINED):
+        flashinfer_fake.on_cpu(backends.load(name)).available("cpu")
+
+
+@pytest.mark.parametrize("name", ["flex_eager", "flex_compiled"])
+def test_a_flex_attention_that_fails_to_import_is_broken_not_a_skip(site, monkeypatch, name):
+    """torch.nn.attention.flex_attention shadowed by a module that raises (a broken torch install)."""
+    package = importlib.import_module("torch.nn.attention")
+    shadow = site.path / "shadow"
+    shadow.mkdir()
+    (shadow / "flex_attention.py").write_text(BROKEN)
+    monkeypatch.setattr(package, "__path__", [str(shadow), *package.__path__])
+    monkeypatch.delitem(sys.modules, FLEX_MODULE, raising=False)  # imported or not yet
+    importlib.invalidate_caches()
+    with pytest.raises(BackendBroken, match=UNDEFINED):
+        backends.load(name).available("cpu")
+
+
+def test_flex_without_flex_attention_in_torch_is_a_skip_reason(monkeypatch):
+    monkeypatch.setitem(sys.modules, FLEX_MODULE, None)
+    why = backends.load("flex_eager").available("cpu")
+    assert why and f"torch {torch.__version__} has no flex_attention" in why
+
+
+def test_a_broken_backend_stays_out_of_the_shared_cuda_model_worker(site, monkeypatch):
+    from cases.test_model import _runs_on_cuda
+
+    site("flash_attn", BROKEN)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert _runs_on_cuda("fa2") is False  # its own test raises; the other backends' worker still runs
+    with pytest.raises(BackendBroken):
+        backends.load("fa2").available("cuda")
+
+
+# --- the suite and the command line -----------------------------------------------------------------
+
+
+def test_a_broken_install_fails_the_suite_instead_of_skipping_it(site, tmp_path):
+    """`check` of an adapter whose library raises at import: its tests error with the message, exit 1
+    (before: every test skipped with "does not import", exit 0)."""
+    site("flash_attn", BROKEN)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site.path), str(ROOT)])}
+    argv = ["check", "--backend", "tests.cpu_declared:fa2", "--device", "cpu", "--family", "decode"]
+    argv += ["--reports", str(tmp_path / "reports"), "--no-progress"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "harness", *argv], cwd=ROOT, env=env, capture_output=True, text=True
+    )
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "BackendBroken" in proc.stdout and UNDEFINED in proc.stdout
+    (tally,) = [line for line in proc.stdout.splitlines() if " deselected in " in line]
+    assert tally.startswith("2 failed,") and "skipped" not in tally, tally
+
+
+def test_list_shows_a_broken_backend_as_broken_and_exits_1(site, capsys):
+    site("flash_attn", BROKEN)
+    assert main(["list", "--backend", "tests.cpu_declared:fa2"]) == 1
+    out = capsys.readouterr().out
+    assert f"  cpu: broken: flash_attn is installed but does not import: ImportError: {UNDEFINED}" in out
+
+
+@pytest.fixture
+def suite_run(monkeypatch):
+    """`check`'s pytest subprocess replaced by a recorder: whether the suite would have started."""
+    started = []
+
+    def fake_run(cmd, cwd, env):
+        started.append(cmd)
+        return subprocess.CompletedProcess(cmd, 0)
+
+    monkeypatch.setattr(cli.subprocess, "run", fake_run)
+    monkeypatch.delenv(REQUIRE_ENV, raising=False)
+    return started
+
+
+def test_check_require_names_each_unavailable_backend_and_runs_nothing(site, suite_run, capsys, tmp_path):
+    site("flash_attn", BROKEN)
+    argv = ["check", "--device", "cpu", "--reports", str(tmp_path), "--require"]
+    assert main(argv + ["torch_native,fa3", "--require", "tests.cpu_declared:fa2"]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err == [
+        "error: required backend fa3 is unavailable on cpu: fa3 does not run on cpu",
+        "error: required backend tests.cpu_declared:fa2 is broken on cpu: flash_attn is installed but "
+        f"does not import: ImportError: {UNDEFINED}",
+    ]
+    assert not suite_run
+    assert main(argv + ["torch_native"]) == 0 and len(suite_run) == 1
+
+
+def test_check_require_from_the_environment(suite_run, capsys, monkeypatch, tmp_path):
+    monkeypatch.setenv(REQUIRE_ENV, " flashinfer_paged , torch_native")
+    assert main(["check", "--device", "cpu", "--reports", str(tmp_path)]) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line == (
+        "error: required backend flashinfer_paged is unavailable on cpu: flashinfer_paged does not run on cpu"
+    )
+    assert not suite_run
+    monkeypatch.setenv(REQUIRE_ENV, "nope")
+    assert main(["check", "--device", "cpu", "--reports", str(tmp_path)]) == 2
+    assert "unknown backend 'nope'" in capsys.readouterr().err
+
+
+def test_check_device_cuda_without_cuda_is_one_line_exit_2(suite_run, capsys, monkeypatch, tmp_path):
+    monkeypatch.setattr(cli, "_default_device", lambda: "cpu")
+    assert main(["check", "--device", "cuda", "--reports", str(tmp_path)]) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line == "error: --device cuda: no CUDA device here (torch.cuda.is_available() is False)"
+    assert not suite_run
+
+
+def test_repro_that_checked_nothing_exits_3_with_the_reason(capsys, monkeypatch):
+    head_dim_8 = GOOD.replace("}], ", '}], "head_dim": 8, ')
+    assert main(["repro", head_dim_8, "--backend", "flex_eager", "--device", "cpu"]) == 3
+    assert "flex_eager on cpu: SKIP: flex_eager does not support head_dim 8" in capsys.readouterr().out
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert main(["repro", GOOD, "--device", "cuda"]) == cli.NOTHING_CHECKED == 3
+    assert "torch_native on cuda: SKIP: no CUDA device" in capsys.readouterr().out
+
+
+def test_repro_on_a_broken_backend_exits_1_saying_broken(site, capsys):
+    site("flash_attn", BROKEN)
+    assert main(["repro", GOOD, "--backend", "tests.cpu_declared:fa2", "--device", "cpu"]) == 1
+    out = capsys.readouterr().out
+    assert "tests.cpu_declared:fa2 on cpu: BROKEN: flash_attn is installed but does not import" in out
