@@ -4,7 +4,9 @@
 softmax over key blocks that skips blocks no query can see, so memory is bounded and a windowed
 request costs O(T * W); on a GPU a small batch is one padded computation (`_padded`).
 `precision="native"` rounds like a low-precision kernel: its distance from exact is the tolerance's
-noise floor. `references(case, inputs)` gives both, sharing the mask and padded inputs on a GPU.
+noise floor. A logit (scaled query, score) past the dtype's largest finite value is kept in float32
+instead of overflowing, as a kernel holding its scores in float32 does, so native never overflows
+where exact does not. `references(case, inputs)` gives both, sharing the mask and padded inputs on a GPU.
 """
 
 from __future__ import annotations
@@ -54,10 +56,32 @@ class _Scratch:
         low.copy_(t)
         return t.copy_(low)
 
+    def round_logits(self, t: torch.Tensor) -> torch.Tensor:
+        """`round` for logits, which may pass the low dtype's range (`_round_held`)."""
+        low = self.low[: t.numel()].view(t.shape)
+        low.copy_(t)
+        return _round_held(t, low)
+
+
+def _round_held(t: torch.Tensor, low: torch.Tensor) -> torch.Tensor:
+    """`t` rounded in place to `low`'s values (`low` is `t` in the low dtype), except where the low
+    dtype overflowed (inf where `t` is finite): there `t` is kept, as in a kernel's float32 scores.
+    Within the dtype's range this is `t.copy_(low)`, so ordinary cases round exactly as before. The
+    CPU takes that plain copy once one reduction shows nothing can overflow (the select costs ten
+    copies there); a GPU always selects, which needs no readback."""
+    if t.device.type == "cpu" and t.numel():
+        lo, hi = torch.aminmax(t)
+        if max(-float(lo), float(hi)) <= torch.finfo(low.dtype).max:  # False for NaN: the select
+            return t.copy_(low)
+    return torch.where(low.isinf(), t, low, out=t)
+
 
 def _query_block(q, scale, round_to):  # noqa: ANN001, ANN202 - hot inner helper
     """The query block as the score matmul takes it: native mode scales it and rounds it first."""
-    return q if round_to is None else (q * scale).to(round_to).float()
+    if round_to is None:
+        return q
+    scaled = q * scale
+    return _round_held(scaled, scaled.to(round_to))
 
 
 def _scores(qb, k, scale, cap, scratch, s):  # noqa: ANN001, ANN202 - hot inner helper
@@ -67,9 +91,9 @@ def _scores(qb, k, scale, cap, scratch, s):  # noqa: ANN001, ANN202 - hot inner 
     if scratch.low is None:
         s.mul_(scale)
         return s.div_(cap).tanh_().mul_(cap) if cap > 0 else s
-    scratch.round(s)
+    scratch.round_logits(s)
     if cap > 0:
-        scratch.round(s.div_(cap).tanh_().mul_(cap))
+        scratch.round_logits(s.div_(cap).tanh_().mul_(cap))
     return s
 
 
@@ -256,9 +280,10 @@ def _padded_softmax(qh, kh, vh, hidden, sink, scale, cap, round_to, g):  # noqa:
         if cap > 0:
             s.div_(cap).tanh_().mul_(cap)
     else:
-        s.copy_(s.to(round_to))
+        _round_held(s, s.to(round_to))
         if cap > 0:
-            s.copy_(s.div_(cap).tanh_().mul_(cap).to(round_to))
+            s.div_(cap).tanh_().mul_(cap)
+            _round_held(s, s.to(round_to))
     bsz, hkv, _, t = s.shape
     s5 = s.view(bsz, hkv, g, -1, t).masked_fill_(hidden, -torch.inf)
     m = s5.amax(-1)

@@ -215,6 +215,31 @@ def test_native_precision_is_close_but_not_exact():
     assert 0 < d < 0.05
 
 
+@pytest.mark.parametrize("padded", [False, True])
+@pytest.mark.parametrize("soft_cap", [0.0, 1e6])
+def test_native_keeps_logits_past_the_dtype_range_and_stays_close_to_exact(padded, soft_cap):
+    """float16 logits up to about 2.4e5: rounded to float16 they would be inf and native NaN (as
+    before: a NaN budget); kept in float32 past 65504, native stays finite and close to exact."""
+    c = case(
+        "EXTEND", ((40, 8),), dtype="float16", window_left=4, q_amplitude=1000, sm_scale=10, soft_cap=soft_cap
+    )
+    inputs = make_inputs(c)
+    exact, native = (reference(c, inputs, p, padded=padded) for p in ("exact", "native"))
+    assert torch.isfinite(native.out).all() and torch.isfinite(native.lse).all()
+    assert (exact.out - native.out.double()).abs().max() < 0.01
+
+
+def test_rounding_held_past_the_range_rounds_within_it_as_a_cast_does():
+    t = torch.tensor([1.0001, -3.14159, 65519.0, 65520.0, -1e5, 3e38, math.inf, -math.inf, math.nan])
+    held = torch_ref._round_held(t.clone(), t.to(torch.float16))
+    cast = t.to(torch.float16).float()
+    assert torch.equal(held[:3], cast[:3])  # in range (65519 rounds down to 65504): the cast
+    assert torch.equal(held[3:8], t[3:8])  # past it: kept, and infinities stay what they were
+    assert held[8].isnan()
+    inside = t[:3].clone()  # nothing past the range: the CPU's plain copy, the same values
+    assert torch.equal(torch_ref._round_held(inside, inside.to(torch.float16)), cast[:3])
+
+
 def test_a_row_with_no_visible_key_is_zero_with_lse_minus_inf():
     from references.masks import RequestMask
 

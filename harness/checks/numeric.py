@@ -10,12 +10,40 @@ import torch
 from harness.backends.base import Backend
 from harness.checks import crossref
 from harness.checks.errormap import error_map
-from harness.core.batch import build_batch, make_inputs
+from harness.core.batch import Inputs, build_batch, make_inputs
 from harness.core.case import Case
 from harness.core.compare import compare
 from harness.core.results import CaseResult
 from harness.core.timing import phase
+from harness.core.vocab import TORCH_DTYPES
 from references.torch_ref import references
+
+
+def nonfinite_cause(
+    backend: Backend, case: Case, inputs: Inputs, device: str, lse_exact: torch.Tensor
+) -> str:
+    """Where an output's NaN/Inf came from, found by experiment rather than assumed: the backend runs
+    again on a fresh batch whose unowned pool slots (NaN, harness/core/pool.py) hold 0. A finite
+    output then means it read unowned memory; NaN/Inf that stay are its own arithmetic's."""
+    batch = build_batch(case, inputs, device, backend.capabilities.whole_page_loads)
+    for buf in (batch.pool.k, batch.pool.v):  # owned slots and canaries are finite: NaN is unowned
+        buf.masked_fill_(buf.isnan(), 0.0)
+    try:
+        again = backend.run(batch).out
+    except Exception as e:  # the first run did not raise: say so rather than guess
+        return f"cause unknown: the re-run with unowned pool slots at 0 raised {type(e).__name__}: {e}"
+    if bool(torch.isfinite(again).all()):
+        return "poisoned (unowned) pool memory was read: the output is finite when unowned slots hold 0"
+    cause = "not unowned memory: NaN/Inf remain when unowned pool slots hold 0"
+    largest = torch.finfo(TORCH_DTYPES[case.dtype]).max
+    lse = lse_exact[torch.isfinite(lse_exact)]
+    reach = float(lse.abs().max()) if lse.numel() else 0.0
+    if reach > largest:
+        cause += (
+            f"; the logits' log-sum-exp reaches {reach:.3g}, past {case.dtype}'s largest value "
+            f"{largest:.6g} (an overflow where the backend holds logits in {case.dtype})"
+        )
+    return cause
 
 
 def check_case(backend: Backend, case: Case, device: str = "cpu") -> CaseResult:
@@ -45,6 +73,8 @@ def check_case(backend: Backend, case: Case, device: str = "cpu") -> CaseResult:
         exact, native = references(case, inputs, ("exact", "native"), device)
     with phase("compare"):
         verdict = compare(case, result.out, exact.out, native.out, result.lse, exact.lse, native.lse)
+        if verdict.nonfinite:
+            verdict.reason += ": " + nonfinite_cause(backend, case, inputs, device, exact.lse)
         status = "pass" if verdict.passed else "fail"
         took = time.perf_counter() - start
         res = CaseResult(status, backend.name, device, case, verdict, verdict.reason, took)

@@ -19,6 +19,10 @@ PAGE_SIZES = (1, 16, 32, 64, 128)
 PAGE_LAYOUTS = ("contiguous", "shuffled", "interleaved", "nonmonotonic")
 KV_LAYOUTS = ("NHD", "HND")
 MAX_SEED = 2**63 - 1
+FLOAT32_MAX = 3.4028234663852886e38  # every kernel and the references hold their logits in float32
+# Drawn queries and keys stay within this many standard deviations (torch's normal sampling cannot
+# pass about 9), so |logit| <= scale * q_amplitude * head_dim * DRAW_BOUND**2.
+DRAW_BOUND = 10.0
 
 
 class CaseError(ValueError):
@@ -183,6 +187,18 @@ def _validate_request(case: Case, i: int, r: Request) -> None:
             )
 
 
+def _validate_logit_range(case: Case) -> None:
+    """Reject a case whose logits can pass float32's range: no kernel and no reference can compute
+    it. Half the range is the limit, so no rounding on the way can reach infinity."""
+    reach = case.scale * case.q_amplitude * case.head_dim * DRAW_BOUND**2
+    if reach > FLOAT32_MAX / 2:
+        raise CaseError(
+            f"sm_scale={case.sm_scale!r} with q_amplitude={case.q_amplitude!r} and head_dim={case.head_dim}: "
+            f"logits can reach {reach:.3g}, past {FLOAT32_MAX / 2:.3g} (half of float32's range, "
+            "in which kernels and references compute logits)"
+        )
+
+
 def validate(case: Case) -> None:
     """Raise CaseError naming the first bad field; a valid Case describes a real batch."""
     _choice("mode", case.mode, tuple(m.value for m in Mode))
@@ -222,6 +238,7 @@ def validate(case: Case) -> None:
         or not 0 < case.q_amplitude <= 1000
     ):
         raise CaseError(f"q_amplitude={case.q_amplitude!r} must be in (0, 1000]")
+    _validate_logit_range(case)
     _int("seed", case.seed, 0, MAX_SEED)
     if case.mode == Mode.CROSS and case.window_left != -1:
         raise CaseError(
