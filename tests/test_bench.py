@@ -105,12 +105,13 @@ def test_the_json_has_every_section_with_its_documented_fields(tmp_path, monkeyp
     for r in doc["scale"]:
         assert set(r) == SCALE and r["status"] == "ok", r
         assert r["check_seconds"] == pytest.approx(r["exact_seconds"] + r["native_seconds"])
-        assert r["peak_bytes"] == max(r["exact_peak_bytes"], r["native_peak_bytes"]) >= 0
+        assert r["peak_bytes"] == max(r["exact_peak_bytes"], r["native_peak_bytes"])
         assert r["target"] == r["verdict"] == ""  # the targets are for 32k (CPU) and 128k (GPU)
 
     (d,) = doc["detection"]
     assert DETECTION <= set(d) and d["mutant"] == FAST_MUTANT and d["outcome"] == "caught"
-    assert d["seed_class"] is True and d["examples"] >= 1 and d["seconds"] <= d["hunt_seconds"]
+    # what seconds and hunt_seconds time: tests/test_mutants_cli.py, on a clock moved by hand
+    assert d["seed_class"] is True and d["examples"] >= 1 and d["status"] == "fail"
 
 
 def test_a_broken_backend_is_reported_with_its_failures():

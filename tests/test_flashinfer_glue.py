@@ -182,6 +182,8 @@ def test_every_option_goes_to_plan_and_nothing_to_run(fi):
     for name in ("flashinfer_ragged", "flashinfer_paged"):
         run(name, case)
     run("flashinfer_dec_cc", Case("DECODE", (Request(40, 1),), window_left=7, soft_cap=5.0, sm_scale=0.3))
+    wrappers = ("ragged", "paged", "decode")
+    assert {w for w, _ in fake.CALLS} >= {f"{x}.{step}" for x in wrappers for step in ("init", "plan", "run")}
     for what, args in fake.CALLS:
         if what.endswith(".plan"):
             assert args["sm_scale"] == 0.3 and args["logits_soft_cap"] == 5.0, what

@@ -6,6 +6,7 @@ are hunted on CUDA and skip here with the reason.
 
 import pytest
 
+from harness.core.modes import family_of
 from harness.mutants import CHECKS, catalogue, hunt
 from harness.search import profiles
 
@@ -31,7 +32,9 @@ def _hunt(mutant, device):
     if d.skipped:
         pytest.skip(d.skipped)
     assert d.caught, f"mutant {mutant.name} ({mutant.bug}) survived: {d.reason}"
-    assert d.shrunk is not None and d.examples >= 1 and d.seconds >= 0
+    assert d.examples >= 1 and d.status in ("fail", "crash", "hang"), (d.status, d.reason)
+    prefixes = [r.prefix_len for r in d.shrunk.requests]
+    assert family_of(d.shrunk.mode, prefixes) == mutant.families[0], d.shrunk  # the hunted family's
     if mutant.expect:
         assert d.status == mutant.expect, d.reason
     print(

@@ -1,8 +1,11 @@
 """`python -m harness mutants`: the table, the JSON, and an exit status that fails when a mutant
 survives or a hunt errors (skips, with their reasons, do neither)."""
 
+import itertools
 import json
+from types import SimpleNamespace
 
+import harness.mutants
 from harness.backends.torch_native import TorchNative
 from harness.cli import main
 from harness.mutants import Mutant, by_name, named
@@ -92,3 +95,15 @@ def test_selection_and_unknown_names(capsys):
 def test_case_size():
     assert mutation.case_size(case("EXTEND", ((3, 4), (6, 1)))) == "B=2 q=5 kv=14"
     assert mutation.case_size(case("CROSS", ((0, 2, 9),))) == "B=1 q=2 kv=9"
+
+
+def test_seconds_run_to_the_first_failure_and_hunt_seconds_over_the_whole_hunt(monkeypatch):
+    """A clock that moves one second per reading, not the machine's: the row reads it at its start
+    and end, the hunt at its start and at the first failure (shrinking reads it no more)."""
+    ticks = itertools.count()
+    clock = SimpleNamespace(perf_counter=lambda: float(next(ticks)))
+    monkeypatch.setattr(harness.mutants, "time", clock)
+    monkeypatch.setattr(mutation, "time", clock)
+    row = mutation.hunt_row(by_name("torch_native~window_ignored"), "prefix", "cpu", 200, shrink_runs=3)
+    assert row.outcome == "caught" and row.examples >= 1
+    assert (row.seconds, row.hunt_seconds) == (1.0, 3.0)  # readings 0 (row), 1 (hunt), 2 (failure), 3 (row)

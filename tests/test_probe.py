@@ -35,7 +35,7 @@ def test_a_correct_backend_attends_exactly_the_reference_support(name):
     assert r.error is None and r.clean, r.lines
     longest = max(rp.keys for rp in r.requests)
     assert r.runs == -(-longest // c.head_dim)  # one run per chunk of head_dim keys
-    for rp, mask in zip(r.requests, case_masks(c)):
+    for rp, mask in zip(r.requests, case_masks(c), strict=True):
         expected = ["".join("#" if v else "." for v in row) for row in mask.dense().tolist()]
         assert rp.grid == expected
 

@@ -135,7 +135,7 @@ def test_both_precisions_in_one_call_equal_two_calls(padded):
     def check(c):
         inputs = make_inputs(c)
         both = torch_ref.references(c, inputs, ("exact", "native"), padded=padded)
-        for got, precision in zip(both, ("exact", "native")):
+        for got, precision in zip(both, ("exact", "native"), strict=True):
             alone = reference(c, inputs, precision, padded=padded)
             assert torch.equal(got.out, alone.out) and torch.equal(got.lse, alone.lse)
 
@@ -154,7 +154,7 @@ def test_precisions_sharing_one_accumulation_dtype_share_inputs_without_changing
         kinds = [(torch.float32, None), (torch.float32, getattr(torch, c.dtype))]
         args = (case_masks(c), inputs, c.scale, float(c.soft_cap))
         together = torch_ref._padded(*args, kinds, torch.device("cpu"))
-        for (o, lse), kind in zip(together, kinds):
+        for (o, lse), kind in zip(together, kinds, strict=True):
             ((o1, lse1),) = torch_ref._padded(*args, [kind], torch.device("cpu"))
             assert torch.equal(o, o1) and torch.equal(lse, lse1)
 

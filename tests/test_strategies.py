@@ -1,12 +1,17 @@
-"""The strategies reach the shapes where bugs live."""
+"""The strategies reach the shapes where bugs live, and draw the coincidences between dimensions
+(where kernels take special paths) often."""
+
+from functools import cache
 
 import pytest
-from hypothesis import find, settings
+from hypothesis import HealthCheck, Phase, find, given, settings
 
 from harness.backends import load
+from harness.core.batch import kv_len
+from harness.core.case import Case
 from harness.core.modes import FAMILIES, Mode, tree_depths
 from harness.search.profiles import SIZES
-from harness.search.strategies import cases
+from harness.search.strategies import cases, tile_edges
 
 CAPS = load("torch_native").capabilities
 S = SIZES["ci"]
@@ -17,14 +22,18 @@ def reach(family, windowed, cond):
     return find(cases(family, windowed, CAPS, S), cond, settings=FIND)
 
 
+def binds(c: Case, length) -> bool:
+    """A real window (W >= 0) that some request's `length` exceeds by more than its W + 1 keys."""
+    return c.window_left >= 0 and any(length(r) > c.window_left + 1 for r in c.requests)
+
+
 def test_window_binds_inside_a_fresh_extend():
-    c = reach("prefill", True, lambda c: any(r.extend_len > c.window_left + 1 for r in c.requests))
-    assert c.window_left >= 0
+    reach("prefill", True, lambda c: binds(c, lambda r: r.extend_len))
 
 
 def test_window_binds_on_the_prefix():
-    reach("prefix", True, lambda c: any(r.prefix_len > c.window_left + 1 for r in c.requests))
-    reach("decode", True, lambda c: any(r.prefix_len > c.window_left + 1 for r in c.requests))
+    reach("prefix", True, lambda c: binds(c, lambda r: r.prefix_len))
+    reach("decode", True, lambda c: binds(c, lambda r: r.prefix_len))
 
 
 def test_page_boundary_lengths():
@@ -86,3 +95,86 @@ def test_cases_respect_capabilities(family):
 def test_unknown_family():
     with pytest.raises(ValueError, match="unknown family 'extend'"):
         find(cases("extend", False, CAPS, S), lambda c: True)
+
+
+# --- coincidences between dimensions, measured over the suite's own draws -----------------------
+
+N = 600  # cases per family, drawn as the suite draws them (hypothesis's generation, derandomized)
+WITH_PREFIX = ["prefix", "decode", "draft_extend_v2", "verify"]  # keys = prefix + extend
+
+
+@cache
+def drawn(family: str) -> tuple[Case, ...]:
+    got: list[Case] = []
+
+    @settings(
+        max_examples=N,
+        derandomize=True,
+        database=None,
+        deadline=None,
+        phases=[Phase.generate],
+        suppress_health_check=list(HealthCheck),
+    )
+    @given(cases(family, family != "cross", CAPS, S))
+    def collect(c):
+        got.append(c)
+
+    collect()
+    assert len(got) == N
+    return tuple(got)
+
+
+def keys(c: Case) -> list[int]:
+    return [kv_len(c, r) for r in range(c.batch_size)]
+
+
+def rate(families, hits) -> float:
+    """The fraction of True among hits(c) (one per request, pair or case) over the families' draws."""
+    found = [h for f in families for c in drawn(f) for h in hits(c)]
+    return sum(found) / len(found)
+
+
+def square(c: Case) -> list[bool]:
+    """Per request: as many queries as keys (no prefix; a CROSS decoder as long as its encoder)."""
+    return [r.extend_len == k for r, k in zip(c.requests, keys(c), strict=True)]
+
+
+def test_as_many_queries_as_keys_in_every_mode_that_has_both():
+    """A square causal block and no paged pass (or a square cross block), a prefix as long as the
+    extend, and a CROSS prefill as long as its encoder. Measured without the bias: 7%, 4% and 7% of
+    requests, mostly hypothesis's own small values."""
+    families = WITH_PREFIX + ["cross"]
+    each = {f: round(rate([f], square), 3) for f in families}
+    assert min(each.values()) >= 0.05 and rate(families, square) >= 0.13, each
+    assert rate(WITH_PREFIX, lambda c: [r.prefix_len == r.extend_len for r in c.requests]) >= 0.10
+    assert rate(["cross"], lambda c: [r.extend_len == r.encoder_len > 1 for r in c.requests]) >= 0.10
+
+
+def test_requests_of_equal_lengths_side_by_side():
+    """Neighbours in a batch with the same prefix, extend and encoder lengths: 10% without the bias."""
+
+    def alike(c: Case) -> list[bool]:
+        lengths = [(r.prefix_len, r.extend_len, r.encoder_len) for r in c.requests]
+        return [a == b for a, b in zip(lengths, lengths[1:])]
+
+    assert rate(FAMILIES, alike) >= 0.20
+
+
+@pytest.mark.parametrize(("tile", "least"), [(32, 0.17), (64, 0.10), (128, 0.06)])
+def test_key_counts_at_tile_multiples_and_one_either_side(tile, least):
+    """Without the bias (the page-size anchors only): 8%, 3% and 2% of requests. The ci profile's
+    extends and encoders stay under 64 keys, so only the prefix families reach 64 and 128."""
+    families = FAMILIES if tile == 32 else WITH_PREFIX
+    hi = S.max_prefix + S.max_extend
+    assert rate(families, lambda c: [k in tile_edges(tile, tile - 1, hi) for k in keys(c)]) >= least
+
+
+def test_a_window_at_least_as_long_as_the_context():
+    """window_left >= every request's keys, where the context is longer than the profile's largest
+    window: the window draw alone never reaches that (0 cases without the bias)."""
+
+    def covers(c: Case) -> list[bool]:
+        return [c.window_left >= max(keys(c)) > S.max_window]
+
+    each = {f: round(rate([f], covers), 3) for f in WITH_PREFIX}
+    assert min(each.values()) >= 0.015 and rate(WITH_PREFIX + ["prefill"], covers) >= 0.03, each

@@ -2,10 +2,16 @@
 
 Shapes are drawn first and the seed last, so shrinking walks towards a small batch with the same
 structure. Lengths are biased to where bugs live: just around the window (W, W+1, 2W+1), around
-page boundaries, empty prefixes, single requests, and extreme logits.
+page boundaries, empty prefixes, single requests, and extreme logits; and to coincidences between
+dimensions, where kernels take special paths: as many queries as keys (no prefix; a CROSS decoder
+as long as its encoder), a prefix as long as the extend, key counts at a multiple of a kernel tile
+(32, 64, 128) or one either side, requests of equal lengths side by side, and a window at least as
+long as the context (it may then exceed the profile's max_window).
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterable
 
 from hypothesis import strategies as st
 
@@ -15,12 +21,39 @@ from harness.core.modes import FAMILIES, FAMILY_MODE, Mode
 from harness.search.profiles import Sizes
 
 ALL_CAPS = ALL_CAPABILITIES  # no backend's limits: every case a family can have
+TILES = (32, 64, 128)  # key-tile widths of the kernels' main loops; a multiple leaves no partial tile
 
 
-def _length(draw: st.DrawFn, lo: int, hi: int, anchors: list[int]) -> int:
-    """An int in [lo, hi]: uniformly, or one of the anchors (window and page edges) when in range."""
-    near = sorted({a for a in anchors if lo <= a <= hi})
-    if near and draw(st.booleans()):
+def tile_edges(tile: int, lo: int, hi: int) -> list[int]:
+    """Key counts in [lo, hi] at a multiple of `tile` or one either side."""
+    multiples = range(max(1, (lo - 1) // tile), (hi + 1) // tile + 1)
+    return [k for m in multiples for k in (m * tile - 1, m * tile, m * tile + 1) if lo <= k <= hi]
+
+
+def _length(
+    draw: st.DrawFn,
+    lo: int,
+    hi: int,
+    edges: Iterable[int],
+    equal: Iterable[int] = (),
+    keys_offset: int | None = None,
+) -> int:
+    """An int in [lo, hi], each way a quarter of the time: uniformly, a window or page edge, a value
+    equal to another dimension of the request (`equal`), or one that puts the request's key count
+    (the value + `keys_offset`) on a tile edge. A way with no anchor in range draws uniformly."""
+    kind = draw(st.integers(0, 7))  # the minimal draw is uniform: shrinking leaves the anchors
+    pool: Iterable[int] = ()
+    if kind in (2, 3):
+        pool = edges
+    elif kind in (4, 5):
+        pool = equal
+    elif kind in (6, 7) and keys_offset is not None:
+        tiles = [t for t in TILES if tile_edges(t, lo + keys_offset, hi + keys_offset)]
+        if tiles:
+            tile = draw(st.sampled_from(tiles))
+            pool = [k - keys_offset for k in tile_edges(tile, lo + keys_offset, hi + keys_offset)]
+    near = sorted({a for a in pool if lo <= a <= hi})
+    if near:
         return draw(st.sampled_from(near))
     return draw(st.integers(lo, hi))
 
@@ -67,29 +100,35 @@ def cases(draw: st.DrawFn, family: str, windowed: bool, caps: Capabilities, size
     long_prefix = sizes.long_kv > 0 and draw(st.integers(0, 9)) == 9
     max_prefix = sizes.long_kv if long_prefix else sizes.max_prefix
     cross_prefill = mode == Mode.CROSS and draw(st.booleans())  # else one decoder step each
-    reqs = []
+    reqs: list[Request] = []
     for i in range(bsz):
-        if family == "prefill" or cross_prefill:
-            prefix = 0
-        else:
-            lo = 1 if family == "prefix" and i == 0 else 0
-            prefix = _length(draw, lo, max_prefix, anchors)
-        if mode == Mode.DECODE:
-            extend = 1
-        elif mode in (Mode.DRAFT_EXTEND_V2, Mode.TARGET_VERIFY):
-            extend = num_draft
-        elif mode == Mode.CROSS:
+        if i and draw(st.integers(0, 3)) == 3:  # as long as its neighbour (its own tree, if any)
+            prev = reqs[-1]
+            tree = random_tree(draw, num_draft, branching) if mode == Mode.TARGET_VERIFY else None
+            reqs.append(Request(prev.prefix_len, prev.extend_len, prev.encoder_len, tree))
+            continue
+        if mode == Mode.CROSS:  # keys are the encoder's: prefix and extend only place the queries
+            prefix = 0 if cross_prefill else _length(draw, 0, max_prefix, anchors)
             extend = 1 if prefix else _length(draw, 1, sizes.max_extend, anchors)
-        else:
-            extend = _length(draw, 1, sizes.max_extend, anchors)
-        reqs.append(
-            Request(
-                prefix_len=prefix,
-                extend_len=extend,
-                encoder_len=_length(draw, 1, sizes.max_encoder, anchors) if mode == Mode.CROSS else 0,
-                tree=random_tree(draw, num_draft, branching) if mode == Mode.TARGET_VERIFY else None,
-            )
-        )
+            encoder = _length(draw, 1, sizes.max_encoder, anchors, equal=(extend,), keys_offset=0)
+        else:  # keys are prefix + extend
+            if mode == Mode.DECODE:
+                extend = 1
+            elif mode in (Mode.DRAFT_EXTEND_V2, Mode.TARGET_VERIFY):
+                extend = num_draft
+            else:
+                fresh = family == "prefill"
+                extend = _length(draw, 1, sizes.max_extend, anchors, keys_offset=0 if fresh else None)
+            prefix = 0
+            if family != "prefill":
+                lo = 1 if family == "prefix" and i == 0 else 0
+                prefix = _length(draw, lo, max_prefix, anchors, equal=(0, extend), keys_offset=extend)
+            encoder = 0
+        tree = random_tree(draw, num_draft, branching) if mode == Mode.TARGET_VERIFY else None
+        reqs.append(Request(prefix_len=prefix, extend_len=extend, encoder_len=encoder, tree=tree))
+    if windowed and draw(st.integers(0, 4)) == 4:  # a window at least as long as the context
+        longest = max(r.prefix_len + r.extend_len for r in reqs)
+        window = longest + draw(st.sampled_from((0, -1, 1, longest)))  # -1: W + 1 keys, exactly all
 
     soft_cap = draw(st.sampled_from((0.0, 0.0, 30.0, 5.0))) if caps.soft_cap else 0.0
     # Flags are drawn as "one in n" with the minimal draw meaning off, so shrinking turns them off.
