@@ -1,8 +1,10 @@
 """python -m harness {list, check, repro, report, mutants, bench}: the command line.
 
-Bad input (unknown backend, malformed JSON, an invalid Case or results file) exits 2 with one line
-naming the problem; a failing check or repro exits 1. Each subcommand is a pair of functions,
-`add_<name>` (its arguments) and `cmd_<name>` (what it does), registered in COMMANDS.
+Bad input (unknown backend, malformed JSON, an invalid or oversized Case, a bad results file, an
+unwritable output path, a bad option value) exits 2 with one line naming the problem, before anything
+runs or is written (docs/reports.md lists it); a failing check or repro exits 1. Each subcommand is
+a pair of functions, `add_<name>` (its arguments) and `cmd_<name>` (what it does), registered in
+COMMANDS.
 """
 
 from __future__ import annotations
@@ -52,13 +54,13 @@ def read_case(text: str):  # noqa: ANN201 - returns a Case
         raise UsageError(f"invalid case: {e}") from None
 
 
-def fits(case, device: str) -> None:  # noqa: ANN001 - a Case
+def check_size(case, device: str) -> None:  # noqa: ANN001 - a Case
     """Refuse a case larger than the device's free memory (harness/checks/footprint.py) before it runs."""
-    from harness.checks.footprint import fits as check_fits
+    from harness.checks.footprint import fits
     from harness.core.case import CaseError
 
     try:
-        check_fits(case, device)
+        fits(case, device)
     except CaseError as e:
         raise UsageError(str(e)) from None
 
@@ -345,7 +347,7 @@ def cmd_repro(args: argparse.Namespace) -> int:
     case = read_case(args.case)
     backend = load_backend(args.backend)
     device = args.device or _default_device()
-    fits(case, device)
+    check_size(case, device)
     res = check_case(backend, case, device)
     print(f"{backend.name} on {device}: {res.status.upper()}: {res.reason}")
     if args.probe:
@@ -496,7 +498,6 @@ def cmd_bench(args: argparse.Namespace) -> int:
         raise UsageError(f"unknown section {bad[0] if bad else ''!r}; known: {', '.join(bench.SECTIONS)}")
     if min(args.cases, args.max_examples, args.repeat, args.workers) < 1:
         raise UsageError("--cases, --repeat, --workers and --max-examples must be at least 1")
-    writable(args.json, "--json")
     if args.backend:
         chosen = [load_backend(n) for n in args.backend]
     else:
