@@ -1,8 +1,10 @@
 """python -m harness {list, check, repro, report, mutants, bench}: the command line.
 
-Bad input (unknown backend, malformed JSON, an invalid Case or results file) exits 2 with one line
-naming the problem; a failing check or repro exits 1. Each subcommand is a pair of functions,
-`add_<name>` (its arguments) and `cmd_<name>` (what it does), registered in COMMANDS.
+Bad input (unknown backend, malformed JSON, an invalid or oversized Case, a bad results file, an
+unwritable output path, a bad option value) exits 2 with one line naming the problem, before anything
+runs or is written (docs/reports.md lists it); a failing check or repro exits 1. Each subcommand is
+a pair of functions, `add_<name>` (its arguments) and `cmd_<name>` (what it does), registered in
+COMMANDS.
 """
 
 from __future__ import annotations
@@ -14,12 +16,13 @@ import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import NamedTuple
+from typing import NamedTuple, NoReturn
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_REPORTS = ROOT / "reports"
 REQUIRE_ENV = "ATTN_HARNESS_REQUIRE"  # comma-separated backends `check` requires, as --require (CI)
 NOTHING_CHECKED = 3  # repro's exit status when the case did not run (a SKIP: unsupported, no device)
+PYTEST_USAGE_ERROR = 4
 
 
 class UsageError(Exception):
@@ -41,13 +44,50 @@ def read_case(text: str):  # noqa: ANN201 - returns a Case
         path = Path(text)
         if not path.is_file():
             raise UsageError(f"no such case file: {text}")
-        src = path.read_text()
+        try:
+            src = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError as e:
+            raise UsageError(f"case file {text} is not UTF-8 text: {e}") from None
+        except OSError as e:
+            raise UsageError(f"cannot read case file {text}: {e.strerror}") from None
     try:
         return Case.from_json(src)
+    except (CaseError, TypeError) as e:
+        raise UsageError(f"invalid case: {e}") from None
+
+
+def check_size(case, device: str) -> None:  # noqa: ANN001 - a Case
+    """Refuse a case larger than the device's free memory (harness/checks/footprint.py) before it runs."""
+    from harness.checks.footprint import fits
+    from harness.core.case import CaseError
+
+    try:
+        fits(case, device)
     except CaseError as e:
-        raise UsageError(f"invalid case: {e}") from None
-    except TypeError as e:
-        raise UsageError(f"invalid case: {e}") from None
+        raise UsageError(str(e)) from None
+
+
+def writable(path: str, option: str) -> None:
+    """Fail now, not after a long run, when the file `path` could not be written."""
+    p = Path(path).resolve()
+    if p.is_dir():
+        raise UsageError(f"{option} {path}: is a directory, not a file")
+    if not p.parent.is_dir():
+        raise UsageError(f"{option} {path}: no such directory {p.parent}")
+    if not os.access(p if p.exists() else p.parent, os.W_OK):
+        raise UsageError(f"{option} {path}: not writable")
+
+
+def pytest_expression(option: str, text: str) -> None:
+    """A -m or -k expression that pytest would reject: one line now, instead of pytest's usage error
+    (exit 4) after its start and an empty report."""
+    from _pytest.mark.expression import Expression  # pytest's own parser
+
+    try:
+        Expression.compile(text)
+    except Exception as e:  # a SyntaxError in recent pytest; a ParseError ("at column N: ...") before
+        why = f"at column {e.offset}: {e.msg}" if isinstance(e, SyntaxError) else str(e)
+        raise UsageError(f"{option} {text!r} is not a valid pytest expression: {why}") from None
 
 
 def load_backend(name: str):  # noqa: ANN201 - returns a Backend
@@ -209,7 +249,12 @@ def cmd_check(args: argparse.Namespace) -> int:
         marks.append("gpu")
         print("attn-harness check: CUDA present: the CUDA backends (--device cpu runs the CPU ones)")
     if args.marker:
+        pytest_expression("-m", args.marker)
         marks.append(f"({args.marker})")
+    if args.k:
+        pytest_expression("-k", args.k)
+    if args.results:
+        writable(args.results, "--results")
     root = Path(args.reports).resolve()
     try:
         run_dir = report.new_run_dir(root, report.new_run_id())
@@ -237,6 +282,9 @@ def cmd_check(args: argparse.Namespace) -> int:
             env[BACKENDS_ENV] = ",".join(args.backend)
         print(f"attn-harness check: profile {profile}; {' '.join(cmd[1:])}", flush=True)
         code = subprocess.run(cmd, cwd=ROOT, env=env).returncode
+    if code == PYTEST_USAGE_ERROR:  # pytest refused the command line: its report is empty, keep latest
+        print(f"pytest refused its command line (exit {code}): {root / report.LATEST} kept", file=sys.stderr)
+        return 2
     if (run_dir / report.INDEX).is_file():
         report.point_latest(root, run_dir)
         print(f"report: {run_dir / report.INDEX}  (also {root / report.LATEST})")
@@ -344,6 +392,7 @@ def cmd_repro(args: argparse.Namespace) -> int:
     case = read_case(args.case)
     backend = load_backend(args.backend)
     device = args.device or _default_device()
+    check_size(case, device)
     try:
         res = check_case(backend, case, device)
     except BackendBroken as e:
@@ -366,6 +415,17 @@ def cmd_repro(args: argparse.Namespace) -> int:
 # --- mutants ----------------------------------------------------------------------------------
 
 
+def positive_int(text: str) -> int:
+    """An argument that counts something there must be at least one of, checked as it is parsed."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
 def add_mutants(p: argparse.ArgumentParser) -> None:
     p.add_argument("--mutant", action="append", help="only mutants whose name contains this (repeatable)")
     p.add_argument("--backend", action="append", help="only mutants of this backend (repeatable)")
@@ -375,7 +435,7 @@ def add_mutants(p: argparse.ArgumentParser) -> None:
         "--device", action="append", choices=("cpu", "cuda"), help="default: cpu, and cuda where available"
     )
     p.add_argument("--exact-pool", action="store_true", help="add exact-size SWA pool variants (crashes)")
-    p.add_argument("--max-examples", type=int, default=200, help="examples per hunt (default 200)")
+    p.add_argument("--max-examples", type=positive_int, default=200, help="examples per hunt (default 200)")
     p.add_argument("--shrink-runs", type=int, help="at most this many new cases while shrinking")
     p.add_argument(
         "--invariance-shrink-runs", type=int, help="the same for the determinism mutants (default: as above)"
@@ -396,6 +456,8 @@ def cmd_mutants(args: argparse.Namespace) -> int:
 
     if args.profile and args.profile not in profiles.SIZES:
         raise UsageError(f"unknown profile {args.profile!r}; known: {', '.join(profiles.SIZES)}")
+    if args.json:
+        writable(args.json, "--json")
     every = mutation.every_mutant(args.exact_pool)
     pairs = mutation.select(every, args.mutant, args.backend, args.family, args.first_family)
     if not pairs:
@@ -526,7 +588,10 @@ def cmd_report(args: argparse.Namespace) -> int:
         data = results_json.load(args.results)
     except results_json.ResultsError as e:
         raise UsageError(f"{args.results}: {e}") from None
-    page = render_views(data, args.out or Path(args.results).parent)
+    try:
+        page = render_views(data, args.out or Path(args.results).parent)
+    except OSError as e:
+        raise UsageError(f"cannot write the report: {e}") from None
     print(f"report: {page}")
     return 0
 
@@ -552,8 +617,15 @@ COMMANDS: dict[str, Command] = {
 }
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse with a usage error as a UsageError (one line, exit 2); its subcommands are Parsers too."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(f"{self.prog}: {message} (see {self.prog} -h)")
+
+
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m harness", description=__doc__.splitlines()[0])
+    p = Parser(prog="python -m harness", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True)
     for name, command in COMMANDS.items():
         command.add(sub.add_parser(name, help=command.help))
@@ -561,8 +633,8 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
     try:
+        args = parser().parse_args(argv)
         return COMMANDS[args.command].run(args)
     except UsageError as e:
         print(f"error: {e}", file=sys.stderr)

@@ -86,6 +86,7 @@ def test_more_jobs_than_backends_split_each_backend_into_shards_with_their_own_f
 
 def _check(tmp_path, jobs: int) -> tuple[subprocess.CompletedProcess, list[dict]]:
     """`check` of torch_native's decode tests (full and swa) on the CPU; its merged records."""
+    tmp_path.mkdir()  # --results must name a file in a directory that exists
     argv = [sys.executable, "-m", "harness", "check", "--device", "cpu", "--family", "decode"]
     argv += ["--backend", "torch_native", "--no-probe", "--jobs", str(jobs)]
     argv += ["--reports", str(tmp_path / "reports"), "--results", str(tmp_path / "results.json")]

@@ -67,9 +67,13 @@ def _from_spec(spec: str) -> Backend:
     module, _, attr = spec.partition(":")
     try:
         obj = getattr(importlib.import_module(module), attr)
-    except (ImportError, AttributeError) as e:
-        raise BackendError(f"cannot load backend {spec!r}: {e}") from None
-    backend = obj() if callable(obj) else obj
+    except Exception as e:  # ImportError, AttributeError, or whatever the module raises on import
+        raise BackendError(f"cannot load backend {spec!r}: {type(e).__name__}: {e}") from None
+    try:
+        backend = obj() if callable(obj) else obj
+    except Exception as e:  # a plugin's own failure: one line naming the spec, not a traceback
+        first = (str(e).splitlines() or [""])[0]
+        raise BackendError(f"backend {spec!r}: its factory raised {type(e).__name__}: {first}") from None
     if not isinstance(backend, Backend):
         raise BackendError(f"{spec!r} returned {type(backend).__name__}, not a harness Backend")
     return backend

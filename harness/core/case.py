@@ -23,6 +23,9 @@ FLOAT32_MAX = 3.4028234663852886e38  # every kernel and the references hold thei
 # Drawn queries and keys stay within this many standard deviations (torch's normal sampling cannot
 # pass about 9), so |logit| <= scale * q_amplitude * head_dim * DRAW_BOUND**2.
 DRAW_BOUND = 10.0
+# The references check a batch's requests one by one on the CPU, about 20 ms each: 1024 (the suite
+# draws 8 at most) take 20 s; 200,000 would run for an hour without a word.
+MAX_REQUESTS = 1024
 
 
 class CaseError(ValueError):
@@ -132,7 +135,7 @@ class Case:
     def from_json(cls, text: str) -> Case:
         try:
             d = json.loads(text)
-        except json.JSONDecodeError as e:
+        except (ValueError, RecursionError) as e:  # a syntax error, a 5000-digit integer, deep nesting
             raise CaseError(f"malformed JSON: {e}") from None
         return cls.from_dict(d)
 
@@ -143,6 +146,17 @@ def _int(name: str, value: Any, lo: int, hi: int | None = None) -> None:
     if value < lo or (hi is not None and value > hi):
         bound = f">= {lo}" if hi is None else f"in [{lo}, {hi}]"
         raise CaseError(f"{name}={value!r} must be {bound}")
+
+
+def _number(name: str, value: Any) -> float:
+    """A real-valued field as a float (an integer too large for a float: infinity); a bool, a string or
+    anything else is not a number."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise CaseError(f"{name}={value!r} must be a number")
+    try:
+        return float(value)
+    except OverflowError:
+        return math.inf
 
 
 def _choice(name: str, value: Any, options: tuple) -> None:
@@ -205,6 +219,8 @@ def validate(case: Case) -> None:
     object.__setattr__(case, "mode", Mode(case.mode))
     if not case.requests:
         raise CaseError("requests is empty: a batch needs at least one request")
+    if len(case.requests) > MAX_REQUESTS:
+        raise CaseError(f"requests has {len(case.requests)} entries: a case holds at most {MAX_REQUESTS}")
     _int("num_q_heads", case.num_q_heads, 1)
     _int("num_kv_heads", case.num_kv_heads, 1)
     if case.num_q_heads % case.num_kv_heads:
@@ -216,27 +232,18 @@ def validate(case: Case) -> None:
         raise CaseError(f"head_dim={case.head_dim} must be a multiple of 8")
     _choice("dtype", case.dtype, DTYPES)
     _int("window_left", case.window_left, -1)
-    if not isinstance(case.soft_cap, (int, float)) or isinstance(case.soft_cap, bool):
-        raise CaseError(f"soft_cap={case.soft_cap!r} must be a number")
-    if not case.soft_cap >= 0 or math.isinf(case.soft_cap):
+    if not 0 <= _number("soft_cap", case.soft_cap) < math.inf:
         raise CaseError(f"soft_cap={case.soft_cap!r} must be finite and >= 0 (0 means no cap)")
-    if case.sm_scale is not None and (
-        isinstance(case.sm_scale, bool)
-        or not isinstance(case.sm_scale, (int, float))
-        or not 0 < case.sm_scale < math.inf
-    ):
+    if case.sm_scale is not None and not 0 < _number("sm_scale", case.sm_scale) < math.inf:
         raise CaseError(f"sm_scale={case.sm_scale!r} must be a positive number or null")
+    _int("page_size", case.page_size, 1)  # 16.0 == 16 and True == 1: `in PAGE_SIZES` alone takes both
     _choice("page_size", case.page_size, PAGE_SIZES)
     _choice("page_layout", case.page_layout, PAGE_LAYOUTS)
     _choice("kv_layout", case.kv_layout, KV_LAYOUTS)
     for name in ("sinks", "hybrid_swa_pool", "swa_pool_exact", "deterministic"):
         if not isinstance(getattr(case, name), bool):
             raise CaseError(f"{name}={getattr(case, name)!r} must be true or false")
-    if (
-        isinstance(case.q_amplitude, bool)
-        or not isinstance(case.q_amplitude, (int, float))
-        or not 0 < case.q_amplitude <= 1000
-    ):
+    if not 0 < _number("q_amplitude", case.q_amplitude) <= 1000:
         raise CaseError(f"q_amplitude={case.q_amplitude!r} must be in (0, 1000]")
     _validate_logit_range(case)
     _int("seed", case.seed, 0, MAX_SEED)

@@ -20,11 +20,13 @@ LATEST = "latest"
 
 
 def render_views(data: dict, directory: str | Path) -> Path:
-    """Write index.html and junit.xml for a loaded results document; returns the page's path."""
+    """Write index.html and junit.xml for a loaded results document; returns the page's path. Both
+    are rendered before either is written, so a document that cannot be rendered replaces neither."""
+    page, xml = html.render(data), junit.render(data)
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
-    (d / INDEX).write_text(html.render(data), encoding="utf-8")
-    (d / JUNIT).write_text(junit.render(data), encoding="utf-8")
+    (d / INDEX).write_text(page, encoding="utf-8")
+    (d / JUNIT).write_text(xml, encoding="utf-8")
     return d / INDEX
 
 
