@@ -10,7 +10,8 @@ markers: no family keyword occurs in them, so `-k swa` or `-k decode` leave them
 `-k <backend>` selects them. Under the `ci` profile the CPU runs torch_native only (CI's promise);
 other CPU backends run under the other profiles (flex_eager takes ~40 s a model on the CPU). On
 CUDA the selected checks run in one worker process (harness/checks/model/table.py), so a kernel
-that kills its CUDA context fails its own test, not the rest of the session.
+that kills its CUDA context fails its own test, not the rest of the session. Each check is a
+results.json record of family `model` (docs/reports.md), in the summary, index.html and junit.xml.
 """
 
 import pytest
@@ -56,7 +57,7 @@ def cuda_results(request):
 
 
 @pytest.mark.parametrize(("backend_name", "device", "model"), _params())
-def test_model_logprobs(backend_name, device, model, request):
+def test_model_logprobs(backend_name, device, model, request, record):
     backend = backends.load(backend_name)
     why = backend.available(device)
     if why:
@@ -67,6 +68,7 @@ def test_model_logprobs(backend_name, device, model, request):
         res = request.getfixturevalue("cuda_results")[(backend_name, model)]
     else:
         res = check_model(backend, model, device)
+    record(res)  # a model-level row of results.json and the reports
     if res.status == "skip":
         pytest.skip(res.reason)
     assert res.status == "pass", f"{model} served by {backend_name} on {device}: {res.status}: {res.reason}"

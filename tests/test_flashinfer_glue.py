@@ -21,6 +21,7 @@ from harness.backends import flashinfer_glue as glue
 from harness.backends.flashinfer_glue import paged_kv_table
 from harness.core.batch import build_batch, make_inputs
 from harness.core.case import Case, Request
+from harness.core.vocab import case_traits
 from harness.mutants import by_name
 from tests import flashinfer_fake as fake
 
@@ -143,7 +144,7 @@ SPLIT_CASES = [
 def test_split_parameters_reach_plan_on_every_path_in_deterministic_mode(fi, name, case, deterministic):
     case = case.replace(deterministic=deterministic)
     b = backends.load(name)
-    if deterministic and glue.query_tile_follows_batch(case):
+    if deterministic and {"EXTEND", "cross_prefill"} & case_traits(case):
         # Refused (fa2's query tile follows the batch), yet the plan still gets the split
         # parameters, as an engine's deterministic mode passes them: run past the refusal.
         assert b.supports(case) == glue.PREFILL_NOT_INVARIANT

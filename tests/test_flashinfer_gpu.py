@@ -11,7 +11,6 @@ import pytest
 import torch
 
 from harness import backends
-from harness.backends.base import Backend
 from harness.backends.flashinfer_glue import (
     KERNEL_BACKEND,
     PREFILL_NOT_INVARIANT,
@@ -116,7 +115,7 @@ def test_fa2_prefill_tile_follows_the_batch():
     """
     enc = backends.load("flashinfer_enc")
     assert enc.supports(PREFILL_TILE_CASE) == PREFILL_NOT_INVARIANT
-    enc.supports = lambda case: Backend.supports(enc, case)  # run what the adapter refuses
+    enc.supports = lambda case: None  # run what the adapter refuses
     res = check_invariance(enc, PREFILL_TILE_CASE, "cuda", LONG_KV)
     print(f"\nCROSS prefill: {res.reason}{_explain(PREFILL_TILE_CASE, res.failing)}")
     assert not res.passed, f"fa2 prefill stayed batch-invariant: {res.reason}"

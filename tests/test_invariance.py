@@ -4,7 +4,7 @@ import pytest
 
 from harness.backends.base import BackendOutput
 from harness.backends.torch_native import TorchNative
-from harness.checks.invariance import check_invariance, compositions
+from harness.checks.invariance import check_invariance, compositions, invariance_result
 from tests.helpers import case
 
 
@@ -87,3 +87,33 @@ def test_a_backend_that_raises_is_a_crash_result_not_an_exception():
     res = invariance_result(Raises(), case("EXTEND", ((30, 9), (2, 2)), **DET), long_kv=300)
     assert res.status == "crash" and "illegal memory access" in res.reason
     assert res.extra["failing"] == "as given" and "Traceback" in res.extra["traceback"]
+
+
+class _RefusesLongKV(TorchNative):
+    """Takes no request with more than 64 cached tokens: the long-neighbour compositions are refused."""
+
+    def supports(self, c):
+        long_kv = any(r.prefix_len > 64 for r in c.requests)
+        return "no prefix over 64 <sim>" if long_kv else super().supports(c)
+
+
+class _CapsTheBatchAt8(TorchNative):
+    def supports(self, c):
+        return "at most 8 requests <sim>" if len(c.requests) > 8 else super().supports(c)
+
+
+def test_a_refused_composition_the_check_needs_fails_it_and_says_which_and_why():
+    c = case("EXTEND", ((30, 9),), **DET)
+    res = check_invariance(_RefusesLongKV(), c, long_kv=300)
+    assert not res.passed
+    assert "the check needs 'between very different lengths'" in res.reason
+    assert "refused: 'between very different lengths': no prefix over 64 <sim>" in res.reason
+    assert res.refused["between very different lengths"] == "no prefix over 64 <sim>"
+
+
+def test_refused_batches_over_8_are_listed_but_allowed():
+    c = case("DECODE", ((40, 1), (5, 1)), **DET)
+    res = invariance_result(_CapsTheBatchAt8(), c, "cpu", long_kv=300)
+    assert res.status == "pass", res.reason
+    assert "refused 3 larger batches: 'batch of 16': at most 8 requests <sim>" in res.reason
+    assert sorted(res.extra["refused_compositions"]) == ["batch of 16", "batch of 32", "batch of 64"]

@@ -3,6 +3,7 @@ run goes on with a fresh worker, and the suite and the mutant hunts report it as
 
 import ctypes
 import os
+import sys
 import time
 
 import pytest
@@ -23,6 +24,16 @@ class Aborts(TorchNative):
     """A kernel that takes the process down, as a fatal CUDA error can."""
 
     def run(self, batch):
+        os.abort()
+
+
+class AbortsAmongManyModules(TorchNative):
+    """Aborts in a process that has loaded ~400 extension modules (a GPU host's Python loads ~175):
+    faulthandler lists them all after its "Fatal Python error" line."""
+
+    def run(self, batch):
+        for i in range(400):
+            sys.modules[f"attn_harness_fake_extension_{i:03d}"] = torch._C
         os.abort()
 
 
@@ -80,6 +91,13 @@ def test_crash_and_hang_are_results_and_the_run_goes_on(runner):
     # One worker for the first cases, then a fresh one after each of the four crashes or hangs only:
     # healthy cases reuse the worker they find.
     assert runner.worker.started == 5
+
+
+def test_a_crash_keeps_its_fatal_line_after_a_long_extension_module_list(runner):
+    res = runner.run(check_case, AbortsAmongManyModules(), GOOD, "cpu")
+    assert res.status == "crash" and "killed by signal SIGABRT" in res.reason
+    assert "Fatal Python error: Aborted" in res.reason
+    assert "attn_harness_fake_extension_" not in res.reason and "(list dropped)" in res.reason
 
 
 def test_pool_spreads_cases_over_workers_and_isolates_each():

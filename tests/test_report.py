@@ -181,10 +181,11 @@ def test_progress_line_counts_tests_cases_and_failing_tests():
     p.case("fail", "t1")
     p.case("fail", "t1")  # shrinking: still one failing test
     p.case("skip", "t2")
+    p.case("refused", "t2")  # a drawn case the backend turned down: not a failure
     p.test_done("t1", True)
     now[0] = 165.0
     assert p.line() == (
-        "[#####---------------] 1/4 tests | 4 cases (1 skipped) | 1 failing | 1:05 elapsed | t2"
+        "[#####---------------] 1/4 tests | 5 cases (2 skipped or refused) | 1 failing | 1:05 elapsed | t2"
     )
     assert p.due(5.0) and not p.due(5.0)
     now[0] = 170.0

@@ -115,3 +115,14 @@ def test_a_child_command_ends_or_is_killed_at_its_limit(tmp_path: Path):
     assert workers.run_child([sys.executable, "-c", "print('hi'); raise SystemExit(3)"], log, 60) == 3
     assert log.read_text().strip() == "hi"
     assert workers.run_child([sys.executable, "-c", "import time; time.sleep(3600)"], log, 0.5) is None
+
+
+def test_the_output_tail_keeps_the_fatal_line_and_drops_the_module_list():
+    modules = ", ".join(f"ext_{i:03d}" for i in range(500))
+    stack = "\n".join(f'  File "/x/y{i}.py", line {i} in f{i}' for i in range(300))
+    text = f"Fatal Python error: Aborted\n\nCurrent thread 0x1 (most recent call first):\n{stack}\n\n"
+    text += f"Extension modules: {modules} (total: 500)\n"
+    tail = workers.output_tail(text, limit=1000)
+    assert tail.startswith("Fatal Python error: Aborted\n[...]\n") and len(tail) <= 1000
+    assert tail.endswith("Extension modules: 500 (list dropped)") and "ext_499" not in tail
+    assert workers.output_tail("short output\n") == "short output"

@@ -15,7 +15,15 @@ import torch
 from harness.core.batch import Batch
 from harness.core.case import KV_LAYOUTS, Case
 from harness.core.modes import Mode
-from harness.core.vocab import DTYPES, FEATURE_WORDS, FEATURES, case_features
+from harness.core.vocab import (
+    CASE_FEATURES,
+    DTYPES,
+    FEATURE_WORDS,
+    FEATURES,
+    SHAPE_TRAITS,
+    case_features,
+    case_traits,
+)
 
 
 @dataclass(frozen=True)
@@ -36,7 +44,17 @@ class Capabilities:
     returns_lse: bool = False
     tree: bool = False  # TARGET_VERIFY trees with topk > 1 (chains need only the mode)
     whole_page_loads: bool = False  # loads the tail rows of a request's last page (canary there)
+    # Pairs of traits (vocab.case_traits: a feature, a mode's name, `tree`, `cross_prefill`) the
+    # backend declares but cannot combine; the reason is why_not["a+b"]. supports() refuses such a
+    # case and the suite's searches never draw one, so a refusal in a search is a surprise, counted.
+    exclusive: frozenset[tuple[str, str]] = frozenset()
     why_not: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        known = {*CASE_FEATURES, *(str(m) for m in Mode), *SHAPE_TRAITS}
+        unknown = sorted({t for pair in self.exclusive for t in pair} - known)
+        if unknown:
+            raise ValueError(f"exclusive names unknown traits {unknown}; known: {', '.join(sorted(known))}")
 
     @classmethod
     def with_features(cls, *features: str, **fields: Any) -> Capabilities:
@@ -48,6 +66,19 @@ class Capabilities:
 
     def reason(self, feature: str, default: str) -> str:
         return self.why_not.get(feature, default)
+
+    def excludes(self, a: str, b: str) -> bool:
+        """Whether the backend declares traits `a` and `b` exclusive (in either order)."""
+        return (a, b) in self.exclusive or (b, a) in self.exclusive
+
+    def conflict(self, case: Case) -> tuple[str, str] | None:
+        """The first declared `exclusive` pair this case has both sides of, or None."""
+        traits = case_traits(case)
+        return next((pair for pair in sorted(self.exclusive) if set(pair) <= traits), None)
+
+    def admits(self, case: Case) -> bool:
+        """Whether the case has no declared exclusive pair (what the suite's searches draw)."""
+        return self.conflict(case) is None
 
 
 # Everything a case can ask for: every mode, dtype, KV layout, device and feature. The CPU fallbacks
@@ -111,6 +142,9 @@ class Backend:
         if case.mode == Mode.TARGET_VERIFY and not c.tree:
             if any(p != j - 1 for r in case.requests for j, p in enumerate(r.tree)):
                 return c.reason("tree", f"{n} verifies chains only, not trees with topk > 1")
+        pair = c.conflict(case)
+        if pair:
+            return c.reason("+".join(pair), f"{n} does not support {pair[0]} together with {pair[1]}")
         return None
 
     def run(self, batch: Batch) -> BackendOutput:

@@ -19,7 +19,6 @@ from harness.backends.base import Capabilities
 from harness.backends.glue import EngineGlue
 from harness.backends.library import import_library
 from harness.core.batch import Batch
-from harness.core.case import Case
 from harness.core.modes import Mode
 from harness.core.vocab import TORCH_DTYPES
 
@@ -34,6 +33,9 @@ PREFILL_NOT_INVARIANT = (
     "with fixed split sizes: no deterministic mode for EXTEND or a CROSS prefill (uniform-length "
     "batches: decode, verify, DRAFT_EXTEND_V2, decoder steps, keep the tile and stay deterministic)"
 )
+# The batches in which fa2 prefill sizes a request's query tile from its neighbours (queries of any
+# length), by mode: the trait (vocab.case_traits) that is exclusive with deterministic mode.
+QUERY_TILE_FOLLOWS_BATCH = {Mode.EXTEND: "EXTEND", Mode.CROSS: "cross_prefill"}
 _WORKSPACES: dict[str, torch.Tensor] = {}
 # plan()'s custom_mask: flat bool, request-major, each request's [queries, keys] row-major; or None.
 CustomMask = torch.Tensor | None
@@ -60,15 +62,20 @@ def workspace(device: torch.device) -> torch.Tensor:
     return _WORKSPACES[key]
 
 
-def query_tile_follows_batch(case: Case) -> bool:
-    """Whether fa2 prefill sizes this case's query tile from its neighbours: queries of any length."""
-    if case.mode == Mode.CROSS:
-        return any(r.extend_len != 1 for r in case.requests)
-    return case.mode == Mode.EXTEND
-
-
-def capabilities(modes_: set[Mode], features: tuple[str, ...], **fields: Any) -> Capabilities:
-    """The capabilities every FlashInfer adapter shares, plus its own modes, features and fields."""
+def capabilities(
+    modes_: set[Mode],
+    features: tuple[str, ...],
+    exclusive: dict[tuple[str, str], str] | None = None,
+    **fields: Any,
+) -> Capabilities:
+    """The capabilities every FlashInfer adapter shares, plus its own modes, features, exclusive
+    pairs (pair -> why) and fields. Deterministic mode excludes the batches whose fa2 prefill query
+    tile follows the batch (PREFILL_NOT_INVARIANT): EXTEND, and a CROSS prefill."""
+    pairs = dict(exclusive or {})
+    if "deterministic" in features:
+        tiled = (trait for mode, trait in QUERY_TILE_FOLLOWS_BATCH.items() if mode in modes_)
+        pairs |= {("deterministic", trait): PREFILL_NOT_INVARIANT for trait in tiled}
+    why_not = {**fields.pop("why_not", {}), **{"+".join(p): why for p, why in pairs.items()}}
     return Capabilities.with_features(
         *features,
         modes=frozenset(modes_),
@@ -76,6 +83,8 @@ def capabilities(modes_: set[Mode], features: tuple[str, ...], **fields: Any) ->
         head_dims=HEAD_DIMS,
         kv_layouts=frozenset({"NHD", "HND"}),
         devices=frozenset({"cuda"}),
+        exclusive=frozenset(pairs),
+        why_not=why_not,
         **fields,
     )
 
@@ -132,12 +141,6 @@ class FlashInferGlue(EngineGlue):
 
     def available(self, device: str) -> str | None:
         return super().available(device) or why_unavailable()
-
-    def supports(self, case: Case) -> str | None:
-        why = super().supports(case)
-        if why is None and case.deterministic and query_tile_follows_batch(case):
-            return PREFILL_NOT_INVARIANT
-        return why
 
     # --- where the keys are (the rest is the shared engine glue, glue.py) ----------------------
 

@@ -8,7 +8,8 @@ FlashInfer's own `window_left` would anchor it by flattened draft index.
 
 Attention sinks run through BatchAttentionWithAttentionSinkWrapper: the plain fa2 wrappers
 accept `sinks=` at run() and drop it. That variant has no soft cap and ignores custom masks, so
-sinks with a soft cap, and sinks in TARGET_VERIFY, are unsupported (skips with the reason).
+sinks with a soft cap, and sinks in TARGET_VERIFY, are declared exclusive (refused with the reason;
+the searches do not draw them).
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ import torch
 from harness.backends.base import BackendOutput
 from harness.backends.flashinfer_glue import FlashInferGlue, capabilities
 from harness.core.batch import Batch
-from harness.core.case import Case
 from harness.core.modes import Mode
 from harness.core.timing import phase
 from harness.core.vocab import FEATURES
@@ -26,20 +26,16 @@ from harness.core.vocab import FEATURES
 
 class FlashInferPaged(FlashInferGlue):
     name = "flashinfer_paged"
-    capabilities = capabilities({Mode.EXTEND, Mode.DRAFT_EXTEND_V2, Mode.TARGET_VERIFY}, FEATURES)
-
-    def supports(self, case: Case) -> str | None:
-        why = super().supports(case)
-        if why or not case.sinks:
-            return why
-        if case.soft_cap > 0:
-            return (
-                "FlashInfer 0.7.2.post1's AttentionSink variant has no soft cap "
-                "(logits_soft_cap would be dropped silently)"
-            )
-        if case.mode == Mode.TARGET_VERIFY:
-            return "FlashInfer 0.7.2.post1's AttentionSink variant ignores custom masks (the verify tree)"
-        return None
+    capabilities = capabilities(
+        {Mode.EXTEND, Mode.DRAFT_EXTEND_V2, Mode.TARGET_VERIFY},
+        FEATURES,
+        exclusive={
+            ("sinks", "soft_cap"): "FlashInfer 0.7.2.post1's AttentionSink variant has no soft cap "
+            "(logits_soft_cap would be dropped silently)",
+            ("sinks", "TARGET_VERIFY"): "FlashInfer 0.7.2.post1's AttentionSink variant ignores custom "
+            "masks (the verify tree)",
+        },
+    )
 
     def paged_window(self, batch: Batch) -> int:
         """The window given to plan: none in verify, where the tree mask carries it by depth."""

@@ -4,6 +4,11 @@ The target is request 0 of a deterministic Case. It is run alone, then again ins
 batches: the same batch twice, permuted, surrounded by requests of very different lengths (long
 KV changes how a kernel splits its work), and in batches of 1 to 64 requests. Its logical inputs
 are spliced in unchanged, so any bit that moves is the kernel's (or the glue's) doing.
+
+A composition the backend's supports() refuses is not run, but it is never dropped silently: the
+result lists every refused composition with its reason, and the check fails when one it needs is
+refused: every one but the `batch of N` with N > MAX_NEEDED_BATCH, which a backend that caps its
+batch size may refuse.
 """
 
 from __future__ import annotations
@@ -11,7 +16,7 @@ from __future__ import annotations
 import random
 import time
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -23,6 +28,7 @@ from harness.core.results import CaseResult
 from harness.search.profiles import Sizes
 
 BATCH_SIZES = (1, 2, 3, 8, 16, 32, 64)
+MAX_NEEDED_BATCH = 8  # compositions of up to this many requests must run; larger ones may be refused
 
 
 @dataclass
@@ -33,6 +39,7 @@ class InvarianceResult:
     failing: str | None = None  # the first composition whose target output moved
     max_diff: float = 0.0
     crash: str | None = None  # the traceback, when the backend raised in `failing`
+    refused: dict[str, str] = field(default_factory=dict)  # composition -> supports()'s reason
 
 
 def _neighbour(case: Case, rng: random.Random, long_kv: int, long_q: int) -> Request:
@@ -96,12 +103,15 @@ def check_invariance(
     base = make_inputs(case, device)
     alone = None
     ran = 0
-    skipped: list[str] = []
+    refused: dict[str, str] = {}
+    needed: list[str] = []
     for name, reqs, at in compositions(case, long_kv, long_q):
         comp, inputs = _splice(case, base, reqs, at, device)
         why = backend.supports(comp)
         if why:
-            skipped.append(f"{name}: {why}")
+            refused[name] = why
+            if not name.startswith("batch of") or len(reqs) <= MAX_NEEDED_BATCH:
+                needed.append(name)
             continue
         batch = build_batch(comp, inputs, device, backend.capabilities.whole_page_loads)
         try:
@@ -113,6 +123,7 @@ def check_invariance(
                 f"backend raised {type(e).__name__} in '{name}': {e}",
                 name,
                 crash=traceback.format_exc(),
+                refused=refused,
             )
         ran += 1
         if alone is None:
@@ -126,11 +137,15 @@ def check_invariance(
                 f"{len(reqs)}, at index {at}): max diff {diff:.3g}",
                 name,
                 diff,
+                refused=refused,
             )
-    note = f"; skipped {len(skipped)}: {skipped[0]}" if skipped else ""
-    if ran < 2:
-        return InvarianceResult(False, ran, "fewer than two batches could run" + note)
-    return InvarianceResult(True, ran, f"bitwise identical across {ran} batches{note}")
+    listed = "; ".join(f"'{n}': {why}" for n, why in refused.items())
+    if needed:
+        which = ", ".join(f"'{n}'" for n in needed)
+        reason = f"the check needs {which}, which the backend refused"
+        return InvarianceResult(False, ran, f"{reason}: {listed}", needed[0], refused=refused)
+    note = f"; refused {len(refused)} larger batches: {listed}" if refused else ""
+    return InvarianceResult(True, ran, f"bitwise identical across {ran} batches{note}", refused=refused)
 
 
 def invariance_result(
@@ -145,6 +160,8 @@ def invariance_result(
     res = check_invariance(backend, case, device, long_kv, long_q)
     status = "pass" if res.passed else ("crash" if res.crash else "fail")
     extra = {"check": "batch_invariance", "compositions": res.compositions, "failing": res.failing}
+    if res.refused:
+        extra["refused_compositions"] = res.refused
     if res.max_diff:
         extra["max_diff"] = res.max_diff
     if res.crash:

@@ -1,15 +1,15 @@
-"""One checked case as a record, and the per-mode summary table printed at the end of a run."""
+"""One checked case as a record, a whole test's record, and the summary table printed at the end of a run."""
 
 from __future__ import annotations
 
 import shlex
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
 from harness.core.case import Case
 from harness.core.compare import Verdict
 from harness.core.modes import family_of
-from harness.core.vocab import STATUSES, case_features
+from harness.core.vocab import CHECKED, STATUSES, case_features
 
 
 def repro_command(case: Case, backend: str, device: str) -> str:
@@ -63,21 +63,77 @@ class CaseResult:
         )
 
 
+def test_record(
+    status: str,
+    backend: str,
+    device: str,
+    family: str,
+    reason: str,
+    test_id: str,
+    features: list[str] | None = None,
+    **fields: object,
+) -> dict:
+    """A results.json record of a whole test, not of one case: a test skipped here, a harness error
+    (its traceback in extra), a search that the backend mostly refused, a model-level check."""
+    return {
+        "status": status,
+        "backend": backend,
+        "device": device,
+        "family": family,
+        "mode": family,
+        "features": features or [],
+        "case": None,
+        "verdict": None,
+        "reason": reason,
+        "seconds": 0.0,
+        "test_id": test_id,
+        "repro": None,
+        "error_map": None,
+        "probe": None,
+        **fields,
+    }
+
+
+REFUSALS_CHECK = "refusals"  # extra.check of the `fail` record of a search the backend mostly refused
+
+
+def is_checked(record: dict) -> bool:
+    """Whether a record is of a case (or model) the backend ran: a CHECKED status, and not the verdict
+    on a search's refusals."""
+    return record["status"] in CHECKED and (record.get("extra") or {}).get("check") != REFUSALS_CHECK
+
+
+SUMMARY_COLUMNS = ("pass", "fail", "error", "crash", "hang", "checked", "refused", "skip")
+
+
 def summary_table(results: list[dict]) -> str:
-    """Per (backend, family) counts and the worst error/budget ratio, as a text table."""
-    rows: dict[tuple[str, str], dict] = defaultdict(lambda: {s: 0 for s in STATUSES} | {"worst": 0.0})
+    """Per (backend, family): the count of each status, the cases checked (run by the backend) and
+    refused (drawn, but turned down by its supports()), and the worst error/budget ratio, as a text
+    table; under it, the most frequent refusal reason of each row that has refusals."""
+    rows: dict[tuple[str, str], dict] = defaultdict(
+        lambda: dict.fromkeys(STATUSES, 0) | {"checked": 0, "worst": 0.0, "why": Counter()}
+    )
     for res in results:
         row = rows[(f"{res['backend']}@{res['device']}", res["family"])]
         row[res["status"]] += 1
+        row["checked"] += is_checked(res)
+        if res["status"] == "refused":
+            row["why"][res.get("reason") or "(no reason given)"] += 1
         v = res.get("verdict")
         if v and v.get("ratio") is not None and res["status"] in ("pass", "fail"):
             row["worst"] = max(row["worst"], float(v["ratio"]))
-    counts = " ".join(f"{s:>5}" for s in STATUSES)
-    head = f"{'backend':<28} {'family':<16} {counts} {'worst':>7}"
+    columns = " ".join(f"{c:>7}" for c in SUMMARY_COLUMNS)
+    head = f"{'backend':<28} {'family':<16} {columns} {'worst':>7}"
     lines = [head, "-" * len(head)]
+    notes = []
     for (b, fam), row in sorted(rows.items()):
-        lines.append(
-            f"{b:<28} {fam:<16} {row['pass']:>5} {row['fail']:>5} {row['skip']:>5} "
-            f"{row['crash']:>5} {row['hang']:>5} {row['worst']:>7.2f}"
-        )
+        counts = " ".join(f"{row[c]:>7}" for c in SUMMARY_COLUMNS)
+        lines.append(f"{b:<28} {fam:<16} {counts} {row['worst']:>7.2f}")
+        if row["refused"]:
+            why, n = row["why"].most_common(1)[0]
+            drawn = row["checked"] + row["refused"]
+            refused = row["refused"]
+            notes.append(f"  {b} {fam}: refused {refused} of {drawn} drawn cases; most often ({n}): {why}")
+    if notes:
+        lines += ["refusals (the backend's supports() turned the drawn case down):", *notes]
     return "\n".join(lines)

@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from harness.core.modes import Mode
+
 if TYPE_CHECKING:
     from harness.core.case import Case
 
@@ -19,8 +21,12 @@ TORCH_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32":
 DTYPES = tuple(TORCH_DTYPES)
 DTYPE_NAMES = {dt: name for name, dt in TORCH_DTYPES.items()}
 
-# What a checked case (or a skipped test) came to, in the order reports count them.
-STATUSES = ("pass", "fail", "skip", "crash", "hang")
+# What a checked case (or a skipped test) came to, in the order reports count them. `error`: the
+# harness itself raised (not the backend: that is a crash), `refused`: a drawn case the backend's
+# supports() turned down inside a property test, `skip`: a whole test that could not run here.
+STATUSES = ("pass", "fail", "error", "crash", "hang", "refused", "skip")
+CHECKED = ("pass", "fail", "crash", "hang")  # the statuses of a case the backend ran
+PROBLEMS = ("fail", "error", "crash", "hang")  # the statuses that fail a run
 
 # The optional features a Case may use, in report column order, and the words a skip reason uses.
 FEATURE_WORDS = {
@@ -34,6 +40,21 @@ CASE_FEATURES = tuple(FEATURE_WORDS)
 # The features a backend declares (Capabilities' flags): the case features, then what it offers
 # besides. `whole_page_loads` is a property of the kernel, not a feature.
 FEATURES = (*CASE_FEATURES, "returns_lse", "tree")
+
+
+# What one side of a Capabilities `exclusive` pair may name: a case feature, a mode, `tree` (a verify
+# tree with topk > 1) or `cross_prefill` (a CROSS batch in which some request has more than one query).
+SHAPE_TRAITS = ("tree", "cross_prefill")
+
+
+def case_traits(case: Case) -> set[str]:
+    """The case's features, its mode's name and its SHAPE_TRAITS: what an `exclusive` pair can name."""
+    tree = case.mode == Mode.TARGET_VERIFY and any(
+        p != j - 1 for r in case.requests for j, p in enumerate(r.tree or ())
+    )
+    cross_prefill = case.mode == Mode.CROSS and any(r.extend_len != 1 for r in case.requests)
+    shape = {"tree": tree, "cross_prefill": cross_prefill}
+    return {*case_features(case), str(case.mode), *(t for t in SHAPE_TRAITS if shape[t])}
 
 
 def case_features(case: Case) -> list[str]:

@@ -13,10 +13,9 @@ from html import escape
 
 from harness.core.case import Case, CaseError
 from harness.core.compare import where
-from harness.core.vocab import STATUSES
+from harness.core.vocab import PROBLEMS, STATUSES
 from harness.report import matrix, pictures
 
-PROBLEMS = ("fail", "crash", "hang")
 CSS = """
 body{font:14px/1.4 system-ui,sans-serif;margin:24px;color:#222;max-width:1400px}
 h1{font-size:22px;margin:0 0 4px} h2{font-size:18px;border-bottom:1px solid #ccc;padding-bottom:2px}
@@ -27,9 +26,9 @@ th{background:#f3f3f3;text-align:left}
 #summary-matrix td.cell{min-width:86px;font-size:12px;white-space:nowrap}
 td.bad{background:#f4b6b0} td.close{background:#fde9a9} td.ok{background:#c5e5c5}
 td.skipped{background:#e2e2e2;color:#555} td.empty{background:#fafafa;color:#aaa}
-.n-fail,.n-crash,.n-hang{font-weight:bold;color:#900}
+.n-fail,.n-error,.n-crash,.n-hang{font-weight:bold;color:#900} .n-refused{color:#8a5a00}
 section.failure{border:2px solid #c0392b;border-radius:6px;padding:10px 14px;margin:14px 0;background:#fffafa}
-section.failure.crash,section.failure.hang{border-color:#6c3483}
+section.failure.crash,section.failure.hang,section.failure.error{border-color:#6c3483}
 pre{background:#f6f6f6;padding:6px 8px;overflow-x:auto;white-space:pre-wrap;word-break:break-all;margin:0}
 img.picture{image-rendering:pixelated;border:1px solid #999;display:block;margin:4px 0}
 figure{margin:6px 0 10px} figcaption{color:#555;font-size:12px}
@@ -57,6 +56,7 @@ def _header(data: dict) -> str:
     counts = ", ".join(f'<span class="n-{s}">{tot[s]} {s}</span>' for s in STATUSES)
     problems = sum(tot[s] for s in PROBLEMS)
     verdict = "FAILED" if problems else ("NOTHING CHECKED" if not tot["pass"] else "PASSED")
+    checked = tot["checked"]
     return (
         f"<h1>attn-harness report: {escape(verdict)}</h1>\n"
         f'<p class="meta">run <b>{escape(str(run.get("id", "?")))}</b> · started '
@@ -65,10 +65,16 @@ def _header(data: dict) -> str:
         f"{escape(str(run.get('exit_status', '?')))}</p>\n"
         f'<p class="meta">command: <code>{escape(str(run.get("command", "")))}</code></p>\n'
         f'<p id="totals">{len(data["results"])} records: {counts}</p>\n'
+        f'<p id="checked">cases checked: {checked}; drawn but refused by the backend: {tot["refused"]}'
+        f"{_refused_share(checked, tot['refused'])}</p>\n"
         '<nav><a href="#summary">Summary matrix</a><a href="#failures">Failures '
-        f'({problems})</a><a href="#skips">Skips ({tot["skip"]})</a>'
-        '<a href="#environment">Environment</a></nav>\n'
+        f'({problems})</a><a href="#refusals">Refusals ({tot["refused"]})</a>'
+        f'<a href="#skips">Skips ({tot["skip"]})</a><a href="#environment">Environment</a></nav>\n'
     )
+
+
+def _refused_share(checked: int, refused: int) -> str:
+    return f" ({refused / (checked + refused):.0%} of the drawn cases)" if refused else ""
 
 
 def _cell(c: matrix.Cell) -> str:
@@ -76,6 +82,8 @@ def _cell(c: matrix.Cell) -> str:
     if c.worst is not None:
         parts.append(f"worst {_num(c.worst, 2)}")
     title = ", ".join(f"{n} {s}" for s, n in c.counts.items()) + f"; worst err/budget {_num(c.worst)}"
+    if c.counts["refused"]:
+        parts.append(f"{c.checked} checked / {c.counts['refused']} refused")
     body = "<br>".join(parts) or "-"
     return f'<td class="cell {c.state}" title="{escape(title)}">{body}</td>'
 
@@ -98,10 +106,11 @@ def _matrix(data: dict) -> str:
         )
     out.append("</table>")
     out.append(
-        '<p class="legend">Each cell counts checked cases (hypothesis examples) and skipped tests; '
-        "a case counts under <i>all</i>, under each feature it uses, and under <i>none</i> if it "
+        '<p class="legend">Each cell counts checked cases (hypothesis examples), cases the backend '
+        "refused (drawn, but turned down by its <code>supports()</code>), harness errors and skipped "
+        "tests; a case counts under <i>all</i>, under each feature it uses, and under <i>none</i> if it "
         "uses none. <i>worst</i> is the largest error/budget ratio (a case passes at &le; 1). "
-        '<span class="swatch" style="background:#f4b6b0"></span>failure, crash or hang'
+        '<span class="swatch" style="background:#f4b6b0"></span>failure, harness error, crash or hang'
         '<span class="swatch" style="background:#fde9a9"></span>passed, worst &gt; '
         f'{matrix.CLOSE}<span class="swatch" style="background:#c5e5c5"></span>passed'
         '<span class="swatch" style="background:#e2e2e2"></span>skipped only</p></section>'
@@ -201,6 +210,13 @@ def _traceback(rec: dict) -> str:
     return f'<h4>Traceback</h4><pre class="traceback">{escape(tb)}</pre>' if tb else ""
 
 
+def _pictures(rec: dict) -> str:
+    """The error heatmap (failures) and the mask probe of a case record; none for a whole test's."""
+    if rec.get("case") is None:
+        return ""
+    return (_heatmap(rec) if rec["status"] == "fail" else "") + _probe(rec)
+
+
 def _failure(i: int, rec: dict) -> str:
     status = rec["status"]
     feats = ", ".join(rec.get("features") or []) or "no features"
@@ -213,7 +229,7 @@ def _failure(i: int, rec: dict) -> str:
         f'<p class="reason">{escape(rec.get("reason") or "")}</p>'
         f"{_verdict_table(rec)}"
         f'<h4>Repro</h4><pre class="repro">{escape(rec.get("repro") or "(no case)")}</pre>'
-        f"{_traceback(rec)}{_heatmap(rec) if status == 'fail' else ''}{_probe(rec)}"
+        f"{_traceback(rec)}{_pictures(rec)}"
         f'<h4>Case</h4><pre class="case-json">{escape(case_json)}</pre></section>'
     )
 
@@ -228,23 +244,32 @@ def _failures(data: dict) -> str:
     return "\n".join(out)
 
 
-def _skips(data: dict) -> str:
+def _grouped(data: dict, status: str, section: str, table: str, title: str, note: str = "") -> str:
+    """The records of one status counted by (backend, device, family, reason), as a section."""
     groups = Counter(
         (r["backend"], r["device"], r["family"], r.get("reason") or "(no reason given)")
         for r in data["results"]
-        if r["status"] == "skip"
+        if r["status"] == status
     )
-    out = [f'<section id="skips"><h2>Skips ({sum(groups.values())})</h2>']
+    out = [f'<section id="{section}"><h2>{title} ({sum(groups.values())})</h2>{note}']
     if not groups:
         out.append("<p>None.</p></section>")
         return "\n".join(out)
     head = "".join(f"<th>{h}</th>" for h in ("backend", "device", "family", "count", "reason"))
-    out.append(f'<table id="skip-table"><tr>{head}</tr>')
+    out.append(f'<table id="{table}"><tr>{head}</tr>')
     for (b, d, f, why), n in sorted(groups.items()):
         cells = "".join(f"<td>{escape(str(x))}</td>" for x in (b, d, f, n, why))
         out.append(f"<tr>{cells}</tr>")
     out.append("</table></section>")
     return "\n".join(out)
+
+
+def _refusals(data: dict) -> str:
+    note = (
+        '<p class="legend">Cases a search drew that the backend\'s <code>supports()</code> turned down: '
+        "not checked. A search in which the backend refused most of its drawn cases fails.</p>"
+    )
+    return _grouped(data, "refused", "refusals", "refusal-table", "Refused cases", note)
 
 
 def _environment(data: dict) -> str:
@@ -264,6 +289,7 @@ def render(data: dict) -> str:
         "<!DOCTYPE html>\n"
         f'<html lang="en"><head><meta charset="utf-8"><title>{escape(title)}</title>'
         f"<style>{CSS}</style></head><body>\n"
-        f"{_header(data)}{_matrix(data)}\n{_failures(data)}\n{_skips(data)}\n{_environment(data)}\n"
+        f"{_header(data)}{_matrix(data)}\n{_failures(data)}\n{_refusals(data)}\n"
+        f"{_grouped(data, 'skip', 'skips', 'skip-table', 'Skips')}\n{_environment(data)}\n"
         "</body></html>\n"
     )

@@ -1,7 +1,9 @@
 """junit.xml for CI dashboards, from results.json: one testcase per checked case or skipped test.
 
 Test suites are (backend@device, family); a failure carries the verdict as its message and the
-Case JSON with its repro command as its text; crashes and hangs are errors; skips keep their reason.
+Case JSON with its repro command as its text; crashes, hangs and harness errors are errors (a harness
+error with its traceback); skips and refused cases are skipped, with their reason. A model-level
+record is named by its model.
 """
 
 from __future__ import annotations
@@ -10,7 +12,12 @@ import json
 import re
 import xml.etree.ElementTree as ET
 
+from harness.core.vocab import PROBLEMS
 from harness.report.matrix import totals
+
+
+def _errors(counts: dict[str, int]) -> int:
+    return counts["error"] + counts["crash"] + counts["hang"]
 
 
 def _safe(name: str) -> str:
@@ -26,8 +33,8 @@ def render(data: dict) -> str:
         name="attn-harness",
         tests=str(len(results)),
         failures=str(tot["fail"]),
-        errors=str(tot["crash"] + tot["hang"]),
-        skipped=str(tot["skip"]),
+        errors=str(_errors(tot)),
+        skipped=str(tot["skip"] + tot["refused"]),
         time=f"{float(data['run'].get('elapsed_s') or 0.0):.3f}",
     )
     suites: dict[tuple[str, str, str], list[dict]] = {}
@@ -41,23 +48,26 @@ def render(data: dict) -> str:
             name=f"{_safe(backend)}@{device}.{family}",
             tests=str(len(recs)),
             failures=str(t["fail"]),
-            errors=str(t["crash"] + t["hang"]),
-            skipped=str(t["skip"]),
+            errors=str(_errors(t)),
+            skipped=str(t["skip"] + t["refused"]),
             time=f"{sum(float(r.get('seconds') or 0.0) for r in recs):.3f}",
         )
         for i, rec in enumerate(recs):
             feats = ",".join(rec.get("features") or []) or "none"
+            model = (rec.get("extra") or {}).get("model")
             case = ET.SubElement(
                 suite,
                 "testcase",
                 classname=f"attn_harness.{_safe(backend)}.{device}",
-                name=f"{family}[{feats}] #{i}",
+                name=f"{family}[{model or feats}] #{i}",
                 time=f"{float(rec.get('seconds') or 0.0):.3f}",
             )
             reason = rec.get("reason") or ""
             if rec["status"] == "skip":
                 ET.SubElement(case, "skipped", message=reason)
-            elif rec["status"] in ("fail", "crash", "hang"):
+            elif rec["status"] == "refused":
+                ET.SubElement(case, "skipped", message=f"refused by the backend: {reason}")
+            elif rec["status"] in PROBLEMS:
                 tag = "failure" if rec["status"] == "fail" else "error"
                 detail = ET.SubElement(case, tag, message=reason, type=rec["status"])
                 body = [reason]
@@ -68,6 +78,9 @@ def render(data: dict) -> str:
                 probe = rec.get("probe") or {}
                 if probe.get("lines"):
                     body.append("Mask probe:\n  " + "\n  ".join(probe["lines"]))
+                traceback = (rec.get("extra") or {}).get("traceback")
+                if traceback:
+                    body.append("Traceback:\n" + traceback)
                 detail.text = "\n".join(body)
     ET.indent(root)
     return '<?xml version="1.0" encoding="utf-8"?>\n' + ET.tostring(root, encoding="unicode") + "\n"

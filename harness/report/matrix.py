@@ -11,7 +11,8 @@ import math
 from dataclasses import dataclass, field
 
 from harness.core.modes import FAMILIES, FAMILY_MODE
-from harness.core.vocab import CASE_FEATURES, STATUSES
+from harness.core.results import is_checked
+from harness.core.vocab import CASE_FEATURES, PROBLEMS, STATUSES
 
 COLUMNS = ("all", "none") + CASE_FEATURES
 CLOSE = 0.5  # a passing cell whose worst ratio exceeds this is shown as close to its budget
@@ -21,9 +22,11 @@ CLOSE = 0.5  # a passing cell whose worst ratio exceeds this is shown as close t
 class Cell:
     counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(STATUSES, 0))
     worst: float | None = None  # worst err/budget of the checked cases (inf: NaN in an output)
+    checked: int = 0  # cases (or models) the backend ran: results.is_checked
 
     def add(self, record: dict) -> None:
         self.counts[record["status"]] += 1
+        self.checked += is_checked(record)
         verdict = record.get("verdict")
         if record["status"] in ("pass", "fail") and verdict and verdict.get("ratio") is not None:
             ratio = float(verdict["ratio"])
@@ -32,13 +35,14 @@ class Cell:
 
     @property
     def state(self) -> str:
-        """bad (a failure, crash or hang), close, ok, skipped (skips only) or empty."""
+        """bad (a failure, harness error, crash or hang), close, ok, skipped (skips or refusals only)
+        or empty."""
         c = self.counts
-        if c["fail"] or c["crash"] or c["hang"]:
+        if any(c[s] for s in PROBLEMS):
             return "bad"
         if c["pass"]:
             return "close" if (self.worst or 0.0) > CLOSE else "ok"
-        return "skipped" if c["skip"] else "empty"
+        return "skipped" if c["skip"] or c["refused"] else "empty"
 
 
 Row = tuple[str, str, str]  # backend, device, family
@@ -67,7 +71,9 @@ def build(results: list[dict]) -> dict[Row, dict[str, Cell]]:
 
 
 def totals(results: list[dict]) -> dict[str, int]:
-    out = dict.fromkeys(STATUSES, 0)
+    """Records per status, and `checked`: those of a case (or model) the backend ran."""
+    out = dict.fromkeys(STATUSES, 0) | {"checked": 0}
     for rec in results:
         out[rec["status"]] += 1
+        out["checked"] += is_checked(rec)
     return out

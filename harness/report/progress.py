@@ -28,7 +28,7 @@ class Progress:
         """One checked (or skipped) example of test `test_id`."""
         self.current = test_id
         self.cases += 1
-        if status == "skip":
+        if status in ("skip", "refused"):  # refused: a drawn case the backend's supports() turned down
             self.skipped += 1
         elif status != "pass":
             self.failing.add(test_id)
@@ -53,6 +53,6 @@ class Progress:
         where = f" | {self.current}" if self.current else ""
         return (
             f"[{'#' * filled}{'-' * (BAR - filled)}] {self.tests_done}/{total} tests | "
-            f"{self.cases} cases ({self.skipped} skipped) | {len(self.failing)} failing | "
+            f"{self.cases} cases ({self.skipped} skipped or refused) | {len(self.failing)} failing | "
             f"{secs // 60}:{secs % 60:02d} elapsed{where}"
         )

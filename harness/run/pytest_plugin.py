@@ -7,6 +7,11 @@ Ith, so N processes can split one backend's suite (harness/run/parallel.py). The
 printed at the end of any run that checked cases. Examples hypothesis tried while shrinking a
 failure (or crash, or hang) are dropped except the final (minimal) one, so a failure counts once; a
 failing one is rerun through the mask probe.
+
+A suite test (one that takes the `record` fixture) always leaves a record of how it ended: a test
+that failed without a failing case (the harness raised: build_batch, a reference, compare, this
+plugin) leaves an `error` record with the traceback, one whose search the backend mostly refused a
+`fail` record saying so, and a test skipped as a whole a `skip` record.
 """
 
 from __future__ import annotations
@@ -16,10 +21,11 @@ import time
 import pytest
 
 from harness.checks.probe import ProbeResult, probe
-from harness.core.results import CaseResult, summary_table
+from harness.core.results import REFUSALS_CHECK, CaseResult, summary_table, test_record
 from harness.report import environment, results_json, write_run
 from harness.report.progress import Progress
 from harness.search import profiles
+from harness.search.refusals import TooManyRefusals
 from harness.search.suite import Target
 
 _RESULTS_KEY = pytest.StashKey[list]()
@@ -28,6 +34,8 @@ _PROGRESS_KEY = pytest.StashKey[Progress]()
 _STARTED_KEY = pytest.StashKey[tuple]()
 _SHARD_KEY = pytest.StashKey[tuple]()
 PROGRESS_EVERY_S = 5.0  # while a test runs; a line is also printed when a test ends (at most 1/s)
+TRACEBACK_CHARS = 20000  # of a harness error's traceback kept in its record
+NOT_FAILURES = ("pass", "refused", "skip")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -85,7 +93,8 @@ def pytest_configure(config: pytest.Config) -> None:
 
 @pytest.fixture
 def record(request: pytest.FixtureRequest):  # noqa: ANN201 - a callable fixture
-    """Append a CaseResult of the running test to the session's records."""
+    """Append a result of the running test to the session's records: a CaseResult, or anything with
+    a `status` and a `to_dict()` giving its results.json record (the model-level ModelResult)."""
     items: list[CaseResult] = []
     request.node.stash[_ITEM_KEY] = items
     config = request.config
@@ -137,15 +146,76 @@ def probe_failure(result: CaseResult, target: Target) -> dict:
         return ProbeResult(result.backend, target.device, 0, [], error=f"{type(e).__name__}: {e}").to_dict()
 
 
+def _identity(item: pytest.Item) -> dict:
+    """backend, device, family, features (and a model-level test's model, in `extra`) of a suite
+    test, from its Target or its parameters: the fields of its test_record."""
+    params = item.callspec.params if hasattr(item, "callspec") else {}
+    t = params.get("target")
+    if isinstance(t, Target):
+        features = ["window"] if t.window == "swa" else []
+        return dict(backend=t.backend_name, device=t.device, family=t.family, features=features)
+    family = "model" if "model" in params else getattr(item, "originalname", item.name).removeprefix("test_")
+    backend, device = str(params.get("backend_name", "?")), str(params.get("device", "?"))
+    ident: dict = dict(backend=backend, device=device, family=family)
+    if "model" in params:
+        ident["extra"] = {"model": params["model"]}
+    return ident
+
+
+def _exceptions(exc: BaseException) -> list[BaseException]:
+    """The exception, or those inside an exception group (hypothesis reports several bugs as one)."""
+    subs = getattr(exc, "exceptions", None)  # an exception group (Python 3.11+)
+    if isinstance(subs, tuple):
+        return [e for sub in subs for e in _exceptions(sub)]
+    return [exc]
+
+
+def _harness_error(item: pytest.Item, report: pytest.TestReport, exc: BaseException) -> dict:
+    """The `error` record of a suite test in which the harness itself raised `exc`."""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    where = f" (at {tb.tb_frame.f_code.co_filename.rsplit('/', 1)[-1]}:{tb.tb_lineno})" if tb else ""
+    first = (str(exc).strip().splitlines() or [""])[0]
+    when = " while setting the test up" if report.when == "setup" else ""
+    reason = f"the harness raised {type(exc).__name__}: {first}{where}{when}"
+    ident = _identity(item)
+    ident.setdefault("extra", {})["traceback"] = report.longreprtext[-TRACEBACK_CHARS:]
+    return test_record("error", reason=reason, test_id=item.nodeid, **ident)
+
+
+def _test_records(item: pytest.Item, report: pytest.TestReport, call: pytest.CallInfo, kept: list) -> list:
+    """The records of how a suite test ended that no case record says: skipped as a whole, failed on
+    its refusals, or failed because the harness raised (every exception that is not a case's failure)."""
+    if report.skipped:
+        if kept:
+            return []
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        reason = reason.removeprefix("Skipped: ")
+        return [test_record("skip", reason=reason, test_id=item.nodeid, **_identity(item))]
+    if not report.failed or call.excinfo is None:
+        return []
+    failed_case = any(r.status not in NOT_FAILURES for r in kept)
+    out = []
+    for exc in _exceptions(call.excinfo.value):
+        if isinstance(exc, TooManyRefusals):
+            ident = _identity(item)
+            ident.setdefault("extra", {})["check"] = REFUSALS_CHECK
+            out.append(test_record("fail", reason=str(exc), test_id=item.nodeid, **ident))
+        elif not (failed_case and isinstance(exc, AssertionError)):
+            out.append(_harness_error(item, report, exc))
+    return out
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):  # noqa: ANN201
     outcome = yield
     report = outcome.get_result()
-    if report.when != "call" and not (report.when == "setup" and report.skipped):
+    if report.when == "teardown" or (report.when == "setup" and report.passed):
         return
     items: list[CaseResult] = item.stash.get(_ITEM_KEY, [])
-    kept = [r for r in items if r.status in ("pass", "skip")]
-    fails = [r for r in items if r.status not in ("pass", "skip")]  # fail, crash, hang
+    kept = [r for r in items if r.status in NOT_FAILURES]
+    fails = [r for r in items if r.status not in NOT_FAILURES]  # fail, crash, hang
     t = item.callspec.params.get("target") if hasattr(item, "callspec") else None
     if report.failed and fails:
         kept.append(fails[-1])
@@ -157,30 +227,12 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):  # noqa
         d = r.to_dict()
         d["test_id"] = item.nodeid
         out.append(d)
+    if "record" in getattr(item, "fixturenames", ()):  # a suite test: how it ended is a record too
+        out += _test_records(item, report, call, kept)
     progress = item.config.stash[_PROGRESS_KEY]
     progress.test_done(item.nodeid, report.failed)
     if item.config.getoption("--harness-progress") and progress.due(1.0):
         _print_progress(item.config, progress)
-    if report.skipped and isinstance(t, Target) and not kept:
-        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
-        out.append(
-            {
-                "status": "skip",
-                "backend": t.backend_name,
-                "device": t.device,
-                "family": t.family,
-                "mode": t.family,
-                "features": ["window"] if t.window == "swa" else [],
-                "case": None,
-                "verdict": None,
-                "reason": reason.removeprefix("Skipped: "),
-                "seconds": 0.0,
-                "test_id": item.nodeid,
-                "repro": None,
-                "error_map": None,
-                "probe": None,
-            }
-        )
 
 
 def run_info(config: pytest.Config, exitstatus: int) -> dict:

@@ -19,6 +19,7 @@ import importlib
 import multiprocessing as mp
 import os
 import queue
+import re
 import signal
 import subprocess
 import tempfile
@@ -34,6 +35,9 @@ from typing import Any, TypeVar
 
 STARTUP_TIMEOUT = 300.0  # spawning a worker and importing torch and the harness
 LOG_TAIL = 3000  # characters of a call's output kept in its Outcome
+FATAL = "Fatal Python error:"  # faulthandler's first line when the process dies of a signal
+# faulthandler's last line: every extension module loaded (~175 names on a GPU host's Python).
+_MODULE_LIST = re.compile(r"^Extension modules: .*?(?:\(total: (\d+)\))?$", re.MULTILINE)
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -52,6 +56,18 @@ def describe_exit(code: int | None) -> str:
         except ValueError:
             return f"killed by signal {-code}"
     return f"exit status {code}"
+
+
+def output_tail(text: str, limit: int = LOG_TAIL) -> str:
+    """The end of a worker's output, at most about `limit` characters. faulthandler's list of
+    extension modules is cut to its count (on a GPU host it alone would fill the tail), and its
+    "Fatal Python error" line is kept wherever it sits: it is the crash's reason."""
+    text = _MODULE_LIST.sub(lambda m: f"Extension modules: {m.group(1) or 'some'} (list dropped)", text)
+    tail = text[-limit:]
+    fatal = next((line for line in text.splitlines() if line.startswith(FATAL)), None)
+    if fatal and fatal not in tail:
+        tail = f"{fatal}\n[...]\n{tail[len(fatal) + 7 :]}"
+    return tail.strip()
 
 
 @dataclass
@@ -202,7 +218,7 @@ class Worker:
         with open(self.log_path, errors="replace") as f:
             f.seek(self.mark)
             text = f.read()
-        return text[-LOG_TAIL:].strip()
+        return output_tail(text)
 
     def _reap(self) -> int | None:
         self.proc.join(10)

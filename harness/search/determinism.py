@@ -17,12 +17,14 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from harness import backends
+from harness.backends.base import Capabilities
 from harness.checks.invariance import neighbour_sizes
 from harness.core.case import Case
 from harness.core.modes import FAMILIES, FAMILY_MODE, Mode
 from harness.core.results import CaseResult
 from harness.run import isolation
 from harness.search import profiles
+from harness.search.refusals import as_refused, search_with_refusals
 from harness.search.strategies import cases
 from harness.search.suite import WINDOWS, Target, selected_backends
 
@@ -40,16 +42,21 @@ def params() -> list:
             continue
         for device in sorted(b.capabilities.devices):
             for w in WINDOWS:
-                if not families(w, b.capabilities.modes) or (w == "swa" and not b.capabilities.window):
+                if not families(w, b.capabilities) or (w == "swa" and not b.capabilities.window):
                     continue
                 out.append(Target(name, device, FAMILY, w).param())
     return out
 
 
-def families(window: str, modes: frozenset[Mode]) -> list[str]:
-    """The families of the backend's modes, less CROSS (which has no window) in the sliding-window tests."""
+def families(window: str, caps: Capabilities) -> list[str]:
+    """The families of the backend's modes that it declares deterministic (no `exclusive` pair of
+    deterministic and the mode), less CROSS (which has no window) in the sliding-window tests."""
     return [
-        f for f in FAMILIES if FAMILY_MODE[f] in modes and (window == "full" or FAMILY_MODE[f] != Mode.CROSS)
+        f
+        for f in FAMILIES
+        if FAMILY_MODE[f] in caps.modes
+        and not caps.excludes("deterministic", str(FAMILY_MODE[f]))
+        and (window == "full" or FAMILY_MODE[f] != Mode.CROSS)
     ]
 
 
@@ -61,10 +68,10 @@ def run(t: Target, record: Callable[[CaseResult], None] | None = None) -> None:
         pytest.skip(why)
     sizes = profiles.sizes()
     windowed = t.window == "swa"
-    strategy = st.sampled_from(families(t.window, backend.capabilities.modes)).flatmap(
+    strategy = st.sampled_from(families(t.window, backend.capabilities)).flatmap(
         lambda fam: cases(fam, windowed, backend.capabilities, sizes)
     )
-    strategy = strategy.map(lambda c: c.replace(deterministic=True))
+    strategy = strategy.map(lambda c: c.replace(deterministic=True)).filter(backend.capabilities.admits)
     search = isolation.Search(backend, t.device, "invariance", neighbour_sizes(sizes))
     current = settings.default  # the active profile's settings
 
@@ -72,10 +79,15 @@ def run(t: Target, record: Callable[[CaseResult], None] | None = None) -> None:
     @given(strategy)
     def check(case: Case) -> None:
         res = search(case)
-        if res is None or res.status == "skip":
+        if res is None:
+            assume(False)  # a CRASH or HANG already ended this search (isolation.Search)
+        if res.status == "skip":  # refused by supports(): counted once (harness/search/refusals.py)
+            if record and search.ran_last:
+                record(as_refused(res))
             assume(False)
         if record:
             record(res)
         assert res.status == "pass", res.failure_text()
 
-    check()
+    what = f"{backend.name} on {t.device}, deterministic ({t.window})"
+    search_with_refusals(check, search.seen.values, what)

@@ -23,6 +23,7 @@ from harness.core.results import CaseResult
 from harness.run import isolation
 from harness.search import profiles
 from harness.search.pinned import PINNED
+from harness.search.refusals import as_refused, search_with_refusals
 from harness.search.strategies import cases
 
 WINDOWS = ("full", "swa")
@@ -98,7 +99,8 @@ def run_family(t: Target, record: Callable[[CaseResult], None] | None = None) ->
     why = _probe_reason(backend, t)
     if why:
         pytest.skip(why)
-    strategy = cases(t.family, t.window == "swa", backend.capabilities, profiles.sizes())
+    caps = backend.capabilities
+    strategy = cases(t.family, t.window == "swa", caps, profiles.sizes()).filter(caps.admits)
     pins = [
         c
         for c in pinned_examples(t.family)
@@ -111,10 +113,12 @@ def run_family(t: Target, record: Callable[[CaseResult], None] | None = None) ->
         res = search(case)
         if res is None:
             assume(False)  # a CRASH or HANG already ended this search (isolation.Search)
+        if res.status == "skip":  # refused by supports(): counted once (harness/search/refusals.py)
+            if record and search.ran_last:
+                record(as_refused(res))
+            assume(False)
         if record:
             record(res)
-        if res.status == "skip":
-            assume(False)
         if res.verdict is not None and res.verdict.ratio == res.verdict.ratio:
             target(min(res.verdict.ratio, 1e6), label="err/budget")
         assert res.status == "pass", res.failure_text()
@@ -122,4 +126,4 @@ def run_family(t: Target, record: Callable[[CaseResult], None] | None = None) ->
     test = given(strategy)(check)
     for c in pins:
         test = example(c)(test)
-    test()
+    search_with_refusals(test, search.seen.values, f"{backend.name} on {t.device}, {t.family} ({t.window})")

@@ -37,7 +37,8 @@ from harness.checks.model.serving import (
 )
 from harness.core.compare import noise
 from harness.core.modes import Mode
-from harness.core.vocab import DTYPE_NAMES
+from harness.core.results import test_record
+from harness.core.vocab import CASE_FEATURES, DTYPE_NAMES
 
 PAGE_SIZE_PREFERENCE = (16, 32, 64, 128, 1)
 
@@ -51,6 +52,7 @@ class TinyModel:
     what: str
     config: Callable[[], object]  # builds the transformers config
     soft_cap: bool = False
+    features: tuple[str, ...] = ("window",)  # vocab.CASE_FEATURES its attention layers use
 
     def build(self, dtype: torch.dtype, device: str, seed: int = 0) -> torch.nn.Module:
         """The randomly initialised model (seeded), eager attention, in `dtype` on `device`."""
@@ -107,8 +109,19 @@ def _mistral():  # noqa: ANN202
 MODELS = {
     m.name: m
     for m in (
-        TinyModel("gemma2", "Gemma2-like: sliding/full alternating, soft cap 4, sm_scale 1/8", _gemma2, True),
-        TinyModel("gpt_oss", "GPT-OSS-like: sliding/full alternating, sinks, 4 experts", _gpt_oss),
+        TinyModel(
+            "gemma2",
+            "Gemma2-like: sliding/full alternating, soft cap 4, sm_scale 1/8",
+            _gemma2,
+            True,
+            ("window", "soft_cap"),
+        ),
+        TinyModel(
+            "gpt_oss",
+            "GPT-OSS-like: sliding/full alternating, sinks, 4 experts",
+            _gpt_oss,
+            features=("window", "sinks"),
+        ),
         TinyModel("mistral", "Mistral-like: every layer sliding (window 8)", _mistral),
     )
 }
@@ -280,6 +293,36 @@ class ModelResult:
     deterministic: str = "not checked"
     fallback: dict[str, str] = field(default_factory=dict)
     seconds: float = 0.0
+
+    def to_dict(self) -> dict:
+        """Its results.json record (docs/reports.md): family `model`, no Case; err, budget and their
+        ratio as the verdict (the worst logprob difference and its budget), the rest in `extra`."""
+        checked = self.deterministic not in ("not checked", "not requested") and self.status != "skip"
+        used = {*MODELS[self.model].features, *(("deterministic",) if checked else ())}
+        ratio = self.worst_diff / self.budget if self.budget else None
+        verdict = {"err": self.worst_diff, "budget": self.budget, "ratio": ratio} if self.tokens else None
+        extra = {
+            "check": "model_logprobs",
+            "model": self.model,
+            "dtype": self.dtype,
+            "tokens": self.tokens,
+            "differing": self.differing,
+            "worst": self.worst,
+            "deterministic": self.deterministic,
+            "fallback": self.fallback,
+        }
+        return test_record(
+            self.status,
+            self.backend,
+            self.device,
+            "model",
+            self.reason,
+            "",
+            [f for f in CASE_FEATURES if f in used],
+            verdict=verdict,
+            seconds=round(self.seconds, 6),
+            extra=extra,
+        )
 
     def row(self) -> str:
         return (

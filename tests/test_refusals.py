@@ -1,0 +1,100 @@
+"""Refusals are counted and shown: a search the backend mostly refuses fails with the counts and the
+reasons; one with few refusals passes and records each refused case once; the exclusive pairs a
+backend declares are never drawn and supports() refuses them with the declared reason."""
+
+import pytest
+
+from harness import backends
+from harness.backends.torch_native import TorchNative
+from harness.core.case import Case
+from harness.core.results import CaseResult, summary_table
+from harness.search.refusals import MAX_REFUSED, Tally, TooManyRefusals
+from harness.search.suite import Target, run_family
+from tests.helpers import case
+
+
+class MostlyRefuses(TorchNative):
+    """Takes only single-request batches in page size 16: most drawn prefill cases are refused."""
+
+    def supports(self, c: Case) -> str | None:
+        if len(c.requests) > 1:
+            return "takes one request per batch <sim>"
+        if c.page_size != 16:
+            return f"takes page size 16 only, not {c.page_size} <sim>"
+        return super().supports(c)
+
+
+class RefusesLargePages(TorchNative):
+    """Refuses three of the five page sizes: about 60% of the drawn cases, too few for hypothesis's
+    filter_too_much health check (which MostlyRefuses trips), enough for the refusal rule."""
+
+    def supports(self, c: Case) -> str | None:
+        return "no pages over 16 <sim>" if c.page_size > 16 else super().supports(c)
+
+
+class RefusesPage128(TorchNative):
+    def supports(self, c: Case) -> str | None:
+        return "no page size 128 <sim>" if c.page_size == 128 else super().supports(c)
+
+
+@pytest.mark.parametrize(
+    "name,reasons",
+    [
+        ("MostlyRefuses", ("takes one request per batch <sim>", "takes page size 16 only")),
+        ("RefusesLargePages", ("no pages over 16 <sim>",)),
+    ],
+)
+def test_a_search_the_backend_mostly_refuses_fails_with_the_counts_and_reasons(name, reasons):
+    records = []
+    t = Target(f"tests.test_refusals:{name}", "cpu", "prefill", "full")
+    with pytest.raises(TooManyRefusals) as e:
+        run_family(t, records.append)
+    text = str(e.value)
+    assert "prefill (full): the backend refused" in text and "drawn cases" in text
+    assert all(why in text for why in reasons)
+    refused = [r for r in records if r.status == "refused"]
+    checked = [r for r in records if r.status == "pass"]
+    assert len(refused) > len(checked) and f"refused {len(refused)} of {len(refused) + len(checked)}" in text
+    assert len({r.case.to_json() for r in refused}) == len(refused)  # each distinct case once
+
+
+def test_a_search_with_few_refusals_passes_and_records_them_as_refused():
+    records = []
+    run_family(Target("tests.test_refusals:RefusesPage128", "cpu", "decode", "full"), records.append)
+    refused = [r for r in records if r.status == "refused"]
+    assert refused and all(r.reason == "no page size 128 <sim>" and r.case.page_size == 128 for r in refused)
+    assert {r.status for r in records} == {"pass", "refused"}
+
+
+def _results(*statuses):
+    return [CaseResult(s, "b", "cpu", case(), reason=f"why {i % 2}") for i, s in enumerate(statuses)]
+
+
+def test_the_tally_fails_only_past_the_limit():
+    assert MAX_REFUSED == 0.5
+    assert Tally.of(_results("pass", "skip")).failure("t") is None  # half: still allowed
+    why = Tally.of(_results("pass", "skip", "skip", "skip")).failure("t")
+    assert why.startswith("t: the backend refused 3 of 4 drawn cases (75%") and "only 1 were checked" in why
+    assert "why 1 (2); why 0 (1)" in why
+
+
+def test_the_summary_table_shows_checked_and_refused_per_row():
+    records = [
+        {"status": s, "backend": "b", "device": "cpu", "family": "decode", "reason": why, "verdict": None}
+        for s, why in [("pass", ""), ("fail", ""), ("refused", "r1"), ("refused", "r1"), ("refused", "r2")]
+    ]
+    lines = summary_table(records).splitlines()
+    head = lines[0].split()
+    row = dict(zip(head, lines[2].split()))
+    assert head[:2] == ["backend", "family"] and "checked" in head and "refused" in head
+    assert row["checked"] == "2" and row["refused"] == "3" and row["fail"] == "1"
+    assert "b@cpu decode: refused 3 of 5 drawn cases; most often (2): r1" in lines[-1]
+
+
+def test_exclusive_pairs_are_refused_with_their_reason_and_never_drawn():
+    paged = backends.load("flashinfer_paged")
+    why = paged.supports(case("TARGET_VERIFY", ((10, 3, 0, (-1, 0, 1)),), sinks=True, head_dim=64))
+    assert "ignores custom masks" in why
+    assert "no soft cap" in paged.supports(case(sinks=True, soft_cap=5.0, head_dim=64))
+    assert paged.capabilities.admits(case(sinks=True, head_dim=64))
+    assert not paged.capabilities.admits(case(sinks=True, soft_cap=5.0, head_dim=64))
