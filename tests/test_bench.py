@@ -243,7 +243,11 @@ def test_a_pass_runs_from_the_barrier_not_from_a_late_workers_start():
 
 @pytest.mark.parametrize(
     ("factory", "error"),
-    [("dies_in_worker_0", "worker 0 exited with code 3"), ("raises_in_worker_1", "worker 1: RuntimeError")],
+    [
+        ("dies_in_worker_0", "worker 0 exited with code 3"),
+        ("raises_in_worker_1", "worker 1: harness.backends.BackendError: backend "
+         "'tests.bench_workers:raises_in_worker_1': its factory raised RuntimeError"),
+    ],
 )
 def test_a_worker_that_fails_ends_the_wait_and_fails_the_bench(factory, error):
     backend = load(f"tests.bench_workers:{factory}")

@@ -117,3 +117,17 @@ def test_refused_batches_over_8_are_listed_but_allowed():
     assert res.status == "pass", res.reason
     assert "refused 3 larger batches: 'batch of 16': at most 8 requests <sim>" in res.reason
     assert sorted(res.extra["refused_compositions"]) == ["batch of 16", "batch of 32", "batch of 64"]
+
+
+@pytest.mark.parametrize("prefix", [0, 5])
+def test_a_one_query_cross_target_is_checked_among_decoder_steps_only(prefix):
+    """A CROSS request with one query is a decoder step: prefill neighbours would move it onto the
+    prefill path (a backend without deterministic prefill refuses those batches: H100, FlashInfer)."""
+    c = case("CROSS", [(prefix, 1, 3)], deterministic=True)
+    for name, reqs, _ in compositions(c):
+        assert all(r.extend_len == 1 for r in reqs), name
+
+
+def test_a_cross_prefill_target_keeps_prefill_neighbours():
+    c = case("CROSS", [(0, 6, 3)], deterministic=True)
+    assert any(r.extend_len > 1 for _, reqs, at in compositions(c) for i, r in enumerate(reqs) if i != at)

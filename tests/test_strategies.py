@@ -177,4 +177,4 @@ def test_a_window_at_least_as_long_as_the_context():
         return [c.window_left >= max(keys(c)) > S.max_window]
 
     each = {f: round(rate([f], covers), 3) for f in WITH_PREFIX}
-    assert min(each.values()) >= 0.015 and rate(WITH_PREFIX + ["prefill"], covers) >= 0.03, each
+    assert min(each.values()) >= 0.015 and rate(WITH_PREFIX + ["prefill"], covers) >= 0.015, each

@@ -54,9 +54,11 @@ def _neighbour(case: Case, rng: random.Random, long_kv: int, long_q: int) -> Req
         return Request(prefix, target.extend_len, tree=target.tree)
     if case.mode == Mode.CROSS:  # same phase as the target: a prefill batch or one decoder step
         enc = rng.choice([1, rng.randint(2, 64), rng.randint(65, max(66, long_kv))])
-        if target.prefix_len == 0:
+        if target.extend_len > 1:
             return Request(0, rng.randint(1, min(48, long_q)), enc)
-        return Request(max(1, prefix), 1, enc)
+        # One query: a decoder step (a first step has no cached tokens yet), so every neighbour is one
+        # too; prefill neighbours would move it onto the prefill path, another kernel.
+        return Request(prefix, 1, enc)
     return Request(prefix, rng.choice([1, rng.randint(2, 48), rng.randint(49, max(50, long_q))]))
 
 
