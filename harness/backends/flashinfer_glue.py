@@ -33,6 +33,10 @@ PREFILL_NOT_INVARIANT = (
     "with fixed split sizes: no deterministic mode for EXTEND or a CROSS prefill (uniform-length "
     "batches: decode, verify, DRAFT_EXTEND_V2, decoder steps, keep the tile and stay deterministic)"
 )
+NO_RIGHT_WINDOW = (
+    "FlashInfer 0.7.2.post1's prefill kernels take window_left only: no right window edge "
+    "(a two-sided encoder window would need a custom mask)"
+)
 _WORKSPACES: dict[str, torch.Tensor] = {}
 # plan()'s custom_mask: flat bool, request-major, each request's [queries, keys] row-major; or None.
 CustomMask = torch.Tensor | None
@@ -69,18 +73,21 @@ def query_tile_follows_batch(case: Case) -> bool:
     """Whether fa2 prefill sizes this case's query tile from its neighbours: queries of any length."""
     if case.mode == Mode.CROSS:
         return any(r.extend_len != 1 for r in case.requests)
-    return case.mode == Mode.EXTEND
+    return case.mode in (Mode.EXTEND, Mode.ENCODER_ONLY)
 
 
 def capabilities(modes_: set[Mode], features: tuple[str, ...], **fields: Any) -> Capabilities:
-    """The capabilities every FlashInfer adapter shares, plus its own modes, features and fields."""
+    """The capabilities every FlashInfer adapter shares, plus its own modes, features and fields. No
+    adapter has a right window edge (NO_RIGHT_WINDOW), whatever `features` names."""
+    why_not = {"window_right": NO_RIGHT_WINDOW, **fields.pop("why_not", {})}
     return Capabilities.with_features(
-        *features,
+        *(f for f in features if f != "window_right"),
         modes=frozenset(modes_),
         dtypes=frozenset({"bfloat16", "float16"}),
         head_dims=HEAD_DIMS,
         kv_layouts=frozenset({"NHD", "HND"}),
         devices=frozenset({"cuda"}),
+        why_not=why_not,
         **fields,
     )
 
@@ -202,8 +209,9 @@ class FlashInferGlue(EngineGlue):
     def plan_paged(
         self, wrapper: Any, batch: Batch, table: PageTable, causal: bool, options: dict, mask: CustomMask
     ) -> None:
-        """Plan a paged prefill wrapper over the batch's queries: page table, causality or a custom
-        mask, kernel options and split parameters."""
+        """Plan a paged prefill wrapper over the batch's queries: page table, causality (`causal`,
+        from the engine glue's `causal` or the path) or a custom mask, kernel options and split
+        parameters."""
         args, kwargs = self.plan_arguments(batch, table, options)
         wrapper.plan(batch.host_tensor("qo_indptr"), *args, custom_mask=mask, causal=causal, **kwargs)
 

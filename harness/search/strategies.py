@@ -67,9 +67,10 @@ def cases(draw: st.DrawFn, family: str, windowed: bool, caps: Capabilities, size
     long_prefix = sizes.long_kv > 0 and draw(st.integers(0, 9)) == 9
     max_prefix = sizes.long_kv if long_prefix else sizes.max_prefix
     cross_prefill = mode == Mode.CROSS and draw(st.booleans())  # else one decoder step each
+    encoder = mode == Mode.ENCODER_ONLY
     reqs = []
     for i in range(bsz):
-        if family == "prefill" or cross_prefill:
+        if family == "prefill" or cross_prefill or encoder:
             prefix = 0
         else:
             lo = 1 if family == "prefix" and i == 0 else 0
@@ -80,6 +81,8 @@ def cases(draw: st.DrawFn, family: str, windowed: bool, caps: Capabilities, size
             extend = num_draft
         elif mode == Mode.CROSS:
             extend = 1 if prefix else _length(draw, 1, sizes.max_extend, anchors)
+        elif encoder:  # a whole input per request, of mixed lengths: as long as a prefix (long_kv too)
+            extend = _length(draw, 1, max_prefix, anchors)
         else:
             extend = _length(draw, 1, sizes.max_extend, anchors)
         reqs.append(
@@ -91,6 +94,13 @@ def cases(draw: st.DrawFn, family: str, windowed: bool, caps: Capabilities, size
             )
         )
 
+    window_right = -1
+    if encoder and windowed and caps.window_right:
+        side = draw(st.integers(0, 2))  # 0: left only (the minimal draw); 1: symmetric (HF's); 2: any
+        if side == 1:
+            window_right = window
+        elif side == 2:
+            window_right = draw(st.integers(0, sizes.max_window))
     soft_cap = draw(st.sampled_from((0.0, 0.0, 30.0, 5.0))) if caps.soft_cap else 0.0
     # Flags are drawn as "one in n" with the minimal draw meaning off, so shrinking turns them off.
     sinks = caps.sinks and draw(st.integers(0, 3)) == 3
@@ -107,6 +117,7 @@ def cases(draw: st.DrawFn, family: str, windowed: bool, caps: Capabilities, size
         head_dim=head_dim,
         dtype=dtype,
         window_left=window,
+        window_right=window_right,
         soft_cap=soft_cap,
         sinks=sinks,
         sm_scale=sm_scale,
