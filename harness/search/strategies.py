@@ -2,7 +2,9 @@
 
 Shapes are drawn first and the seed last, so shrinking walks towards a small batch with the same
 structure. Lengths are biased to where bugs live: just around the window (W, W+1, 2W+1), around
-page boundaries, empty prefixes, single requests, and extreme logits.
+page boundaries, empty prefixes, single requests, and extreme logits. An encoder (ENCODER_ONLY)
+request is a whole input, as long as a prefix (long_kv in the gpu profile); its window is left
+only, symmetric or any two-sided one where the backend has a right edge.
 """
 
 from __future__ import annotations
