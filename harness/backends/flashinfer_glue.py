@@ -34,7 +34,7 @@ PREFILL_NOT_INVARIANT = (
     "batches: decode, verify, DRAFT_EXTEND_V2, decoder steps, keep the tile and stay deterministic)"
 )
 NO_RIGHT_WINDOW = (
-    "FlashInfer 0.7.2.post1's prefill kernels take window_left only: no right window edge "
+    "FlashInfer 0.7.2.post1's attention kernels take window_left only: no right window edge "
     "(a two-sided encoder window would need a custom mask)"
 )
 _WORKSPACES: dict[str, torch.Tensor] = {}
