@@ -154,7 +154,8 @@ def add_check(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--family",
         action="append",
-        help="only this family: decode, prefill, prefix, draft_extend_v2, verify, cross (repeatable)",
+        help="only this family: decode, prefill, prefix, draft_extend_v2, verify, cross, encoder "
+        "(repeatable)",
     )
     p.add_argument(
         "--mode",

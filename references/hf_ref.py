@@ -3,8 +3,9 @@
 A second reference, independent of references/masks.py and torch_ref.py (it imports neither):
 visibility from `transformers.masking_utils`' long-standing mask functions, attention from
 GPT-OSS's eager function (sinks) with Gemma2's cap lines, all in float64. HF `sliding_window = S`
-is `window_left = S - 1`. A row with no visible key returns 0. Why each choice:
-docs/hf_and_models.md.
+is `window_left = S - 1`; its bidirectional (encoder) `sliding_window = S` is `|p - k| <= S`, a
+two-sided window with `window_left = window_right = S`. A row with no visible key returns 0. Why
+each choice: docs/hf_and_models.md.
 """
 
 from __future__ import annotations
@@ -22,6 +23,37 @@ QUERY_BLOCK = 64  # query rows per eager call: bounds the [Hq, rows, T] float64 
 def hf_sliding_window(window_left: int) -> int | None:
     """This harness's `window_left = W` (W + 1 keys) as HF's `sliding_window` (S keys): S = W + 1."""
     return None if window_left < 0 else window_left + 1
+
+
+def hf_bidirectional_sliding_window(window_left: int, window_right: int) -> int | None:
+    """An encoder's symmetric window (L = R) as HF's bidirectional `sliding_window`: S = L (|p - k| <= S);
+    None for any other window (HF has no function for it)."""
+    return window_left if window_left == window_right >= 0 else None
+
+
+def _mirrored(mask_function: Callable) -> Callable:
+    """A mask function with the query and key indices swapped: HF's left-edge overlay as a right edge."""
+
+    def inner(batch_idx, head_idx, q_idx, kv_idx):  # noqa: ANN001, ANN202 - HF's mask signature
+        return mask_function(batch_idx, head_idx, kv_idx, q_idx)
+
+    return inner
+
+
+def encoder_mask_function(window_left: int, window_right: int) -> Callable:
+    """An ENCODER_ONLY request's visibility over its own positions, from HF's functions: the plain
+    bidirectional mask; HF's bidirectional sliding window where the window is symmetric; otherwise
+    the bidirectional mask with `sliding_window_overlay(L + 1)` (k > p - (L + 1)) for the left edge
+    and, for a right edge, the same overlay mirrored (p > k - (R + 1), i.e. k <= p + R)."""
+    symmetric = hf_bidirectional_sliding_window(window_left, window_right)
+    if symmetric is not None:
+        return hf_masks.sliding_window_bidirectional_mask_function(symmetric)
+    fn = hf_masks.bidirectional_mask_function
+    if window_left >= 0:
+        fn = hf_masks.and_masks(fn, hf_masks.sliding_window_overlay(window_left + 1))
+    if window_right >= 0:
+        fn = hf_masks.and_masks(fn, _mirrored(hf_masks.sliding_window_overlay(window_right + 1)))
+    return fn
 
 
 def _depths(parents: tuple[int, ...]) -> list[int]:
@@ -69,6 +101,8 @@ def request_mask_function(case, r: int) -> tuple[Callable, int, int]:  # noqa: A
     mode = str(case.mode)
     if mode == "CROSS":
         return hf_masks.bidirectional_mask_function, e, req.encoder_len
+    if mode == "ENCODER_ONLY":  # positions 0 .. E-1 are the indices themselves
+        return encoder_mask_function(case.window_left, case.window_right), e, e
     if mode == "TARGET_VERIFY":
         depth = torch.tensor(_depths(req.tree), dtype=torch.long)
         q_pos = p + depth

@@ -7,6 +7,9 @@ draft i at position P + depth(i)). A key at position k is visible to a query at 
   window:   k >= p - W           (window_left W >= 0; W = -1 means no window): W + 1 keys in all
   verify:   a draft key is visible iff it is the query itself or one of its ancestors (and in window)
   cross:    every encoder key is visible; no causal mask, no window
+  encoder:  ENCODER_ONLY (P = 0): no causal mask, each query sees its request's E keys, bounded by
+            the left window (k >= p - W) and, for a two-sided window, the right one:
+            k <= p + R (window_right R >= 0; -1 means none)
 This file is deliberately independent of harness/ (backends build their own masks).
 """
 
@@ -38,11 +41,19 @@ def _ancestors_or_self(parents: tuple[int, ...]) -> torch.Tensor:
     return torch.tensor(rows, dtype=torch.bool).reshape(n, n)
 
 
-def _causal_window(qp: torch.Tensor, kp: torch.Tensor, window_left: int) -> torch.Tensor:
-    """The causal and window rule on broadcastable positions: k <= p, and k >= p - W with a window."""
-    vis = kp <= qp
+def _by_position(
+    qp: torch.Tensor, kp: torch.Tensor, causal: bool, window_left: int, window_right: int
+) -> torch.Tensor:
+    """The position rule on broadcastable positions: k <= p if causal, k >= p - W with a left window,
+    k <= p + R with a right window."""
+    if causal:
+        vis = kp <= qp
+    else:
+        vis = torch.ones(torch.broadcast_shapes(qp.shape, kp.shape), dtype=torch.bool, device=qp.device)
     if window_left >= 0:
         vis &= kp >= qp - window_left
+    if window_right >= 0:
+        vis &= kp <= qp + window_right
     return vis
 
 
@@ -56,6 +67,7 @@ class RequestMask:
     causal: bool
     num_prefix: int  # keys before this index are cached context; after it, tree drafts (verify)
     draft_visible: torch.Tensor | None  # [E, E] bool (verify): query j may see draft i
+    window_right: int = -1  # ENCODER_ONLY's right window R: keys up to p + R; -1 none
 
     @cached_property
     def num_queries(self) -> int:
@@ -69,9 +81,7 @@ class RequestMask:
         """[q1-q0, k1-k0] bool: may query j (q0 <= j < q1) see key i (k0 <= i < k1)?"""
         qp = self.query_pos[q0:q1, None]
         kp = self.key_pos[None, k0:k1]
-        if not self.causal:
-            return torch.ones(q1 - q0, k1 - k0, dtype=torch.bool)
-        vis = _causal_window(qp, kp, self.window_left)
+        vis = _by_position(qp, kp, self.causal, self.window_left, self.window_right)
         if self.draft_visible is not None and k1 > self.num_prefix:
             d0 = max(k0, self.num_prefix)
             vis[:, d0 - k0 :] &= self.draft_visible[q0:q1, d0 - self.num_prefix : k1 - self.num_prefix]
@@ -80,30 +90,29 @@ class RequestMask:
     def fully_visible(self, q0: int, q1: int, k0: int, k1: int) -> bool:
         """Whether `block(q0, q1, k0, k1)` is all True, from the positions' extremes alone (lets a
         loop skip building and applying the mask of the many blocks inside every query's reach)."""
-        if not self.causal:
-            return True
         if self.draft_visible is not None and k1 > self.num_prefix:
             return False
         qp = self.query_pos[q0:q1]
         kp = self.key_pos[k0:k1]
-        pmin, kmax = int(qp.min()), int(kp.max())
-        if kmax > pmin:
+        pmin, pmax, kmin, kmax = int(qp.min()), int(qp.max()), int(kp.min()), int(kp.max())
+        if self.causal and kmax > pmin:
             return False
-        return self.window_left < 0 or int(kp.min()) >= int(qp.max()) - self.window_left
+        if self.window_left >= 0 and kmin < pmax - self.window_left:
+            return False
+        return self.window_right < 0 or kmax <= pmin + self.window_right
 
     def dense(self) -> torch.Tensor:
         return self.block(0, self.num_queries, 0, self.num_keys)
 
     def key_range(self, q0: int, q1: int) -> tuple[int, int]:
         """Keys outside [lo, hi) are invisible to every query in q0..q1-1 (lets a loop skip them)."""
-        if not self.causal:
-            return 0, self.num_keys
         pmin = int(self.query_pos[q0:q1].min())
         pmax = int(self.query_pos[q0:q1].max())
-        if self.draft_visible is not None:
-            hi = self.num_keys
-        else:
-            hi = min(self.num_keys, pmax + 1)
+        hi = self.num_keys
+        if self.causal and self.draft_visible is None:
+            hi = min(hi, pmax + 1)
+        if self.window_right >= 0:  # ENCODER_ONLY: a key's index is its position
+            hi = min(hi, pmax + self.window_right + 1)
         lo = 0 if self.window_left < 0 else max(0, pmin - self.window_left)
         return min(lo, hi), hi
 
@@ -122,8 +131,10 @@ def padded_positions(masks: list[RequestMask]) -> dict[str, np.ndarray]:
     arrays (a torch operation on the CPU costs microseconds of dispatch, numpy's a fraction):
     query_pos [B, max E], key_pos [B, max T] (0 past a request's end), counts [3, B] (queries, keys,
     prefix keys) and, for tree drafts, draft_visible [B, max E, max E]."""
-    if len({(m.window_left, m.causal) for m in masks}) > 1:
-        raise ValueError("padded_visible: the requests of one batch must share window_left and causality")
+    if len({(m.window_left, m.window_right, m.causal) for m in masks}) > 1:
+        raise ValueError(
+            "padded_visible: the requests of one batch must share window_left, window_right and causality"
+        )
     bsz, e, t = len(masks), max(m.num_queries for m in masks), max(m.num_keys for m in masks)
     query_pos = np.zeros((bsz, e), dtype=np.int64)
     key_pos = np.zeros((bsz, t), dtype=np.int64)
@@ -149,8 +160,9 @@ def padded_visible_from(pos: dict[str, torch.Tensor], masks: list[RequestMask]) 
     num_queries, num_keys, num_prefix = pos["counts"][:, :, None]
     key, query = torch.arange(t, device=device), torch.arange(e, device=device)
     vis = (query < num_queries)[:, :, None] & (key < num_keys)[:, None, :]  # padding sees and is seen by none
-    if masks[0].causal:
-        vis = vis & _causal_window(qp, kp, masks[0].window_left)
+    m = masks[0]
+    if m.causal or m.window_left >= 0 or m.window_right >= 0:
+        vis = vis & _by_position(qp, kp, m.causal, m.window_left, m.window_right)
     if "draft_visible" in pos:  # key i >= P is draft i - P: visible to j iff draft_visible[j, i - P]
         draft = (key - num_prefix).clamp(0, e - 1)  # [B, T]
         seen = pos["draft_visible"].gather(2, draft[:, None, :].expand(bsz, e, t)) != 0
@@ -163,7 +175,7 @@ def padded_visible(masks: list[RequestMask], device: torch.device | str) -> torc
 
     Computed on the device from the positions (one small upload) instead of a dense mask built per
     request on the host and copied: the batch form of `block`'s rule, for a padded reference. The
-    requests of one batch share their window and causality (one case).
+    requests of one batch share their windows and causality (one case).
     """
     return padded_visible_from(upload(padded_positions(masks), device), masks)
 
@@ -175,9 +187,20 @@ def request_mask(
     window_left: int,
     encoder_len: int = 0,
     tree: tuple[int, ...] | None = None,
+    window_right: int = -1,
 ) -> RequestMask:
     """The visibility rule for one request of a case, from the case's numbers alone."""
     p, e = prefix_len, extend_len
+    if mode == "ENCODER_ONLY":  # P is 0: the request's own E tokens, at positions 0 .. E-1
+        return RequestMask(
+            query_pos=torch.arange(e),
+            key_pos=torch.arange(e),
+            window_left=window_left,
+            causal=False,
+            num_prefix=e,
+            draft_visible=None,
+            window_right=window_right,
+        )
     if mode == "CROSS":
         return RequestMask(
             query_pos=torch.arange(p, p + e),
@@ -210,7 +233,15 @@ def request_mask(
 def case_masks(case) -> list[RequestMask]:  # noqa: ANN001 - any object with the Case's fields
     """One RequestMask per request of a Case (duck-typed so this module imports nothing of harness)."""
     return [
-        request_mask(str(case.mode), r.prefix_len, r.extend_len, case.window_left, r.encoder_len, r.tree)
+        request_mask(
+            str(case.mode),
+            r.prefix_len,
+            r.extend_len,
+            case.window_left,
+            r.encoder_len,
+            r.tree,
+            case.window_right,
+        )
         for r in case.requests
     ]
 
@@ -218,3 +249,9 @@ def case_masks(case) -> list[RequestMask]:  # noqa: ANN001 - any object with the
 def hf_window_left(sliding_window: int | None) -> int:
     """Hugging Face `config.sliding_window = S` admits S keys (itself included): W = S - 1."""
     return -1 if sliding_window is None else sliding_window - 1
+
+
+def hf_bidirectional_window(sliding_window: int | None) -> tuple[int, int]:
+    """Hugging Face's bidirectional `sliding_window = S` (`sliding_window_bidirectional_overlay`) admits
+    keys with |p - k| <= S, 2S + 1 in all: window_left = window_right = S, unlike the causal S = W + 1."""
+    return (-1, -1) if sliding_window is None else (sliding_window, sliding_window)

@@ -10,7 +10,9 @@ the adapters and of references/:
 - causal is bottom-right aligned: query i of a request with E queries and L keys sits on key
   diagonal d = i + L - E; a window (left, right) keeps keys d - left .. d + right.
 - FA4 resolves (causal, window_size) as its `_resolve_causal_local_window` does: None is
-  unbounded, and (-1, 0) is a local window whose left edge is d + 1, i.e. empty.
+  unbounded, and (-1, 0) is a local window whose left edge is d + 1, i.e. empty. A local window
+  has only its own edges: causal=True with (W, None) resolves to (W, 0); causal=False with (W, None)
+  (an encoder's left window) leaves the right side unbounded, as FA4's mask does.
 - rows the kernel loads but masks still go through P @ V, so a NaN there spreads (0 * NaN).
   FA4 loads whole 128-key tiles from the window's first tile on, and with pages of 128 keys (TMA)
   also the tail rows of a request's last page; a mask_mod turns block skipping off.
@@ -157,7 +159,7 @@ def fa4_module(rec: Recorder) -> types.SimpleNamespace:
             if mask_mod is not None:
                 visible = _tree_visible(aux_tensors, q0, e, n - e, lo, hi) & (torch.arange(lo, hi) < n)
             else:
-                visible = _band(e, n, lo, hi, is_causal or local, left, right)
+                visible = _band(e, n, lo, hi, is_causal, left, right)  # local: its own edges only
             o, lse = attend(q[q0:q1].cpu(), kr.cpu(), vr.cpu(), visible, scale, softcap, learnable_sink)
             outs.append(o)
             lses.append(lse)

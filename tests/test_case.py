@@ -41,6 +41,9 @@ BAD = [
     (dict(head_dim=1024), "head_dim=1024 must be in [8, 512]"),
     (dict(dtype="float64"), "dtype='float64' is not one of bfloat16, float16, float32"),
     (dict(window_left=-2), "window_left=-2 must be >= -1"),
+    (dict(window_right=-2), "window_right=-2 must be >= -1"),
+    (dict(window_right=True), "window_right=True must be an integer"),
+    (dict(window_left=3, window_right=2), "window_right=2 is only meaningful in ENCODER_ONLY, not EXTEND"),
     (dict(soft_cap=-1.0), "soft_cap=-1.0 must be finite and >= 0"),
     (dict(soft_cap="x"), "soft_cap='x' must be a number"),
     (dict(sm_scale=0.0), "sm_scale=0.0 must be a positive number or null"),
@@ -86,6 +89,9 @@ REQUEST_BAD = [
         {},
         "one num_draft for the whole batch",
     ),
+    ("ENCODER_ONLY", [Request(0, 4), Request(2, 3)], {}, "requests[1].prefix_len=2 must be 0 in ENCODER"),
+    ("ENCODER_ONLY", [Request(0, 4)], {"window_right": 2}, "window_right=2 needs window_left >= 0"),
+    ("ENCODER_ONLY", [Request(0, 3, encoder_len=4)], {}, "encoder_len=4 is only meaningful in CROSS"),
     ("EXTEND", [], {}, "requests is empty"),
     ("PREFILL", [Request(0, 1)], {}, "mode='PREFILL' is not one of DECODE, EXTEND"),
 ]
@@ -124,3 +130,9 @@ def test_json_messages(text, message):
 def test_scale_defaults_to_inverse_sqrt_head_dim():
     assert ext(head_dim=64).scale == pytest.approx(0.125)
     assert ext(head_dim=64, sm_scale=0.3).scale == 0.3
+
+
+def test_an_encoder_case_with_a_two_sided_window_is_valid_and_round_trips():
+    c = Case(mode="ENCODER_ONLY", requests=(Request(0, 9), Request(0, 2)), window_left=3, window_right=1)
+    assert Case.from_json(c.to_json()) == c and json.loads(c.to_json())["window_right"] == 1
+    assert Case.from_dict({"mode": "EXTEND", "requests": [{"extend_len": 2}]}).window_right == -1

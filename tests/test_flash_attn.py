@@ -182,6 +182,31 @@ def test_fa4_cross_reads_the_encoder_without_mask(libs):
     assert a["page_table"][1, 0] == batch.req_to_token[1, 0] // ps  # encoder keys lead the row
 
 
+@pytest.mark.parametrize(
+    "left,right,fa4,minus_one",
+    [(-1, -1, (None, None), (-1, -1)), (7, -1, (7, None), (7, -1)), (7, 3, (7, 3), (7, 3))],
+)
+def test_encoder_is_non_causal_with_each_window_edge(libs, left, right, fa4, minus_one):
+    """ENCODER_ONLY: causal=False, window_size=(left, right) in each version's spelling of "none";
+    the KV extent is the request's own length."""
+    c = case("ENCODER_ONLY", reqs=((0, 20), (0, 5)), window_left=left, window_right=right)
+    for backend, name, expect in ((FA4(), "fa4", fa4), (FA3(), "fa3", minus_one), (FA2(), "fa2", minus_one)):
+        run(on_cpu(backend), c)
+        a = libs[name].last
+        assert a["causal"] is False and a["window_size"] == expect, (name, a["window_size"])
+    assert libs["fa4"].last["seqused_k"].tolist() == [20, 5]
+    assert libs["fa3"].last["cache_seqlens"].tolist() == [20, 5]
+    assert libs["fa2"].last["cu_seqlens_k"].tolist() == [0, 20, 25]
+
+
+def test_fa4_fake_leaves_a_left_window_unbounded_on_the_right(libs):
+    """FA4's local window has only its own edges: (W, None) with causal=False keeps every key after
+    the query (the fake once applied the causal edge to every local window)."""
+    c = case("ENCODER_ONLY", reqs=((0, 30),), window_left=4)
+    assert check_case(on_cpu(FA4()), c, "cpu").status == "pass"
+    assert check_case(on_cpu(FA4()), c.replace(window_left=40), "cpu").status == "pass"
+
+
 def test_fa4_page_table_is_translated_on_the_hybrid_pool(libs):
     c = case(reqs=((70, 5), (20, 3)), window_left=9, hybrid_swa_pool=True, page_size=16)
     batch, _ = run(on_cpu(FA4()), c)
@@ -297,6 +322,19 @@ MUTANT_ARGS = {
         _untranslated,
     ),
     "fa4~no_window_as_minus_one": (case(reqs=((30, 4),)), lambda a, b: a["window_size"] == (-1, 0)),
+    "fa4~encoder_causal": (case("ENCODER_ONLY", reqs=((0, 9),)), lambda a, b: a["causal"] is True),
+    "fa4~encoder_window_as_decoder": (
+        case("ENCODER_ONLY", reqs=((0, 9),), window_left=3),
+        lambda a, b: a["window_size"] == (3, 0),
+    ),
+    "fa4~window_sides_swapped": (
+        case("ENCODER_ONLY", reqs=((0, 9),), window_left=3),
+        lambda a, b: a["window_size"] == (None, 3),
+    ),
+    "fa4~two_sided_left_only": (
+        case("ENCODER_ONLY", reqs=((0, 9),), window_left=3, window_right=1),
+        lambda a, b: a["window_size"] == (3, None),
+    ),
 }
 
 

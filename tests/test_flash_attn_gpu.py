@@ -37,6 +37,11 @@ PATHS = {  # one case per FA4 code path (each is its own kernel variant)
         **GPU,
     ),
     "cross": Case("CROSS", (Request(0, 24, 70), Request(0, 5, 9)), **GPU),
+    "encoder-long": Case("ENCODER_ONLY", (Request(0, 3000), Request(0, 37)), **GPU),
+    "encoder-local": Case("ENCODER_ONLY", (Request(0, 700), Request(0, 9)), window_left=64, **GPU),
+    "encoder-two-sided-page128": Case(
+        "ENCODER_ONLY", (Request(0, 500),), window_left=64, window_right=32, page_size=128, **GPU
+    ),
 }
 DET = dict(deterministic=True, **GPU)
 INVARIANT = {

@@ -91,6 +91,23 @@ CASES = [
     ),
     ("flashinfer_enc", Case("CROSS", (Request(0, 5, 30), Request(0, 3, 17)), soft_cap=5.0, **H)),
     ("flashinfer_enc", Case("CROSS", (Request(9, 1, 30), Request(4, 1, 17)), deterministic=True, **H)),
+    ("flashinfer_ragged", Case("ENCODER_ONLY", (Request(0, 30), Request(0, 7), Request(0, 1)), **H)),
+    (
+        "flashinfer_ragged",
+        Case(
+            "ENCODER_ONLY",
+            (Request(0, 40), Request(0, 9)),
+            window_left=5,
+            hybrid_swa_pool=True,
+            kv_layout="HND",
+            **H,
+        ),
+    ),
+    (
+        "flashinfer_paged",
+        Case("ENCODER_ONLY", (Request(0, 33), Request(0, 16)), window_left=4, soft_cap=5.0, **H),
+    ),
+    ("flashinfer_paged", Case("ENCODER_ONLY", (Request(0, 20), Request(0, 3)), sinks=True, page_size=1, **H)),
 ]
 
 
@@ -99,6 +116,30 @@ def test_adapter_passes_under_the_fake(name, case):
     res = check_case(fake.on_cpu(backends.load(name)), case, "cpu")
     assert res.status == "pass", res.failure_text()
     assert res.verdict.lse_err is not None or case.sinks  # LSE checked wherever there are no sinks
+
+
+def test_encoder_prefill_is_planned_non_causal_with_the_left_window():
+    """ENCODER_ONLY as an engine plans it: causal=False, window_left on a windowed layer; the ragged
+    path has no cached prefix to read or merge; the paged path writes the K/V to the pool first."""
+    c = Case("ENCODER_ONLY", (Request(0, 30), Request(0, 7)), window_left=5, **H)
+    assert check_case(fake.on_cpu(backends.load("flashinfer_ragged")), c, "cpu").status == "pass"
+    (plan,) = fake.calls("ragged.plan")
+    assert plan["causal"] is False and plan["window_left"] == 5
+    assert not fake.calls("paged.plan") and not fake.calls("merge_state")
+    fake.reset()
+    paged = fake.on_cpu(backends.load("flashinfer_paged"))
+    assert check_case(paged, c.replace(window_left=-1), "cpu").status == "pass"
+    (plan,) = fake.calls("paged.plan")
+    assert plan["causal"] is False and plan["window_left"] == -1
+    assert plan["seq_lens"].tolist() == [30, 7]
+
+
+def test_a_two_sided_window_is_a_skip_with_the_reason():
+    c = Case("ENCODER_ONLY", (Request(0, 30),), window_left=5, window_right=2, **H)
+    for name in ("flashinfer_ragged", "flashinfer_paged"):
+        why = backends.load(name).supports(c)
+        assert why and "window_left only" in why, (name, why)
+        assert backends.load(name).supports(c.replace(window_right=-1)) is None
 
 
 NUMERIC = [m for m in MUTANTS if m.check == "numeric"]

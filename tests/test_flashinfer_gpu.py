@@ -18,6 +18,7 @@ from harness.backends.flashinfer_glue import (
     workspace,
 )
 from harness.checks.invariance import check_invariance, compositions
+from harness.checks.numeric import check_case
 from harness.core.case import Case, Request
 from harness.mutants import by_name, catalogue, hunt
 from harness.mutants.flashinfer import CAUGHT_BY_INVARIANCE
@@ -87,6 +88,18 @@ def test_mutant_is_caught(mutant, family):
         f"shrunk to {d.shrunk.to_json() if d.shrunk else None}; {d.reason}"
     )
     assert d.caught, f"mutant {mutant.name} ({mutant.bug}) survived {d.examples} examples of {family}"
+
+
+# A long encoder request (FlashInfer splits its key range) next to a short one, both non-causal paths.
+ENCODER_LONG = Case("ENCODER_ONLY", (Request(0, 6000), Request(0, 40)), head_dim=128)
+
+
+@pytest.mark.parametrize("window", [-1, 1000])
+@pytest.mark.parametrize("name", ["flashinfer_ragged", "flashinfer_paged"])
+def test_a_long_encoder_request_passes(name, window):
+    res = check_case(backends.load(name), ENCODER_LONG.replace(window_left=window), "cuda")
+    print(f"\n{name} encoder 6000 + 40 tokens, window_left {window}: {res.reason}")
+    assert res.status == "pass", res.failure_text()
 
 
 @pytest.mark.parametrize("name", sorted(CAUGHT_BY_INVARIANCE))

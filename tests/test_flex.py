@@ -114,7 +114,7 @@ def _graphs() -> int:
 
 def test_compiled_cost_a_new_batch_of_a_seen_shape_does_not_recompile():
     """The first call compiles once; other batches in the same padded bucket (other lengths, window,
-    soft cap, sinks, mode) reuse the kernel."""
+    soft cap, sinks, mode, an encoder's causality and right window edge) reuse the kernel."""
     b = _CompiledHere()
     if b.available("cpu"):
         pytest.skip(b.available("cpu"))
@@ -124,6 +124,7 @@ def test_compiled_cost_a_new_batch_of_a_seen_shape_does_not_recompile():
         case("EXTEND", ((20, 9),), window_left=3, soft_cap=5.0, sinks=True, **mqa),
         case("DECODE", ((60, 1), (2, 1)), **mqa),
         case("CROSS", ((0, 5, 9),), sinks=True, **mqa),
+        case("ENCODER_ONLY", ((0, 25), (0, 4)), window_left=4, window_right=2, **mqa),
     ]
     check_case(FlexEager(), first)  # the harness's lazy imports (they re-key dynamo guards) first
     t0, g0 = time.perf_counter(), _graphs()

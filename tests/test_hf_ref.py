@@ -18,7 +18,7 @@ from harness.core.batch import make_inputs
 from harness.search.profiles import SIZES
 from harness.search.strategies import ALL_CAPS, cases
 from references import hf_ref
-from references.masks import hf_window_left, request_mask
+from references.masks import hf_bidirectional_window, hf_window_left, request_mask
 from references.torch_ref import reference
 from tests.helpers import case
 
@@ -37,6 +37,49 @@ def test_hf_sliding_window_s_admits_s_keys_which_is_window_left_s_minus_1(slidin
     assert w == s - 1 and hf_ref.hf_sliding_window(w) == s
     assert torch.equal(hf, request_mask("EXTEND", 0, 40, w).dense())
     assert not torch.equal(hf, request_mask("EXTEND", 0, 40, s).dense())  # W = S would admit S + 1
+
+
+@pytest.mark.parametrize("sliding_window", [0, 1, 2, 5])
+def test_hf_bidirectional_sliding_window_s_is_a_window_of_s_on_both_sides(sliding_window):
+    """transformers' bidirectional sliding window (encoders: ModernBERT, bidirectional Gemma) admits
+    |p - k| <= S: window_left = window_right = S, not the causal S - 1. Pinned against its mask
+    function and against the mask a model builds from its config."""
+    s = sliding_window
+    pos = torch.arange(30)
+    fn = hf_masks.sliding_window_bidirectional_mask_function(s)
+    hf = fn(torch.tensor(0), torch.tensor(0), pos[:, None], pos[None, :])
+    assert hf.sum(-1).tolist() == [min(p + s, 29) - max(p - s, 0) + 1 for p in range(30)]
+    left, right = hf_bidirectional_window(s)
+    assert (left, right) == (s, s) and hf_ref.hf_bidirectional_sliding_window(left, right) == s
+    ours = request_mask("ENCODER_ONLY", 0, 30, left, window_right=right).dense()
+    assert torch.equal(hf, ours)
+    assert not torch.equal(hf, request_mask("ENCODER_ONLY", 0, 30, s + 1, window_right=s + 1).dense())
+    config = transformers.PretrainedConfig(sliding_window=s)
+    config._attn_implementation = "sdpa"
+    built = hf_masks.create_bidirectional_sliding_window_mask(
+        config=config, inputs_embeds=torch.zeros(1, 30, 8), attention_mask=None
+    )
+    assert torch.equal(built[0, 0], ours)
+
+
+def test_hf_bidirectional_mask_is_every_key():
+    config = transformers.PretrainedConfig()
+    config._attn_implementation = "sdpa"
+    embeds = torch.zeros(1, 9, 8)
+    built = hf_masks.create_bidirectional_mask(
+        config=config, inputs_embeds=embeds, attention_mask=None, allow_is_bidirectional_skip=False
+    )
+    assert torch.equal(built[0, 0], request_mask("ENCODER_ONLY", 0, 9, -1).dense())
+
+
+@pytest.mark.parametrize("left,right", [(3, -1), (1, 4), (4, 1), (0, 0), (2, 2)])
+def test_hf_encoder_mask_function_matches_the_rule(left, right):
+    """Left-only and asymmetric windows (no HF function of their own) from HF's overlays."""
+    c = case("ENCODER_ONLY", ((0, 25),), window_left=left, window_right=right)
+    fn, e, t = hf_ref.request_mask_function(c, 0)
+    assert (e, t) == (25, 25)
+    ours = request_mask("ENCODER_ONLY", 0, 25, left, window_right=right).dense()
+    assert torch.equal(hf_ref.evaluate(fn, torch.arange(25), 25), ours)
 
 
 def test_no_window_is_none_both_ways():
@@ -66,6 +109,33 @@ def test_hf_ref_agrees_with_torch_ref_to_float64_noise(family):
         assert float((hf_ref.reference(c, inputs) - exact).abs().max()) < 1e-12
 
     check()
+
+
+@pytest.mark.parametrize("windowed", [False, True])
+def test_hf_ref_agrees_with_torch_ref_on_encoder_cases(windowed):
+    """Encoder cases with no window, a left window, a symmetric (HF's own function) and an
+    asymmetric two-sided one, over requests of mixed lengths."""
+
+    @settings(max_examples=10, derandomize=True, database=None, deadline=None)
+    @given(cases("encoder", windowed, ALL_CAPS, TINY))
+    def check(c):
+        inputs = make_inputs(c)
+        exact = reference(c, inputs).out
+        assert crossref.disagreement(c, inputs, exact) is None
+        assert float((hf_ref.reference(c, inputs) - exact).abs().max()) < 1e-12
+
+    check()
+
+
+def test_the_causal_convention_on_a_bidirectional_window_fails_the_suite_check(monkeypatch):
+    """HF's causal S = W + 1 applied to its bidirectional window (|p - k| <= W + 1): caught."""
+    def causal_convention(left, right):
+        return left + 1 if left == right >= 0 else None
+
+    monkeypatch.setattr(hf_ref, "hf_bidirectional_sliding_window", causal_convention)
+    c = case("ENCODER_ONLY", ((0, 24),), window_left=4, window_right=4, dtype="float32")
+    res = check_case(load("torch_native"), c, "cpu")
+    assert res.status == "fail" and res.reason.startswith("references disagree")
 
 
 def test_float32_arithmetic_is_not_float64_noise():

@@ -5,7 +5,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from references.masks import hf_window_left, padded_visible, request_mask
+from references.masks import hf_bidirectional_window, hf_window_left, padded_visible, request_mask
 
 
 def rows(mask):
@@ -57,6 +57,33 @@ def test_cross_sees_every_encoder_key():
     assert rows(m) == ["xxx", "xxx"]
 
 
+def test_encoder_only_sees_its_own_tokens_both_ways():
+    assert rows(request_mask("ENCODER_ONLY", 0, 4, -1)) == ["xxxx"] * 4
+
+
+def test_encoder_left_window_bounds_only_the_left():
+    # W=1: keys p - 1 .. the end of the request
+    assert rows(request_mask("ENCODER_ONLY", 0, 5, 1)) == ["xxxxx", "xxxxx", ".xxxx", "..xxx", "...xx"]
+
+
+def test_encoder_two_sided_window_bounds_both_sides():
+    # (L, R) = (1, 1): keys p - 1 .. p + 1; (2, 0): a causal-looking band; (0, 2): its mirror image
+    assert rows(request_mask("ENCODER_ONLY", 0, 5, 1, window_right=1)) == [
+        "xx...",
+        "xxx..",
+        ".xxx.",
+        "..xxx",
+        "...xx",
+    ]
+    assert rows(request_mask("ENCODER_ONLY", 0, 4, 2, window_right=0)) == ["x...", "xx..", "xxx.", ".xxx"]
+    assert rows(request_mask("ENCODER_ONLY", 0, 4, 0, window_right=2)) == ["xxx.", ".xxx", "..xx", "...x"]
+
+
+def test_hf_bidirectional_sliding_window_is_s_on_both_sides():
+    assert hf_bidirectional_window(3) == (3, 3)
+    assert hf_bidirectional_window(None) == (-1, -1)
+
+
 def test_hf_sliding_window_admits_s_keys():
     assert hf_window_left(4) == 3
     assert hf_window_left(None) == -1
@@ -71,6 +98,23 @@ def test_hf_sliding_window_admits_s_keys():
 )
 def test_key_range_contains_every_visible_key(p, e, w, q0, n):
     m = request_mask("EXTEND", p, e, w)
+    _assert_key_range_covers(m, q0, n)
+
+
+@given(
+    e=st.integers(1, 60),
+    w=st.integers(-1, 30),
+    r=st.integers(-1, 30),
+    q0=st.integers(0, 59),
+    n=st.integers(1, 60),
+)
+def test_encoder_key_range_contains_every_visible_key(e, w, r, q0, n):
+    m = request_mask("ENCODER_ONLY", 0, e, w, window_right=r if w >= 0 else -1)
+    _assert_key_range_covers(m, q0, n)
+
+
+def _assert_key_range_covers(m, q0, n):
+    e = m.num_queries
     q0 = min(q0, e - 1)
     q1 = min(e, q0 + n)
     lo, hi = m.key_range(q0, q1)
@@ -79,19 +123,24 @@ def test_key_range_contains_every_visible_key(p, e, w, q0, n):
     assert cols.numel() > 0 and int(cols.min()) >= lo and int(cols.max()) < hi
 
 
-@given(
-    st.sampled_from(["EXTEND", "DECODE", "TARGET_VERIFY", "CROSS"]),
-    st.integers(0, 40),
-    st.integers(1, 12),
-    st.integers(-1, 20),
-    st.data(),
-)
+def _mask(mode, p, e, w, data, encoder_len):
+    """A request's mask for the property tests: windows drawn where the mode has them (the right edge
+    only in ENCODER_ONLY, whose P is 0), a random tree in verify."""
+    e = 1 if mode == "DECODE" else e
+    tree = tuple(data.draw(st.integers(-1, j - 1)) for j in range(e)) if mode == "TARGET_VERIFY" else None
+    right = data.draw(st.integers(-1, 20)) if mode == "ENCODER_ONLY" and w >= 0 else -1
+    p = 0 if mode == "ENCODER_ONLY" else p
+    return request_mask(mode, p, e, -1 if mode == "CROSS" else w, encoder_len, tree, right)
+
+
+MODES = ["EXTEND", "DECODE", "TARGET_VERIFY", "CROSS", "ENCODER_ONLY"]
+
+
+@given(st.sampled_from(MODES), st.integers(0, 40), st.integers(1, 12), st.integers(-1, 20), st.data())
 def test_fully_visible_only_where_the_whole_block_is_visible(mode, p, e, w, data):
     """The reference skips masking the blocks `fully_visible` admits: it must never admit a block
     with a hidden key, and it admits every all-visible block outside verify's draft keys."""
-    e = 1 if mode == "DECODE" else e
-    tree = tuple(data.draw(st.integers(-1, j - 1)) for j in range(e)) if mode == "TARGET_VERIFY" else None
-    m = request_mask(mode, p, e, -1 if mode == "CROSS" else w, encoder_len=p + 3, tree=tree)
+    m = _mask(mode, p, e, w, data, p + 3)
     q0 = data.draw(st.integers(0, m.num_queries - 1))
     q1 = data.draw(st.integers(q0 + 1, m.num_queries))
     k0 = data.draw(st.integers(0, m.num_keys - 1))
@@ -103,8 +152,19 @@ def test_fully_visible_only_where_the_whole_block_is_visible(mode, p, e, w, data
         assert not whole
 
 
+@given(st.integers(1, 40), st.integers(-1, 8), st.integers(-1, 8), st.data())
+def test_fully_visible_with_an_encoder_window(e, w, r, data):
+    """The same property on encoder windows, where a block may cross either edge."""
+    m = request_mask("ENCODER_ONLY", 0, e, w, window_right=r if w >= 0 else -1)
+    q0 = data.draw(st.integers(0, e - 1))
+    q1 = data.draw(st.integers(q0 + 1, e))
+    k0 = data.draw(st.integers(0, e - 1))
+    k1 = data.draw(st.integers(k0 + 1, e))
+    assert m.fully_visible(q0, q1, k0, k1) == bool(m.block(q0, q1, k0, k1).all())
+
+
 @given(
-    st.sampled_from(["EXTEND", "DECODE", "TARGET_VERIFY", "CROSS"]),
+    st.sampled_from(MODES),
     st.integers(-1, 20),
     st.lists(st.tuples(st.integers(0, 30), st.integers(1, 9)), min_size=1, max_size=5),
     st.data(),
@@ -113,11 +173,13 @@ def test_padded_visible_is_each_requests_dense_mask_and_hides_the_padding(mode, 
     """The padded reference's mask, built on the device from positions, must be `dense()` of every
     request in its corner and hide everything else (padding queries see nothing, padding keys are
     seen by nobody): the one visibility rule in its batch form."""
+    right = data.draw(st.integers(-1, 20)) if mode == "ENCODER_ONLY" and w >= 0 else -1
     masks = []
     for p, e in reqs:
         e = 1 if mode == "DECODE" else e
         tree = tuple(data.draw(st.integers(-1, j - 1)) for j in range(e)) if mode == "TARGET_VERIFY" else None
-        masks.append(request_mask(mode, p, e, -1 if mode == "CROSS" else w, encoder_len=p + 1, tree=tree))
+        w_mode = -1 if mode == "CROSS" else w
+        masks.append(request_mask(mode, p, e, w_mode, encoder_len=p + 1, tree=tree, window_right=right))
     vis = padded_visible(masks, "cpu")
     assert vis.shape == (len(masks), max(m.num_queries for m in masks), max(m.num_keys for m in masks))
     for r, m in enumerate(masks):
@@ -129,3 +191,6 @@ def test_padded_visible_is_each_requests_dense_mask_and_hides_the_padding(mode, 
 def test_padded_visible_refuses_requests_with_different_windows():
     with pytest.raises(ValueError, match="share window_left"):
         padded_visible([request_mask("EXTEND", 2, 2, 1), request_mask("EXTEND", 2, 2, -1)], "cpu")
+    with pytest.raises(ValueError, match="window_right"):
+        one_sided, two_sided = (request_mask("ENCODER_ONLY", 0, 2, 1, window_right=r) for r in (-1, 1))
+        padded_visible([one_sided, two_sided], "cpu")

@@ -62,6 +62,21 @@ def test_cross_reads_encoder_keys_that_lead_the_row():
     assert torch.isnan(k_dec.float()).all()
 
 
+def test_encoder_only_is_an_extend_over_no_cache_whose_keys_are_its_own_tokens():
+    """ENCODER_ONLY: seq_lens = E, no prefix, positions 0 .. E-1, KV extent E; its K/V arrive as new
+    tokens for the adapter to write to the pool (as engines do) before or after attending."""
+    b = batch_of(case("ENCODER_ONLY", ((0, 4), (0, 2)), window_left=1, window_right=1))
+    assert b.seq_lens.tolist() == [4, 2] and b.prefix_lens.tolist() == [0, 0]
+    assert b.extend_lens.tolist() == [4, 2] and b.encoder_lens.tolist() == [0, 0]
+    assert b.positions.tolist() == [0, 1, 2, 3, 0, 1]
+    assert [modes.kv_extent(Mode.ENCODER_ONLY, s, b.num_draft, 0) for s in b.seq_lens.tolist()] == [4, 2]
+    assert b.num_draft == 0 and b.tree_mask is None
+    assert b.out_cache_loc.tolist() == b.req_to_token[0, :4].tolist() + b.req_to_token[1, :2].tolist()
+    assert torch.isnan(b.pool.read(b.out_cache_loc)[0].float()).all()  # nothing cached
+    assert torch.equal(b.k_new, make_inputs(b.case).kv_all[0])
+    assert modes.family_of(Mode.ENCODER_ONLY, [0, 0]) == "encoder"
+
+
 def test_new_tokens_are_not_in_the_pool_until_the_adapter_writes_them():
     b = batch_of(case("EXTEND", ((5, 3),)))
     k_new, _ = b.pool.read(b.out_cache_loc)
@@ -93,7 +108,9 @@ def test_host_copies_match_the_device_metadata_in_every_mode():
         "DRAFT_EXTEND_V2": ((7, 3), (2, 3)),
         "TARGET_VERIFY": ((4, 3, 0, (-1, 0, 0)), (0, 3, 0, (-1, 0, 1))),
         "CROSS": ((0, 2, 5), (3, 1, 4)),
+        "ENCODER_ONLY": ((0, 7), (0, 2)),
     }
+    assert set(shapes) == {str(m) for m in Mode}
     for mode, reqs in shapes.items():
         b = batch_of(case(mode, reqs, window_left=-1 if mode == "CROSS" else 2))
         for name in ("seq_lens", "prefix_lens", "extend_lens", "encoder_lens", "qo_indptr", "positions"):

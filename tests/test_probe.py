@@ -21,6 +21,7 @@ CORRECT = {
         "TARGET_VERIFY", ((20, 5, 0, (-1, 0, 0, 1, 2)),), window_left=6, head_dim=8, hybrid_swa_pool=True
     ),
     "cross": case("CROSS", ((0, 4, 10), (3, 1, 7)), head_dim=8),
+    "encoder-two-sided": case("ENCODER_ONLY", ((0, 20), (0, 6)), window_left=4, window_right=2, head_dim=8),
     "extreme-logits-cap-sinks": case(
         "EXTEND", ((10, 6),), head_dim=8, soft_cap=5.0, sinks=True, q_amplitude=1000.0, window_left=3
     ),
@@ -83,6 +84,23 @@ def test_window_one_too_long_names_the_single_extra_key():
     )
     # One extra key per query and head, except query 0: its key 22 lies before the adapter's kv_start.
     assert r.requests[0].extra == 11 * 4
+
+
+def test_encoder_bugs_are_named_against_the_two_sided_window():
+    """An encoder query's window has a right edge: the probe names it, and no causal mask."""
+    c = case("ENCODER_ONLY", ((0, 16),), window_left=3, window_right=2, head_dim=8)
+    r = probe(load("harness.mutants.torch_native:_TwoSidedLeftOnly"), c)
+    line = "request 0, query 5 (position 5) attended keys 8..15, outside its window [2, 7] (all 8 heads)"
+    assert line in r.lines
+    r = probe(load("harness.mutants.torch_native:_WindowWrongSide"), c.replace(window_right=-1))
+    line = "request 0, query 5 (position 5) attended keys 0..1, outside its window [2, 15] (all 8 heads)"
+    assert line in r.lines
+    r = probe(load("harness.mutants.torch_native:_EncoderCausal"), c.replace(window_left=-1, window_right=-1))
+    line = (
+        "request 0, query 5 (position 5) did not attend keys 6..15, visible to it "
+        "(encoder-only, no window: positions [0, 15]) (all 8 heads)"
+    )
+    assert line in r.lines
 
 
 class _TreeIgnored(TorchNative):

@@ -10,6 +10,7 @@ from hypothesis import given, settings
 
 from harness.backends import load
 from harness.core.batch import make_inputs
+from harness.core.modes import FAMILIES
 from harness.search.profiles import SIZES
 from harness.search.strategies import cases
 from references import torch_ref
@@ -32,6 +33,8 @@ def naive(c, inputs):
             kpos = list(range(p)) + qpos
         elif c.mode == "CROSS":
             qpos, kpos = list(range(p, p + req.extend_len)), list(range(req.encoder_len))
+        elif c.mode == "ENCODER_ONLY":  # its own tokens, both ways
+            qpos = kpos = list(range(req.extend_len))
         else:
             qpos, kpos = list(range(p, p + req.extend_len)), list(range(p + req.extend_len))
         o = torch.zeros(req.extend_len, c.num_q_heads, c.head_dim, dtype=torch.float64)
@@ -41,9 +44,11 @@ def naive(c, inputs):
                 scores, vals = [], []
                 for i in range(len(kpos)):
                     if c.mode != "CROSS":
-                        if kpos[i] > qpos[j]:
+                        if kpos[i] > qpos[j] and c.mode != "ENCODER_ONLY":
                             continue
                         if c.window_left >= 0 and kpos[i] < qpos[j] - c.window_left:
+                            continue
+                        if c.window_right >= 0 and kpos[i] > qpos[j] + c.window_right:
                             continue
                         if c.mode == "TARGET_VERIFY" and i >= p:
                             a, d = j, i - p
@@ -73,7 +78,7 @@ def naive(c, inputs):
 CAPS = load("torch_native").capabilities
 
 
-@pytest.mark.parametrize("family", ["decode", "prefill", "prefix", "draft_extend_v2", "verify", "cross"])
+@pytest.mark.parametrize("family", FAMILIES)
 def test_reference_matches_the_naive_loop(family):
     tiny = SIZES["ci"].__class__(
         **{
@@ -88,18 +93,23 @@ def test_reference_matches_the_naive_loop(family):
 
     @settings(max_examples=8, derandomize=True, database=None, deadline=None)
     @given(cases(family, family != "cross", CAPS, tiny))
-    def check(c):
-        inputs = make_inputs(c)
-        out, lse = naive(c, inputs)
-        for padded in (False, True):  # the per-request loop, and the padded batch a GPU uses
-            ref = reference(c, inputs, padded=padded)
-            assert torch.allclose(ref.out, out, atol=1e-10, rtol=0)
-            assert torch.allclose(ref.lse, lse, atol=1e-10, rtol=0)
+    def check(drawn):
+        variants = [drawn]
+        if family == "encoder":  # with and without a window
+            off = dict(window_left=-1, window_right=-1, hybrid_swa_pool=False, swa_pool_exact=False)
+            variants.append(drawn.replace(**off))
+        for c in variants:
+            inputs = make_inputs(c)
+            out, lse = naive(c, inputs)
+            for padded in (False, True):  # the per-request loop, and the padded batch a GPU uses
+                ref = reference(c, inputs, padded=padded)
+                assert torch.allclose(ref.out, out, atol=1e-10, rtol=0)
+                assert torch.allclose(ref.lse, lse, atol=1e-10, rtol=0)
 
     check()
 
 
-@pytest.mark.parametrize("family", ["decode", "prefill", "prefix", "draft_extend_v2", "verify", "cross"])
+@pytest.mark.parametrize("family", FAMILIES)
 def test_the_padded_batch_agrees_with_the_loop_in_both_precisions(family):
     """Same arithmetic, other summation order: exact agrees to float64 rounding; native may flip a
     rounding to the case dtype (a score, a probability or an output element), which moves the
@@ -259,6 +269,7 @@ def test_unknown_precision_is_rejected():
 MEMORY_PROBE = """
 import resource, sys, time, torch
 from harness.core.batch import make_inputs
+from harness.core.modes import FAMILIES
 from tests.helpers import case
 from references.torch_ref import reference
 c = case("EXTEND", ((0, 32768),), window_left=1023, num_q_heads=4, num_kv_heads=1, head_dim=64)

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-WINDOWED = ["decode", "prefill", "prefix", "draft_extend_v2", "verify"]
+WINDOWED = ["decode", "prefill", "prefix", "draft_extend_v2", "verify", "encoder"]
 FAMILY_TEST = {
     "decode": "test_decode",
     "prefill": "test_prefill",
@@ -16,6 +16,7 @@ FAMILY_TEST = {
     "draft_extend_v2": "test_draft_extend_v2",
     "verify": "test_verify",
     "cross": "test_cross",
+    "encoder": "test_encoder",
 }
 
 

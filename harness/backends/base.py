@@ -37,6 +37,7 @@ class Capabilities:
     kv_layouts: frozenset[str] = frozenset({"NHD"})
     devices: frozenset[str] = frozenset({"cuda"})
     window: bool = False
+    window_right: bool = False  # a two-sided (ENCODER_ONLY) window: keys right of the query bounded too
     soft_cap: bool = False
     sinks: bool = False
     hybrid_pool: bool = False

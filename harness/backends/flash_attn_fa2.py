@@ -26,7 +26,7 @@ class FA2(FlashAttnGlue):
     library = "flash-attn-2"
     entry = ("flash_attn", "flash_attn_varlen_func")
     capabilities = capabilities(
-        ("window", "soft_cap", "hybrid_pool", "deterministic", "returns_lse"),
+        ("window", "window_right", "soft_cap", "hybrid_pool", "deterministic", "returns_lse"),
         kv_layouts=frozenset({"NHD", "HND"}),
         why_not={
             "sinks": "FA2 has no attention-sink argument",

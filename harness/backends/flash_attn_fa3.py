@@ -25,7 +25,7 @@ class FA3(FlashAttnGlue):
     library = "flash-attn-3"
     entry = ("flash_attn_interface", "flash_attn_with_kvcache")
     capabilities = capabilities(
-        ("window", "soft_cap", "hybrid_pool", "deterministic", "returns_lse"),
+        ("window", "window_right", "soft_cap", "hybrid_pool", "deterministic", "returns_lse"),
         whole_page_loads=True,
         why_not={
             "sinks": "FA3's flash_attn_with_kvcache has no learnable-sink argument",

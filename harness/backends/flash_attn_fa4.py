@@ -2,7 +2,8 @@
 
 Queries are varlen (`cu_seqlens_q`), keys come through `page_table` + `seqused_k` (the KV extent
 of the mode). Windows are `window_size=(W, 0)`; no window is `(None, None)`: FA4 reads `(-1, 0)`
-as a local window whose left edge sits one key right of the query, i.e. an empty one. Trees of
+as a local window whose left edge sits one key right of the query, i.e. an empty one. ENCODER_ONLY
+is `causal=False` with `window_size=(L, R)`, None for a missing edge (a left window is `(W, None)`). Trees of
 TARGET_VERIFY (topk > 1) go through a `mask_mod` that reads two per-query tables built here.
 On sm90 FA4 has no split-KV (`num_splits` must be 1), so every call is batch-invariant. Pages
 whose size equals the kernel's key tile (128 at head_dim 128) load by TMA, whole: the tail rows of

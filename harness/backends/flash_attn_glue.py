@@ -94,13 +94,14 @@ class FlashAttnGlue(EngineGlue):
         return self.page_ids(batch, first_slots).to(torch.int32).contiguous()
 
     def window_size(self, batch: Batch) -> tuple[int | None, int | None]:
-        """(W, 0) on a windowed layer; `unbounded` otherwise, as this version spells it."""
+        """(W, 0) on a causal windowed layer; `unbounded` without a window, as this version spells
+        it. A non-causal (ENCODER_ONLY) layer gives each edge: (W, R), (W, none) for a left window."""
         w = self.window_left(batch)
-        return self.unbounded if w < 0 else (w, 0)
-
-    def causal(self, batch: Batch) -> bool:
-        """Every self-attention mode is causal (bottom-right aligned); CROSS is not."""
-        return batch.mode != Mode.CROSS
+        if self.causal(batch):
+            return self.unbounded if w < 0 else (w, 0)
+        r = self.window_right(batch)
+        none_left, none_right = self.unbounded
+        return (w if w >= 0 else none_left, r if r >= 0 else none_right)
 
     def num_splits(self, batch: Batch) -> int:
         """1 (no split-KV) in deterministic mode: a split count that follows the batch changes bits."""

@@ -35,7 +35,15 @@ PREFILL_NOT_INVARIANT = (
 )
 # The batches in which fa2 prefill sizes a request's query tile from its neighbours (queries of any
 # length), by mode: the trait (vocab.case_traits) that is exclusive with deterministic mode.
-QUERY_TILE_FOLLOWS_BATCH = {Mode.EXTEND: "EXTEND", Mode.CROSS: "cross_prefill"}
+QUERY_TILE_FOLLOWS_BATCH = {
+    Mode.EXTEND: "EXTEND",
+    Mode.ENCODER_ONLY: "ENCODER_ONLY",
+    Mode.CROSS: "cross_prefill",
+}
+NO_RIGHT_WINDOW = (
+    "FlashInfer 0.7.2.post1's attention kernels take window_left only: no right window edge "
+    "(a two-sided encoder window would need a custom mask)"
+)
 _WORKSPACES: dict[str, torch.Tensor] = {}
 # plan()'s custom_mask: flat bool, request-major, each request's [queries, keys] row-major; or None.
 CustomMask = torch.Tensor | None
@@ -69,15 +77,20 @@ def capabilities(
     **fields: Any,
 ) -> Capabilities:
     """The capabilities every FlashInfer adapter shares, plus its own modes, features, exclusive
-    pairs (pair -> why) and fields. Deterministic mode excludes the batches whose fa2 prefill query
-    tile follows the batch (PREFILL_NOT_INVARIANT): EXTEND, and a CROSS prefill."""
+    pairs (pair -> why) and fields. No adapter has a right window edge (NO_RIGHT_WINDOW), whatever
+    `features` names. Deterministic mode excludes the batches whose fa2 prefill query
+    tile follows the batch (PREFILL_NOT_INVARIANT): EXTEND, ENCODER_ONLY and a CROSS prefill."""
     pairs = dict(exclusive or {})
     if "deterministic" in features:
         tiled = (trait for mode, trait in QUERY_TILE_FOLLOWS_BATCH.items() if mode in modes_)
         pairs |= {("deterministic", trait): PREFILL_NOT_INVARIANT for trait in tiled}
-    why_not = {**fields.pop("why_not", {}), **{"+".join(p): why for p, why in pairs.items()}}
+    why_not = {
+        "window_right": NO_RIGHT_WINDOW,
+        **fields.pop("why_not", {}),
+        **{"+".join(p): why for p, why in pairs.items()},
+    }
     return Capabilities.with_features(
-        *features,
+        *(f for f in features if f != "window_right"),
         modes=frozenset(modes_),
         dtypes=frozenset({"bfloat16", "float16"}),
         head_dims=HEAD_DIMS,
@@ -200,8 +213,9 @@ class FlashInferGlue(EngineGlue):
     def plan_paged(
         self, wrapper: Any, batch: Batch, table: PageTable, causal: bool, options: dict, mask: CustomMask
     ) -> None:
-        """Plan a paged prefill wrapper over the batch's queries: page table, causality or a custom
-        mask, kernel options and split parameters."""
+        """Plan a paged prefill wrapper over the batch's queries: page table, causality (`causal`,
+        from the engine glue's `causal` or the path) or a custom mask, kernel options and split
+        parameters."""
         args, kwargs = self.plan_arguments(batch, table, options)
         wrapper.plan(batch.host_tensor("qo_indptr"), *args, custom_mask=mask, causal=causal, **kwargs)
 

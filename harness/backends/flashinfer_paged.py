@@ -1,10 +1,14 @@
-"""flashinfer_paged: paged-only prefill with FlashInfer, as engines run EXTEND, DRAFT_EXTEND_V2 and verify.
+"""flashinfer_paged: paged-only prefill with FlashInfer, as engines run EXTEND, DRAFT_EXTEND_V2, verify
+and ENCODER_ONLY.
 
 New K/V go into the pool first; one paged wrapper then reads every key from the pool. EXTEND and
 DRAFT_EXTEND_V2 are causal over the KV extent (DRAFT_EXTEND_V2: the bumped `seq_lens`), with
-`window_left` anchored, correctly here, at the end of the KV. TARGET_VERIFY passes the draft tree
-as a custom mask (plan packs it into bits); the window then lives in that mask, by depth, because
-FlashInfer's own `window_left` would anchor it by flattened draft index.
+`window_left` anchored, correctly here, at the end of the KV. ENCODER_ONLY is planned with
+causal=False over the request's own tokens (its KV extent is its query count, so the window's
+anchor is the query itself); a two-sided window has no FlashInfer spelling (a skip).
+TARGET_VERIFY passes the draft tree as a custom mask (plan packs it into bits); the window then
+lives in that mask, by depth, because FlashInfer's own `window_left` would anchor it by flattened
+draft index.
 
 Attention sinks run through BatchAttentionWithAttentionSinkWrapper: the plain fa2 wrappers
 accept `sinks=` at run() and drop it. That variant has no soft cap and ignores custom masks, so
@@ -27,7 +31,7 @@ from harness.core.vocab import FEATURES
 class FlashInferPaged(FlashInferGlue):
     name = "flashinfer_paged"
     capabilities = capabilities(
-        {Mode.EXTEND, Mode.DRAFT_EXTEND_V2, Mode.TARGET_VERIFY},
+        {Mode.EXTEND, Mode.DRAFT_EXTEND_V2, Mode.TARGET_VERIFY, Mode.ENCODER_ONLY},
         FEATURES,
         exclusive={
             ("sinks", "soft_cap"): "FlashInfer 0.7.2.post1's AttentionSink variant has no soft cap "
@@ -69,7 +73,7 @@ class FlashInferPaged(FlashInferGlue):
             mask = self.verify_mask(batch, ranges) if batch.mode == Mode.TARGET_VERIFY else None
             wrapper = self.wrapper("sink" if sinks else "paged", batch)
             options = self.kernel_options(batch, self.paged_window(batch))
-            self.plan_paged(wrapper, batch, table, True, options, mask)
+            self.plan_paged(wrapper, batch, table, self.causal(batch), options, mask)
         extra = (batch.sinks,) if sinks else ()  # the sink variant takes them as its extra tensor
         out, lse = wrapper.run(batch.q, self.kv_cache(batch), *extra, return_lse=True)
         return BackendOutput(out=out, lse=self.natural_lse(lse))

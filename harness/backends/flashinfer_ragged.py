@@ -3,7 +3,9 @@
 The ragged pass attends over this forward's K/V with `window_left`; the paged prefix pass reads only
 the pages from the first query's window start on, with a custom mask from global positions and no
 `window_left` (FlashInfer would anchor it at the prefix end); `merge_state` combines them by LSE.
-docs/flashinfer.md, "The ragged + paged window".
+docs/flashinfer.md, "The ragged + paged window". ENCODER_ONLY takes the same path as an engine's
+ragged prefill does: the ragged pass with causal=False (and `window_left` on a windowed layer), no
+cached prefix to merge, and the K/V written to the pool afterwards.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ class PrefixPass:
 class FlashInferRagged(FlashInferGlue):
     name = "flashinfer_ragged"
     capabilities = capabilities(
-        {Mode.EXTEND},
+        {Mode.EXTEND, Mode.ENCODER_ONLY},
         ("window", "soft_cap", "hybrid_pool", "returns_lse"),
         why_not={
             "deterministic": PREFILL_NOT_INVARIANT,
@@ -47,7 +49,8 @@ class FlashInferRagged(FlashInferGlue):
         return self.window_left(batch)
 
     def plan_ragged(self, wrapper: Any, batch: Batch, qo_indptr: torch.Tensor, options: dict) -> None:
-        """Queries and in-flight keys share one indptr; causal; split size in tokens (no pages)."""
+        """Queries and in-flight keys share one indptr; causal but in ENCODER_ONLY; split size in
+        tokens (no pages)."""
         c = batch.case
         wrapper.plan(
             qo_indptr,
@@ -55,7 +58,7 @@ class FlashInferRagged(FlashInferGlue):
             c.num_q_heads,
             c.num_kv_heads,
             c.head_dim,
-            causal=True,
+            causal=self.causal(batch),
             **options,
             **self.split_options(batch, 1),
         )

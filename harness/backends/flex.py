@@ -45,7 +45,7 @@ SHAPES_ENV = "ATTN_HARNESS_FLEX_SHAPES"
 CUDA_KERNEL_OPTIONS = {"BLOCK_M": 64, "BLOCK_N": 64, "num_stages": 2, "num_warps": 4}
 
 # The terms of the mask besides "same request"; see FlexBase.mask_mod.
-MASK_TERMS = frozenset({"free", "causal", "window", "tree"})
+MASK_TERMS = frozenset({"free", "causal", "window", "window_right", "tree"})
 
 MaskMod = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 ScoreMod = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
@@ -72,7 +72,9 @@ class Launch:
     kv_free: torch.Tensor  # 1: every query of the document sees it (encoder keys, sink key)
     kv_sink: torch.Tensor  # 1: the virtual sink key
     tree: torch.Tensor  # the flattened [B, E, E] tree mask as 0/1 (verify; else [1]), zero-padded
+    causal: torch.Tensor  # int64 scalar: 1 if the causal term masks, 0 if it admits every key
     window: torch.Tensor  # int64 scalar: W, or NO_WINDOW
+    window_right: torch.Tensor  # int64 scalar: R of a two-sided (encoder) window, or NO_WINDOW
     cap: torch.Tensor  # float32 scalar: soft cap, 0 for none
     sink_logit: torch.Tensor  # float32 [Hq]: per-head sink logit (zeros without sinks)
     num_queries: int  # real query rows (the rest is padding)
@@ -159,11 +161,14 @@ class FlexBase(EngineGlue):
 
         return same_request
 
-    def causal_mask(self, q_pos: torch.Tensor, kv_pos: torch.Tensor) -> MaskMod:
-        def causal(b, h, q, k):  # noqa: ANN001, ANN202
-            return kv_pos[k] <= q_pos[q]
+    def causal_mask(self, q_pos: torch.Tensor, kv_pos: torch.Tensor, causal: torch.Tensor) -> MaskMod:
+        """Keys up to the query's position; every key where the launch's `causal` flag is 0 (an
+        encoder-only batch), so one compiled function serves both."""
 
-        return causal
+        def causal_or_not(b, h, q, k):  # noqa: ANN001, ANN202
+            return (kv_pos[k] <= q_pos[q]) | (causal == 0)
+
+        return causal_or_not
 
     def window_mask(self, q_pos: torch.Tensor, kv_pos: torch.Tensor, window: torch.Tensor) -> MaskMod:
         """Sliding window: a query at p keeps keys p - W .. p (W + 1 keys)."""
@@ -172,6 +177,16 @@ class FlexBase(EngineGlue):
             return kv_pos[k] >= q_pos[q] - window
 
         return in_window
+
+    def window_right_mask(
+        self, q_pos: torch.Tensor, kv_pos: torch.Tensor, window_right: torch.Tensor
+    ) -> MaskMod:
+        """A two-sided (encoder) window's right edge: a query at p keeps keys up to p + R."""
+
+        def in_right_window(b, h, q, k):  # noqa: ANN001, ANN202
+            return kv_pos[k] <= q_pos[q] + window_right
+
+        return in_right_window
 
     def tree_mask(self, q_tree_row: torch.Tensor, kv_draft: torch.Tensor, tree: torch.Tensor) -> MaskMod:
         """Verify: a draft key is visible to its descendants and itself (batch.tree_mask)."""
@@ -189,26 +204,29 @@ class FlexBase(EngineGlue):
         return seen_by_all
 
     def mask_terms(self, launch: Launch) -> frozenset[str]:
-        """Every term, always: one function for every batch, so a compiled kernel is reused."""
+        """Every term, always: one function for every batch, so a compiled kernel is reused (a term a
+        batch does not use admits every key: NO_WINDOW, causal flag 0, no drafts, no free keys)."""
         return MASK_TERMS
 
     def mask_mod(self, launch: Launch) -> MaskMod:
         """Same request, and either a key every query sees (`free`) or one that is causal & in the
-        window & in the tree (the terms of `mask_terms`)."""
+        window (both edges) & in the tree (the terms of `mask_terms`)."""
         terms = self.mask_terms(launch)
         same = self.document_mask(launch.q_doc, launch.kv_doc)
         free = self.free_keys(launch.kv_free) if "free" in terms else None
         ordered = []
         if "causal" in terms:
-            ordered.append(self.causal_mask(launch.q_pos, launch.kv_pos))
+            ordered.append(self.causal_mask(launch.q_pos, launch.kv_pos, launch.causal))
         if "window" in terms:
             ordered.append(self.window_mask(launch.q_pos, launch.kv_pos, launch.window))
+        if "window_right" in terms:
+            ordered.append(self.window_right_mask(launch.q_pos, launch.kv_pos, launch.window_right))
         if "tree" in terms:
             ordered.append(self.tree_mask(launch.q_tree_row, launch.kv_draft, launch.tree))
 
         def visible(b, h, q, k):  # noqa: ANN001, ANN202
             vis = same(b, h, q, k)
-            if not ordered:  # CROSS: its queries see every key of the request
+            if not ordered:  # CROSS, or ENCODER_ONLY without a window: every key of the request
                 return vis
             seen = ordered[0](b, h, q, k)
             for term in ordered[1:]:
@@ -290,10 +308,14 @@ class FlexBase(EngineGlue):
         def ints(values: list[int], length: int, fill: int) -> torch.Tensor:
             return torch.tensor(values + [fill] * (length - len(values)), dtype=torch.int64, device=dev)
 
-        w = self.window_left(batch)
-        terms = {"free"} if batch.mode == Mode.CROSS else {"causal"}
+        w, wr, causal = self.window_left(batch), self.window_right(batch), self.causal(batch)
+        terms = {"free"} if batch.mode == Mode.CROSS else set()
+        if causal:
+            terms.add("causal")
         if w >= 0:
             terms.add("window")
+        if wr >= 0:
+            terms.add("window_right")
         if batch.mode == Mode.TARGET_VERIFY:
             terms.add("tree")
         if virtual_sink:
@@ -312,7 +334,9 @@ class FlexBase(EngineGlue):
             kv_free=ints(kv_free, lk, 0),
             kv_sink=ints(kv_sink, lk, 0),
             tree=ints(tree, self.padded_len(len(tree), dev.type), 0),
+            causal=torch.tensor(int(causal), dtype=torch.int64, device=dev),
             window=torch.tensor(w if w >= 0 else NO_WINDOW, dtype=torch.int64, device=dev),
+            window_right=torch.tensor(wr if wr >= 0 else NO_WINDOW, dtype=torch.int64, device=dev),
             cap=torch.tensor(float(case.soft_cap), dtype=torch.float32, device=dev),
             sink_logit=(
                 batch.sinks.float()

@@ -3,9 +3,10 @@
 Every adapter family (torch_native, torch_split, flex, the FlashInfer glue, the flash-attn glue)
 inherits `EngineGlue`, so each engine decision is written once, as one method a mutant can override:
 the KV extent per request, the write of this forward's K/V, full-pool -> layer-pool slots, the slots
-of a request's key range, the layer's window, the query positions, the first key worth reading, and
-page ids. A family whose engine differs overrides that one method and says why (FlashInfer's
-kv_start rounds down to a page; torch_native's kv_slots pads past the row with slot 0).
+of a request's key range, the layer's causality and window (both edges), the query positions, the
+first key worth reading, and page ids. A family whose engine differs overrides that one method and
+says why (FlashInfer's kv_start rounds down to a page; torch_native's kv_slots pads past the row
+with slot 0).
 It is its own module, not part of base.py: base.py is the protocol the harness sees (capabilities,
 `run`); this is what an adapter does inside `run`, and only adapters import it.
 """
@@ -43,9 +44,19 @@ class EngineGlue(Backend):
         """Full-pool slots of request r's key positions lo..hi-1 (CROSS: the encoder's, leading its row)."""
         return batch.req_to_token[r, lo:hi]
 
+    def causal(self, batch: Batch) -> bool:
+        """Whether a query sees only keys up to its own position: every decoder self-attention mode.
+        Not CROSS (decoder queries over encoder keys) and not ENCODER_ONLY (bidirectional)."""
+        return batch.mode not in (Mode.CROSS, Mode.ENCODER_ONLY)
+
     def window_left(self, batch: Batch) -> int:
         """This layer's window W (a query at p keeps keys p - W .. p), -1 for none; CROSS has none."""
         return -1 if batch.mode == Mode.CROSS else batch.case.window_left
+
+    def window_right(self, batch: Batch) -> int:
+        """The right edge R of an encoder-only layer's two-sided window (a query at p keeps keys up to
+        p + R), -1 for none; a causal layer's right edge is the query itself."""
+        return batch.case.window_right if batch.mode == Mode.ENCODER_ONLY else -1
 
     def query_positions(self, batch: Batch, r: int) -> list[int]:
         """Absolute positions of request r's queries, from the engine's `positions` (verify: P + depth)."""

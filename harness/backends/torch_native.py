@@ -1,8 +1,8 @@
 """torch_native: the SDPA fallback a serving engine ships, on the CPU and on CUDA.
 
 Per request it gathers K/V through `req_to_token` (translated through the full-to-SWA map on a
-sliding-window layer of a hybrid pool), builds its own causal/window/tree/cross mask from the
-engine metadata, and calls `scaled_dot_product_attention`. Sinks ride along as one extra key of
+sliding-window layer of a hybrid pool), builds its own causal/window/tree/cross/encoder mask from
+the engine metadata, and calls `scaled_dot_product_attention`. Sinks ride along as one extra key of
 zeros whose additive bias is the sink logit; a soft cap needs the scores, so it takes the explicit
 matmul path. The masks here are written independently of references/masks.py on purpose.
 """
@@ -42,6 +42,12 @@ class TorchNative(EngineGlue):
         """Sliding window: a query at p keeps keys p - W .. p (W + 1 keys)."""
         return key_pos >= query_pos - window_left
 
+    def in_right_window(
+        self, key_pos: torch.Tensor, query_pos: torch.Tensor, window_right: int
+    ) -> torch.Tensor:
+        """A two-sided (encoder) window's right edge: a query at p keeps keys up to p + R."""
+        return key_pos <= query_pos + window_right
+
     def key_positions(self, batch: Batch, lo: int, hi: int, query_pos: torch.Tensor) -> torch.Tensor:
         """Absolute position of keys lo..hi-1: their index, but verify drafts sit at their depth."""
         if batch.mode == Mode.TARGET_VERIFY:
@@ -50,16 +56,21 @@ class TorchNative(EngineGlue):
         return torch.arange(lo, hi, device=query_pos.device)
 
     def build_mask(self, batch: Batch, r: int, lo: int, hi: int) -> torch.Tensor:
-        """[E, hi-lo] bool mask from positions (+ the verify tree); all-visible in CROSS."""
+        """[E, hi-lo] bool mask from positions (+ the verify tree); all-visible in CROSS; no causal
+        term in ENCODER_ONLY, whose window may have a right edge."""
         q0, q1 = batch.query_span(r)
+        visible = torch.ones(q1 - q0, hi - lo, dtype=torch.bool, device=batch.device)
         if batch.mode == Mode.CROSS:
-            return torch.ones(q1 - q0, hi - lo, dtype=torch.bool, device=batch.device)
+            return visible
         qpos = torch.tensor(self.query_positions(batch, r), device=batch.device)
         kpos = self.key_positions(batch, lo, hi, qpos)
-        mask = kpos[None, :] <= qpos[:, None]
+        mask = kpos[None, :] <= qpos[:, None] if self.causal(batch) else visible
         w = self.window_left(batch)
         if w >= 0:
             mask &= self.in_window(kpos[None, :], qpos[:, None], w)
+        wr = self.window_right(batch)
+        if wr >= 0:
+            mask &= self.in_right_window(kpos[None, :], qpos[:, None], wr)
         if batch.mode == Mode.TARGET_VERIFY:
             mask[:, hi - lo - batch.num_draft :] &= batch.tree_mask[r]
         return mask

@@ -35,7 +35,7 @@ DETERMINISTIC_SPLIT = 32  # keys per split in deterministic mode (the engine's f
 # scores of one group (all heads), hence its memory.
 PAD_FREE = {"cpu": 1 << 12, "cuda": 1 << 20}
 GROUP_LIMIT = 1 << 26
-FAR = 1 << 30  # the position given to padding in the ragged pass: after every query, so never seen
+FAR = 1 << 30  # padding's position in the ragged pass: after every query; its keys are always hidden
 
 
 @dataclass(frozen=True)
@@ -131,8 +131,9 @@ class TorchSplit(EngineGlue):
 
     @staticmethod
     def two_pass(batch: Batch) -> bool:
-        """Modes with new tokens attended in flight (ragged) next to the cached prefix (paged)."""
-        return batch.mode in (Mode.EXTEND, Mode.DRAFT_EXTEND_V2, Mode.TARGET_VERIFY)
+        """Modes with new tokens attended in flight (ragged) next to the cached prefix (paged); an
+        ENCODER_ONLY forward's prefix is empty, so its ragged pass is all there is."""
+        return batch.mode in (Mode.EXTEND, Mode.DRAFT_EXTEND_V2, Mode.TARGET_VERIFY, Mode.ENCODER_ONLY)
 
     # --- grouping and layout -----------------------------------------------------------------
 
@@ -288,12 +289,19 @@ class TorchSplit(EngineGlue):
         return merge_base2(self.attend(q, kv[0], kv[1], mask, batch))
 
     def ragged_pass(self, batch: Batch, lay: dict[str, torch.Tensor], q: torch.Tensor) -> Partial:
-        """This forward's new tokens over their own in-flight K/V: causal, windowed, tree-masked."""
+        """This forward's new tokens over their own in-flight K/V: causal (bidirectional in
+        ENCODER_ONLY, with a right edge for a two-sided window), windowed, tree-masked."""
         pos = lay["pos"]
-        mask = pos[:, None, :] <= pos[:, :, None]  # [R, E queries, E keys]; padding is never seen
+        key, query = pos[:, None, :], pos[:, :, None]
+        mask = (key < FAR) & (query >= 0)  # [R, E queries, E keys]; padding is never seen
+        if self.causal(batch):
+            mask &= key <= query
         w = self.ragged_window_left(batch)
         if w >= 0:
-            mask &= pos[:, None, :] >= pos[:, :, None] - w
+            mask &= key >= query - w
+        wr = self.window_right(batch)
+        if wr >= 0:
+            mask &= key <= query + wr
         if batch.mode == Mode.TARGET_VERIFY:  # every request has num_draft queries: no padding
             mask &= take(batch.tree_mask, lay["requests"])
         d = batch.case.head_dim

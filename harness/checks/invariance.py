@@ -52,6 +52,8 @@ def _neighbour(case: Case, rng: random.Random, long_kv: int, long_q: int) -> Req
         return Request(prefix, target.extend_len)
     if case.mode == Mode.TARGET_VERIFY:
         return Request(prefix, target.extend_len, tree=target.tree)
+    if case.mode == Mode.ENCODER_ONLY:  # a whole input, no cache
+        return Request(0, rng.choice([1, rng.randint(2, 48), rng.randint(49, max(50, long_q))]))
     if case.mode == Mode.CROSS:  # same phase as the target: a prefill batch or one decoder step
         enc = rng.choice([1, rng.randint(2, 64), rng.randint(65, max(66, long_kv))])
         if target.extend_len > 1:

@@ -161,8 +161,16 @@ def _keys_phrase(case: Case, mask: RequestMask, keys: list[int]) -> str:
     return " and ".join(parts)
 
 
-def _window_text(case: Case, p: int) -> str:
-    return f"its window [{max(0, p - case.window_left)}, {p}]"
+def _window_text(case: Case, p: int, mask: RequestMask) -> str:
+    """The positions a query at p may see: up to itself (causal), up to p + R (a two-sided encoder
+    window), or up to the request's last key (an encoder's left window)."""
+    if mask.causal:
+        right = p
+    elif case.window_right >= 0:
+        right = min(p + case.window_right, mask.num_keys - 1)
+    else:
+        right = mask.num_keys - 1
+    return f"its window [{max(0, p - case.window_left)}, {right}]"
 
 
 def _why_invisible(case: Case, mask: RequestMask, j: int, k: int) -> str:
@@ -170,17 +178,19 @@ def _why_invisible(case: Case, mask: RequestMask, j: int, k: int) -> str:
     if mask.draft_visible is not None and k >= mask.num_prefix:
         if not bool(mask.draft_visible[j, k - mask.num_prefix]):
             return "not itself or an ancestor in its draft tree"
-    if int(mask.key_pos[k]) > p:
+    if mask.causal and int(mask.key_pos[k]) > p:
         return "after its own position (causal mask)"
-    return f"outside {_window_text(case, p)}"
+    return f"outside {_window_text(case, p, mask)}"
 
 
 def _why_visible(case: Case, mask: RequestMask, j: int) -> str:
     p = int(mask.query_pos[j])
     if case.mode == Mode.CROSS:
         return "cross-attention sees every encoder key"
+    if case.mode == Mode.ENCODER_ONLY and case.window_left < 0:
+        return f"visible to it (encoder-only, no window: positions [0, {mask.num_keys - 1}])"
     if case.window_left >= 0:
-        return f"inside {_window_text(case, p)}"
+        return f"inside {_window_text(case, p, mask)}"
     return f"visible to it (causal, no window: positions [0, {p}])"
 
 

@@ -209,7 +209,8 @@ def build_batch(
         return full_to_swa[full] if full_to_swa is not None else full
 
     # Cached K/V (prefix, or the encoder's output in CROSS) is already in the pool: its slots and its
-    # rows in the inputs, so that the pool is written in one indexed copy.
+    # rows in the inputs, so that the pool is written in one indexed copy. ENCODER_ONLY caches nothing:
+    # all its K/V are new tokens, which the adapter writes to the pool as an engine does.
     if cross:
         cached = span([0] * bsz, [r.encoder_len for r in reqs])
     else:

@@ -66,6 +66,7 @@ class Case:
     head_dim: int = 64
     dtype: str = "bfloat16"
     window_left: int = -1
+    window_right: int = -1  # ENCODER_ONLY's two-sided window: keys up to p + R; -1 none
     soft_cap: float = 0.0
     sinks: bool = False
     sm_scale: float | None = None
@@ -172,6 +173,10 @@ def _validate_request(case: Case, i: int, r: Request) -> None:
     _int(f"{n}.extend_len", r.extend_len, 1)
     _int(f"{n}.encoder_len", r.encoder_len, 0)
     mode = case.mode
+    if mode == Mode.ENCODER_ONLY and r.prefix_len:
+        raise CaseError(
+            f"{n}.prefix_len={r.prefix_len} must be 0 in ENCODER_ONLY: an encoder forward caches nothing"
+        )
     if mode == Mode.DECODE and r.extend_len != 1:
         raise CaseError(f"{n}.extend_len={r.extend_len} must be 1 in DECODE")
     if mode == Mode.CROSS:
@@ -232,6 +237,7 @@ def validate(case: Case) -> None:
         raise CaseError(f"head_dim={case.head_dim} must be a multiple of 8")
     _choice("dtype", case.dtype, DTYPES)
     _int("window_left", case.window_left, -1)
+    _int("window_right", case.window_right, -1)
     if not 0 <= _number("soft_cap", case.soft_cap) < math.inf:
         raise CaseError(f"soft_cap={case.soft_cap!r} must be finite and >= 0 (0 means no cap)")
     if case.sm_scale is not None and not 0 < _number("sm_scale", case.sm_scale) < math.inf:
@@ -250,6 +256,15 @@ def validate(case: Case) -> None:
     if case.mode == Mode.CROSS and case.window_left != -1:
         raise CaseError(
             f"window_left={case.window_left} has no meaning in CROSS: cross-attention has no window"
+        )
+    if case.window_right >= 0 and case.mode != Mode.ENCODER_ONLY:
+        raise CaseError(
+            f"window_right={case.window_right} is only meaningful in ENCODER_ONLY, not {case.mode}: "
+            "a causal query's right edge is itself"
+        )
+    if case.window_right >= 0 and case.window_left < 0:
+        raise CaseError(
+            f"window_right={case.window_right} needs window_left >= 0: a two-sided window has a left edge too"
         )
     if case.hybrid_swa_pool and case.window_left < 0:
         raise CaseError(

@@ -17,6 +17,7 @@ class Mode(str, Enum):
     DRAFT_EXTEND_V2 = "DRAFT_EXTEND_V2"
     TARGET_VERIFY = "TARGET_VERIFY"
     CROSS = "CROSS"
+    ENCODER_ONLY = "ENCODER_ONLY"
 
     def __str__(self) -> str:
         return self.value
@@ -24,7 +25,7 @@ class Mode(str, Enum):
 
 # Suite families: the `-k` keywords. EXTEND splits into `prefill` (no cached tokens) and `prefix`
 # (over a cached prefix); neither word occurs in another family's test ids.
-FAMILIES = ("decode", "prefill", "prefix", "draft_extend_v2", "verify", "cross")
+FAMILIES = ("decode", "prefill", "prefix", "draft_extend_v2", "verify", "cross", "encoder")
 FAMILY_MODE = {
     "decode": Mode.DECODE,
     "prefill": Mode.EXTEND,
@@ -32,6 +33,7 @@ FAMILY_MODE = {
     "draft_extend_v2": Mode.DRAFT_EXTEND_V2,
     "verify": Mode.TARGET_VERIFY,
     "cross": Mode.CROSS,
+    "encoder": Mode.ENCODER_ONLY,
 }
 
 
@@ -58,6 +60,7 @@ def seq_len(mode: Mode, prefix_len: int, extend_len: int) -> int:
     EXTEND/DECODE: P + E (the new tokens included). DRAFT_EXTEND_V2: the engine builds the batch with
     P and then bumps it by num_draft, so P + E. TARGET_VERIFY: P (the drafts are not counted).
     CROSS: the decoder's own P + E (the encoder length travels separately in `encoder_lens`).
+    ENCODER_ONLY: E (P is 0: an encoder forward caches nothing; its keys are its own tokens).
     """
     if mode == Mode.TARGET_VERIFY:
         return prefix_len

@@ -31,6 +31,7 @@ PROBLEMS = ("fail", "error", "crash", "hang")  # the statuses that fail a run
 # The optional features a Case may use, in report column order, and the words a skip reason uses.
 FEATURE_WORDS = {
     "window": "a sliding window",
+    "window_right": "a two-sided window (window_right)",
     "soft_cap": "a logit soft cap",
     "sinks": "attention sinks",
     "hybrid_pool": "the hybrid SWA pool",
@@ -61,6 +62,7 @@ def case_features(case: Case) -> list[str]:
     """The features this case uses, in CASE_FEATURES order."""
     used = {
         "window": case.window_left >= 0,
+        "window_right": case.window_right >= 0,
         "soft_cap": case.soft_cap > 0,
         "sinks": case.sinks,
         "hybrid_pool": case.hybrid_swa_pool,

@@ -41,6 +41,28 @@ class _NoWindowAsMinusOne(FA4):
         return (-1, 0) if w < 0 else (w, 0)  # FA2/FA3's "no window", an empty window to FA4
 
 
+class _EncoderCausal(FA4):
+    def causal(self, batch: Batch) -> bool:
+        return batch.mode != Mode.CROSS  # causal=True on an encoder-only layer
+
+
+class _EncoderWindowAsDecoder(FA4):
+    def window_size(self, batch: Batch) -> tuple[int | None, int | None]:
+        w = self.window_left(batch)  # the decoder's spelling: (W, 0) cuts an encoder's right side
+        return self.unbounded if w < 0 else (w, 0)
+
+
+class _WindowSidesSwapped(FA4):
+    def window_size(self, batch: Batch) -> tuple[int | None, int | None]:
+        left, right = super().window_size(batch)
+        return (right, left) if not self.causal(batch) else (left, right)  # (right, left) on an encoder
+
+
+class _TwoSidedLeftOnly(FA4):
+    def window_right(self, batch: Batch) -> int:
+        return -1  # window_size=(L, None): the right edge of a two-sided window dropped
+
+
 MUTANTS: list[Mutant] = [
     Mutant(
         "fa4~de_v2_prefix_only",
@@ -77,6 +99,42 @@ MUTANTS: list[Mutant] = [
         ("prefix",),
         False,
         named(_NoWindowAsMinusOne, "fa4~no_window_as_minus_one"),
+        device="cuda",
+    ),
+    Mutant(
+        "fa4~encoder_causal",
+        "encoder-only layer called with causal=True: a query never sees the tokens after it",
+        "causal",
+        ("encoder",),
+        False,
+        named(_EncoderCausal, "fa4~encoder_causal"),
+        device="cuda",
+    ),
+    Mutant(
+        "fa4~encoder_window_as_decoder",
+        "an encoder's left window spelled as a decoder's, window_size=(W, 0): keys after the query cut",
+        "window_size",
+        ("encoder",),
+        True,
+        named(_EncoderWindowAsDecoder, "fa4~encoder_window_as_decoder"),
+        device="cuda",
+    ),
+    Mutant(
+        "fa4~window_sides_swapped",
+        "an encoder's window_size given as (right, left): the window applied on the wrong side",
+        "window_size",
+        ("encoder",),
+        True,
+        named(_WindowSidesSwapped, "fa4~window_sides_swapped"),
+        device="cuda",
+    ),
+    Mutant(
+        "fa4~two_sided_left_only",
+        "two-sided encoder window passed as window_size=(L, None): keys past p + R seen",
+        "window_right",
+        ("encoder",),
+        True,
+        named(_TwoSidedLeftOnly, "fa4~two_sided_left_only"),
         device="cuda",
     ),
 ]

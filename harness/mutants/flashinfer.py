@@ -86,6 +86,16 @@ class _SplitDroppedOnCross(FlashInferEnc):
         return {} if self.kv_path(batch) == "cross" else super().split_options(batch, page_size)
 
 
+class _RaggedEncoderCausal(FlashInferRagged):
+    def causal(self, batch: Batch) -> bool:
+        return True  # the ragged plan of an encoder-only layer keeps causal=True
+
+
+class _PagedEncoderCausal(FlashInferPaged):
+    def causal(self, batch: Batch) -> bool:
+        return True  # the paged plan of an encoder-only layer keeps causal=True
+
+
 def _mutant(
     name: str, bug: str, method: str, families: tuple, windowed: bool, cls: type, **kw: Any
 ) -> Mutant:
@@ -178,6 +188,22 @@ MUTANTS: list[Mutant] = [
         False,
         _SplitDroppedOnCross,
         check="invariance",
+    ),
+    _mutant(
+        "flashinfer_ragged~encoder_causal",
+        "encoder-only layer's ragged prefill planned with causal=True",
+        "causal",
+        ("encoder",),
+        False,
+        _RaggedEncoderCausal,
+    ),
+    _mutant(
+        "flashinfer_paged~encoder_causal",
+        "encoder-only layer's paged prefill planned with causal=True",
+        "causal",
+        ("encoder",),
+        False,
+        _PagedEncoderCausal,
     ),
 ]
 

@@ -1,6 +1,7 @@
-"""FlexAttention mutants: the window term of the backend's mask_mod broken, eager and compiled.
+"""FlexAttention mutants: the window term of the backend's mask_mod broken, eager and compiled, and
+an encoder-only layer's causality or right window edge dropped (eager).
 
-Both override `window_mask`, the one mask function that encodes the sliding window. A DECODE
+The window mutants override `window_mask`, the one mask function that encodes the sliding window. A DECODE
 request has one query, and the glue gathers its keys from that query's window start on
 (`kv_start`), so there the window term of the mask is redundant and ignoring it is no bug: the
 window-ignored mutant is hunted where a request's queries span more than one window.
@@ -16,6 +17,8 @@ from __future__ import annotations
 import torch
 
 from harness.backends.flex import FlexCompiled, FlexEager, MaskMod
+from harness.core.batch import Batch
+from harness.core.modes import Mode
 from harness.mutants import Mutant, named
 
 
@@ -57,6 +60,16 @@ class _CompiledWindowShort(FlexCompiled):
         return _short(q_pos, kv_pos, window)
 
 
+class _EagerEncoderCausal(FlexEager):
+    def causal(self, batch: Batch) -> bool:
+        return batch.mode != Mode.CROSS  # an encoder-only layer masked like a decoder's
+
+
+class _EagerTwoSidedLeftOnly(FlexEager):
+    def window_right(self, batch: Batch) -> int:
+        return -1  # the right edge of a two-sided window left out of the mask_mod
+
+
 # One dtype and head shape for the compiled hunts: each new one would be a C++ compile.
 COMPILED_SHAPE = {"dtype": "bfloat16", "num_q_heads": 8, "num_kv_heads": 2, "head_dim": 64}
 
@@ -95,5 +108,21 @@ MUTANTS: list[Mutant] = [
         True,
         named(_CompiledWindowShort, "flex_compiled~window_short"),
         force=COMPILED_SHAPE,
+    ),
+    Mutant(
+        "flex_eager~encoder_causal",
+        "encoder-only layer with the causal term in its mask_mod: a query never sees later tokens",
+        "causal",
+        ("encoder",),
+        False,
+        named(_EagerEncoderCausal, "flex_eager~encoder_causal"),
+    ),
+    Mutant(
+        "flex_eager~two_sided_left_only",
+        "two-sided encoder window without its right-edge term: keys past p + R seen",
+        "window_right",
+        ("encoder",),
+        True,
+        named(_EagerTwoSidedLeftOnly, "flex_eager~two_sided_left_only"),
     ),
 ]

@@ -85,6 +85,28 @@ class _SwaUntranslated(TorchNative):
         return slots  # full-pool slots used on the SWA pool
 
 
+class _EncoderCausal(TorchNative):
+    def causal(self, batch: Batch) -> bool:
+        return batch.mode != Mode.CROSS  # an encoder-only layer masked like a decoder's
+
+
+class _WindowWrongSide(TorchNative):
+    def in_window(self, key_pos: torch.Tensor, query_pos: torch.Tensor, window_left: int) -> torch.Tensor:
+        return key_pos <= query_pos + window_left  # the left window bounds the right side instead
+
+
+class _WindowAtEnd(TorchNative):
+    def kv_start(self, batch: Batch, r: int) -> int:
+        # decode's trimming (seq_len - W): the first key from the last query's window, not the first's
+        w = self.window_left(batch)
+        return 0 if w < 0 else max(0, max(self.query_positions(batch, r)) - w)
+
+
+class _TwoSidedLeftOnly(TorchNative):
+    def window_right(self, batch: Batch) -> int:
+        return -1  # the right edge of a two-sided window dropped
+
+
 _m = mutants_of("torch_native")
 
 HYBRID = {"hybrid_swa_pool": True}
@@ -205,5 +227,38 @@ MUTANTS: list[Mutant] = [
         _SwaUntranslated,
         force=EXACT,
         expect="crash",
+    ),
+    _m(
+        "encoder_causal",
+        "encoder-only layer run with the causal mask: a query never sees the tokens after it",
+        "causal",
+        ("encoder",),
+        False,
+        _EncoderCausal,
+    ),
+    _m(
+        "window_wrong_side",
+        "window applied on the wrong side: an encoder query keeps keys up to p + W, not from p - W",
+        "in_window",
+        ("encoder",),
+        True,
+        _WindowWrongSide,
+    ),
+    _m(
+        "window_at_end",
+        "window anchored at the end: keys trimmed from the last query's window start (decode's "
+        "seq_len - W), so earlier queries of an encoder request lose keys inside their windows",
+        "kv_start",
+        ("encoder",),
+        True,
+        _WindowAtEnd,
+    ),
+    _m(
+        "two_sided_left_only",
+        "two-sided encoder window dropped to its left edge: keys past p + R seen",
+        "window_right",
+        ("encoder",),
+        True,
+        _TwoSidedLeftOnly,
     ),
 ]

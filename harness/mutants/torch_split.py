@@ -43,6 +43,16 @@ class _SplitDroppedCross(TorchSplit):
         return super().split_params(batch)
 
 
+class _EncoderCausal(TorchSplit):
+    def causal(self, batch: Batch) -> bool:
+        return batch.mode != Mode.CROSS  # the ragged pass of an encoder-only layer masked causally
+
+
+class _TwoSidedLeftOnly(TorchSplit):
+    def window_right(self, batch: Batch) -> int:
+        return -1  # the right edge of a two-sided window dropped
+
+
 _m = mutants_of("torch_split")
 
 MUTANTS: list[Mutant] = [
@@ -87,5 +97,21 @@ MUTANTS: list[Mutant] = [
         False,
         _SplitDroppedCross,
         check="invariance",
+    ),
+    _m(
+        "encoder_causal",
+        "encoder-only layer's ragged pass planned causal: a query never sees the tokens after it",
+        "causal",
+        ("encoder",),
+        False,
+        _EncoderCausal,
+    ),
+    _m(
+        "two_sided_left_only",
+        "two-sided encoder window dropped to its left edge: keys past p + R seen",
+        "window_right",
+        ("encoder",),
+        True,
+        _TwoSidedLeftOnly,
     ),
 ]

@@ -83,6 +83,7 @@ def pytest_configure(config: pytest.Config) -> None:
         "draft_extend_v2: DRAFT_EXTEND_V2",
         "verify: TARGET_VERIFY",
         "cross: cross-attention",
+        "encoder: ENCODER_ONLY, bidirectional self-attention over each request's own tokens",
         "deterministic: determinism checks",
         "gpu: needs a CUDA device",
     ):

@@ -7,6 +7,8 @@ dimensions, where kernels take special paths: as many queries as keys (no prefix
 as long as its encoder), a prefix as long as the extend, key counts at a multiple of a kernel tile
 (32, 64, 128) or one either side, requests of equal lengths side by side, and a window at least as
 long as the context (it may then exceed the profile's max_window).
+An encoder (ENCODER_ONLY) request is a whole input, as long as a prefix (long_kv in the gpu
+profile); its window is left only, symmetric or any two-sided one where the backend has a right edge.
 """
 
 from __future__ import annotations
@@ -100,6 +102,7 @@ def cases(draw: st.DrawFn, family: str, windowed: bool, caps: Capabilities, size
     long_prefix = sizes.long_kv > 0 and draw(st.integers(0, 9)) == 9
     max_prefix = sizes.long_kv if long_prefix else sizes.max_prefix
     cross_prefill = mode == Mode.CROSS and draw(st.booleans())  # else one decoder step each
+    encoder_only = mode == Mode.ENCODER_ONLY
     reqs: list[Request] = []
     for i in range(bsz):
         if i and draw(st.integers(0, 3)) == 3:  # as long as its neighbour (its own tree, if any)
@@ -114,13 +117,15 @@ def cases(draw: st.DrawFn, family: str, windowed: bool, caps: Capabilities, size
         else:  # keys are prefix + extend
             if mode == Mode.DECODE:
                 extend = 1
+            elif encoder_only:  # a whole input per request, of mixed lengths: as long as a prefix
+                extend = _length(draw, 1, max_prefix, anchors, keys_offset=0)
             elif mode in (Mode.DRAFT_EXTEND_V2, Mode.TARGET_VERIFY):
                 extend = num_draft
             else:
                 fresh = family == "prefill"
                 extend = _length(draw, 1, sizes.max_extend, anchors, keys_offset=0 if fresh else None)
             prefix = 0
-            if family != "prefill":
+            if family not in ("prefill", "encoder"):
                 lo = 1 if family == "prefix" and i == 0 else 0
                 prefix = _length(draw, lo, max_prefix, anchors, equal=(0, extend), keys_offset=extend)
             encoder = 0
@@ -130,6 +135,13 @@ def cases(draw: st.DrawFn, family: str, windowed: bool, caps: Capabilities, size
         longest = max(r.prefix_len + r.extend_len for r in reqs)
         window = longest + draw(st.sampled_from((0, -1, 1, longest)))  # -1: W + 1 keys, exactly all
 
+    window_right = -1
+    if encoder_only and windowed and caps.window_right:
+        side = draw(st.integers(0, 2))  # 0: left only (the minimal draw); 1: symmetric (HF's); 2: any
+        if side == 1:
+            window_right = window
+        elif side == 2:
+            window_right = draw(st.integers(0, sizes.max_window))
     soft_cap = draw(st.sampled_from((0.0, 0.0, 30.0, 5.0))) if caps.soft_cap else 0.0
     # Flags are drawn as "one in n" with the minimal draw meaning off, so shrinking turns them off.
     sinks = caps.sinks and draw(st.integers(0, 3)) == 3
@@ -146,6 +158,7 @@ def cases(draw: st.DrawFn, family: str, windowed: bool, caps: Capabilities, size
         head_dim=head_dim,
         dtype=dtype,
         window_left=window,
+        window_right=window_right,
         soft_cap=soft_cap,
         sinks=sinks,
         sm_scale=sm_scale,

@@ -37,6 +37,11 @@ def variant_cases() -> list[Case]:
         "local": lambda e: dict(mode="EXTEND", requests=(Request(7, e),), window_left=5),
         "cross": lambda e: dict(mode="CROSS", requests=(Request(0, e, 9),)),
         "tree": lambda e: dict(mode="TARGET_VERIFY", requests=(Request(7, 5, tree=TREE),)),
+        "encoder": lambda e: dict(mode="ENCODER_ONLY", requests=(Request(0, e),)),
+        "encoder_local": lambda e: dict(mode="ENCODER_ONLY", requests=(Request(0, e),), window_left=5),
+        "encoder_two_sided": lambda e: dict(
+            mode="ENCODER_ONLY", requests=(Request(0, e),), window_left=5, window_right=3
+        ),
     }
 
     def variant(path: str, rows: int, heads: tuple[int, int], cap: float, page: int, sinks: bool) -> Case:

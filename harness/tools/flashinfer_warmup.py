@@ -161,6 +161,7 @@ def coverage_cases() -> list[tuple[str, Case]]:
         "DRAFT_EXTEND_V2": [Request(40, 4)],
         "TARGET_VERIFY": [Request(40, 4, tree=(-1, 0, 0, 1)), Request(40, 4, tree=(-1, 0, 1, 2))],
         "CROSS": [Request(0, 12, 30), Request(5, 1, 30)],
+        "ENCODER_ONLY": [Request(0, 24)],
     }
     dtype, head_dim = GPU_VARIANT
     out = []

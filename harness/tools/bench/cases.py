@@ -62,6 +62,8 @@ def _request(rng: random.Random, mode: Mode, num_draft: int, trees: bool, max_to
         return Request(t - 1, 1)
     if mode == Mode.CROSS:
         return Request(0, rng.randint(1, 64), encoder_len=t)
+    if mode == Mode.ENCODER_ONLY:
+        return Request(0, t)
     tree = None
     if mode == Mode.TARGET_VERIFY:
         tree = tuple(range(-1, num_draft - 1))
