@@ -23,10 +23,12 @@ BASE_REQUESTS = {
     Mode.DRAFT_EXTEND_V2: [(Request(16, 3),)],
     Mode.TARGET_VERIFY: [(Request(16, 3, tree=(-1, 0, 1)),)],
     Mode.CROSS: [(Request(0, 4, 8),), (Request(3, 1, 8),)],
+    Mode.ENCODER_ONLY: [(Request(0, 8),)],
 }
 ANY_HEAD_DIMS = (16, 64, 128, 256)  # tried when a backend declares any multiple of 8
 FEATURE_FIELDS = {
     "window": {"window_left": 4},
+    "window_right": {"window_left": 4, "window_right": 2},
     "soft_cap": {"soft_cap": 30.0},
     "sinks": {"sinks": True},
     "hybrid_pool": {"hybrid_swa_pool": True, "window_left": 4},
