@@ -5,6 +5,9 @@ softmax over key blocks that skips blocks no query can see, so memory is bounded
 request costs O(T * W); on a GPU a small batch is one padded computation (`_padded`).
 `precision="native"` rounds like a low-precision kernel: its distance from exact is the tolerance's
 noise floor. `references(case, inputs)` gives both, sharing the mask and padded inputs on a GPU.
+K/V wider than the case dtype (an FP8 cache's values, float32) are rounded to it first in native
+mode, as a kernel that dequantizes into the case dtype holds them; exact mode attends over them as
+they are.
 """
 
 from __future__ import annotations
@@ -53,6 +56,13 @@ class _Scratch:
         low = self.low[: t.numel()].view(t.shape)
         low.copy_(t)
         return t.copy_(low)
+
+
+def _operand(x, acc, round_to, device):  # noqa: ANN001, ANN202 - K or V as the arithmetic takes it
+    """x in the accumulation dtype; native mode rounds it to the case dtype first (a no-op for K/V
+    already in it; an FP8 cache's float32 values are dequantized into the case dtype)."""
+    x = x.to(device)
+    return (x if round_to is None else x.to(round_to)).to(acc)
 
 
 def _query_block(q, scale, round_to):  # noqa: ANN001, ANN202 - hot inner helper
@@ -110,8 +120,8 @@ def _request(
     hkv = k.shape[1]
     g = hq // hkv
     qh = q.to(device=device, dtype=acc).permute(1, 0, 2).reshape(hkv, g, e, d)
-    kh = k.to(device=device, dtype=acc).permute(1, 0, 2)
-    vh = v.to(device=device, dtype=acc).permute(1, 0, 2)
+    kh = _operand(k, acc, round_to, device).permute(1, 0, 2)
+    vh = _operand(v, acc, round_to, device).permute(1, 0, 2)
     sink = None if sinks is None else sinks.to(device=device, dtype=acc).reshape(hkv, g, 1)
     bq, bk = block_sizes(device)
     item = torch.finfo(acc).bits // 8
@@ -229,13 +239,16 @@ def _padded(
     q = q.view(bsz, e, hkv, g, d).permute(0, 2, 3, 1, 4)  # [B, Hkv, G, E, D]
     kv = inputs.kv_all.to(device).index_select(1, dev["kv_rows"].flatten()).view(2, bsz, t, hkv, d)
     k, v = kv[0].permute(0, 2, 1, 3), kv[1].permute(0, 2, 1, 3)  # [B, Hkv, T, D]
-    converted: dict[torch.dtype, tuple[torch.Tensor, ...]] = {}  # exact and native share float32 on a GPU
+    # Exact and native share float32 on a GPU, unless native rounds K/V wider than the case dtype.
+    converted: dict[tuple, tuple[torch.Tensor, ...]] = {}
     out = []
     for acc, round_to in precisions:
-        if acc not in converted:  # read only below: safe to share between precisions
+        kv_round = round_to if round_to is not None and kv.dtype != round_to else None
+        if (acc, kv_round) not in converted:  # read only below: safe to share between precisions
             qh = q.to(acc, memory_format=torch.contiguous_format).view(bsz, hkv, g * e, d)
-            converted[acc] = (qh, *(x.to(acc, memory_format=torch.contiguous_format) for x in (k, v)))
-        qh, kh, vh = converted[acc]
+            kvh = (x if kv_round is None else x.to(kv_round) for x in (k, v))
+            converted[acc, kv_round] = (qh, *(x.to(acc, memory_format=torch.contiguous_format) for x in kvh))
+        qh, kh, vh = converted[acc, kv_round]
         sink = None if inputs.sinks is None else inputs.sinks.to(device, acc).reshape(1, hkv, g, 1)
         o, lse = _padded_softmax(qh, kh, vh, hidden, sink, scale, cap, round_to, g)
         out.append(

@@ -15,7 +15,7 @@ import torch
 from harness.core.batch import Batch
 from harness.core.case import KV_LAYOUTS, Case
 from harness.core.modes import Mode
-from harness.core.vocab import DTYPES, FEATURE_WORDS, FEATURES, case_features
+from harness.core.vocab import DTYPES, FEATURE_WORDS, FEATURES, KV_DTYPES, case_features
 
 
 @dataclass(frozen=True)
@@ -36,6 +36,7 @@ class Capabilities:
     returns_lse: bool = False
     tree: bool = False  # TARGET_VERIFY trees with topk > 1 (chains need only the mode)
     whole_page_loads: bool = False  # loads the tail rows of a request's last page (canary there)
+    kv_dtypes: frozenset[str] = frozenset()  # FP8 KV-cache dtypes it reads (a Case's kv_dtype)
     why_not: dict[str, str] = field(default_factory=dict)
 
     @classmethod
@@ -58,6 +59,7 @@ ALL_CAPABILITIES = Capabilities.with_features(
     dtypes=frozenset(DTYPES),
     kv_layouts=frozenset(KV_LAYOUTS),
     devices=frozenset({"cpu", "cuda"}),
+    kv_dtypes=frozenset(KV_DTYPES),
 )
 
 
@@ -96,6 +98,8 @@ class Backend:
             return f"{n} does not support page_size {case.page_size} (supported: {sorted(c.page_sizes)})"
         if case.kv_layout not in c.kv_layouts:
             return f"{n} does not support kv_layout {case.kv_layout}"
+        if case.kv_dtype is not None and case.kv_dtype not in c.kv_dtypes:
+            return c.reason("kv_dtype", f"{n} does not read a {case.kv_dtype} KV cache")
         for feature in case_features(case):
             if not getattr(c, feature):
                 return c.reason(feature, f"{n} does not support {FEATURE_WORDS[feature]}")

@@ -2,6 +2,8 @@
 
 Every slot the batch does not own holds NaN, so a kernel that reads memory that is not its own
 produces NaN, which the comparison reports as a poison read. Page (and slot) 0 is reserved.
+An FP8 pool stores K / k_scale and V / v_scale rounded to its dtype, as an engine's cache write
+does; both FP8 dtypes have a NaN, so its poison stays NaN (and NaN times a scale is NaN).
 """
 
 from __future__ import annotations
@@ -11,11 +13,31 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from harness.core.vocab import TORCH_KV_DTYPES
+
 POISON = float("nan")
 # A large finite value for rows that a kernel loads legitimately but must mask out (FA4's whole-page
 # TMA loads): NaN there would turn a correct `0 * v` into NaN. Exact in bf16 and fp16.
 CANARY = 1024.0
 RESERVED_PAGE = 0
+FP8_DTYPES = frozenset(TORCH_KV_DTYPES.values())
+
+
+def quantize(x: torch.Tensor, dtype: torch.dtype, scale: float) -> torch.Tensor:
+    """x / scale rounded to an FP8 dtype, saturated at its largest finite value (as engines clamp
+    before the cast), computed in float32. NaN stays NaN."""
+    top = torch.finfo(dtype).max
+    return (x.float() / scale).clamp_(-top, top).to(dtype)
+
+
+def dequantize(codes: torch.Tensor, scale: float) -> torch.Tensor:
+    """The value an FP8 code stands for, in float32: code * scale."""
+    return codes.float() * scale
+
+
+def is_fp8(dtype: torch.dtype) -> bool:
+    """Whether a pool of this dtype holds FP8 codes (a Case's kv_dtype)."""
+    return dtype in FP8_DTYPES
 
 
 @dataclass
@@ -23,12 +45,15 @@ class PagedPool:
     """One layer's K and V buffers, paged. Slot s lives in page s // page_size at offset s % page_size.
 
     NHD storage is [num_pages, page_size, heads, dim]; HND is [num_pages, heads, page_size, dim].
+    An FP8 pool holds codes: K / k_scale and V / v_scale (1.0 for a pool in the model's dtype).
     """
 
     k: torch.Tensor
     v: torch.Tensor
     page_size: int
     kv_layout: str
+    k_scale: float = 1.0
+    v_scale: float = 1.0
 
     @property
     def num_pages(self) -> int:
@@ -62,8 +87,11 @@ class PagedPool:
         return k[at], v[at]
 
     def write(self, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Store K/V at the slots: converted to the pool's dtype, or quantized with its scales (FP8)."""
         at = self._at(slots)
         kb, vb = self._buffers()
+        if is_fp8(kb.dtype):
+            k, v = quantize(k, kb.dtype, self.k_scale), quantize(v, vb.dtype, self.v_scale)
         kb[at] = k.to(kb.dtype)
         vb[at] = v.to(vb.dtype)
 
@@ -88,15 +116,19 @@ def empty_pool(
     dtype: torch.dtype,
     kv_layout: str,
     device: torch.device | str = "cpu",
+    scales: tuple[float, float] = (1.0, 1.0),
 ) -> PagedPool:
     """A pool whose every slot is poison until the batch writes what it owns. Made where the kernel
-    reads it: filling a GPU pool in place costs a launch, copying one from the host a transfer."""
+    reads it: filling a GPU pool in place costs a launch, copying one from the host a transfer.
+    `scales`: (k_scale, v_scale) an FP8 pool quantizes with."""
     shape = (num_pages, page_size, heads, dim) if kv_layout == "NHD" else (num_pages, heads, page_size, dim)
     return PagedPool(
         k=torch.full(shape, POISON, dtype=dtype, device=device),
         v=torch.full(shape, POISON, dtype=dtype, device=device),
         page_size=page_size,
         kv_layout=kv_layout,
+        k_scale=scales[0],
+        v_scale=scales[1],
     )
 
 
