@@ -4,8 +4,9 @@ Every adapter family (torch_native, torch_split, flex, the FlashInfer glue, the 
 inherits `EngineGlue`, so each engine decision is written once, as one method a mutant can override:
 the KV extent per request, the write of this forward's K/V, full-pool -> layer-pool slots, the slots
 of a request's key range, the layer's window, the query positions, the first key worth reading,
-page ids, and an FP8 cache's scales and how a fallback dequantizes it. A family whose engine differs overrides that one method and says why (FlashInfer's
-kv_start rounds down to a page; torch_native's kv_slots pads past the row with slot 0).
+page ids, and an FP8 cache's scales and how a fallback dequantizes it. A family whose engine differs
+overrides that one method and says why (FlashInfer's kv_start rounds down to a page; torch_native's
+kv_slots pads past the row with slot 0).
 It is its own module, not part of base.py: base.py is the protocol the harness sees (capabilities,
 `run`); this is what an adapter does inside `run`, and only adapters import it.
 """

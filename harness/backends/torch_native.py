@@ -3,9 +3,9 @@
 Per request it gathers K/V through `req_to_token` (translated through the full-to-SWA map on a
 sliding-window layer of a hybrid pool), builds its own causal/window/tree/cross mask from the
 engine metadata, and calls `scaled_dot_product_attention`; an FP8 cache is dequantized into the
-case dtype first (glue.py, `dequantize`), as an engine's SDPA fallback does. Sinks ride along as one extra key of
-zeros whose additive bias is the sink logit; a soft cap needs the scores, so it takes the explicit
-matmul path. The masks here are written independently of references/masks.py on purpose.
+case dtype first (glue.py, `dequantize`), as an engine's SDPA fallback does. Sinks ride along as
+one extra key of zeros whose additive bias is the sink logit; a soft cap needs the scores, so it
+takes the explicit matmul path. The masks here are written independently of references/masks.py on purpose.
 """
 
 from __future__ import annotations

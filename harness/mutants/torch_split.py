@@ -43,6 +43,11 @@ class _SplitDroppedCross(TorchSplit):
         return super().split_params(batch)
 
 
+class _Fp8KScaleForV(TorchSplit):
+    def kv_scales(self, batch: Batch) -> tuple[float, float]:
+        return batch.case.k_scale, batch.case.k_scale  # the paged pass's output scaled by k_scale
+
+
 _m = mutants_of("torch_split")
 
 MUTANTS: list[Mutant] = [
@@ -87,5 +92,13 @@ MUTANTS: list[Mutant] = [
         False,
         _SplitDroppedCross,
         check="invariance",
+    ),
+    _m(
+        "fp8_k_scale_for_v",
+        "FP8 KV cache read as FlashInfer does: the paged pass's output scaled by k_scale, not v_scale",
+        "kv_scales",
+        ("prefix", "decode"),
+        False,
+        _Fp8KScaleForV,
     ),
 ]
