@@ -53,6 +53,15 @@ BAD = [
     (dict(q_amplitude=0), "q_amplitude=0 must be in (0, 1000]"),
     (dict(seed=-1), "seed=-1 must be in [0,"),
     (dict(seed=1.5), "seed=1.5 must be an integer"),
+    (dict(kv_dtype="float8"), "kv_dtype='float8' is not one of float8_e4m3fn, float8_e5m2"),
+    (dict(kv_dtype="float8_e4m3fn", k_scale=0.0), "k_scale=0.0 must be a positive finite number"),
+    (dict(kv_dtype="float8_e4m3fn", v_scale=float("inf")), "v_scale=inf must be a positive finite number"),
+    (dict(kv_dtype="float8_e5m2", k_scale=float("nan")), "k_scale=nan must be a positive finite number"),
+    (dict(kv_dtype="float8_e5m2", v_scale=True), "v_scale=True must be a positive finite number"),
+    (dict(kv_dtype="float8_e5m2", v_scale="1"), "v_scale='1' must be a positive finite number"),
+    (dict(kv_dtype="float8_e4m3fn", k_scale=1e-40), "k_scale=1e-40 must be a positive finite number in"),
+    (dict(k_scale=0.5), "k_scale=0.5 is only meaningful with an FP8 kv_dtype"),
+    (dict(v_scale=2), "v_scale=2 is only meaningful with an FP8 kv_dtype"),
 ]
 
 
@@ -124,3 +133,14 @@ def test_json_messages(text, message):
 def test_scale_defaults_to_inverse_sqrt_head_dim():
     assert ext(head_dim=64).scale == pytest.approx(0.125)
     assert ext(head_dim=64, sm_scale=0.3).scale == 0.3
+
+
+def test_fp8_fields_appear_in_json_only_with_an_fp8_cache():
+    plain = ext()
+    assert not {"kv_dtype", "k_scale", "v_scale"} & set(plain.to_dict())  # JSON as before FP8 caches
+    assert Case.from_json(plain.to_json()) == plain
+    fp8 = ext(kv_dtype="float8_e5m2", k_scale=0.0173, v_scale=3.7)
+    d = fp8.to_dict()
+    assert (d["kv_dtype"], d["k_scale"], d["v_scale"]) == ("float8_e5m2", 0.0173, 3.7)
+    assert Case.from_json(fp8.to_json()) == fp8
+    assert ext(kv_dtype="float8_e4m3fn").k_scale == 1.0  # FlashInfer's default too
