@@ -279,6 +279,8 @@ class TorchSplit(EngineGlue):
         An FP8 cache is read as FlashInfer reads it: the codes as they are, k_scale folded into the
         softmax scale (the queries), the pass's output times v_scale before any merge."""
         k, v = batch.pool.read(self.layer_slots(batch, take(rt, lay["key_at"])))
+        if batch.case.kv_dtype is not None:  # FP8 codes, exactly, in a dtype every gather takes
+            k, v = k.float(), v.float()
         count, d = k.shape[0], batch.case.head_dim
         kv = k.new_zeros(2, count + 1, *k.shape[1:])  # the real keys and values, then a zero one
         kv[0, :count], kv[1, :count] = k, v
