@@ -134,7 +134,8 @@ def cmd_list(args: argparse.Namespace) -> int:
             f"  dtypes: {', '.join(sorted(c.dtypes))}; head dims: {dims}; page sizes: "
             f"{', '.join(map(str, sorted(c.page_sizes)))}; kv layouts: {', '.join(sorted(c.kv_layouts))}"
         )
-        print(f"  features: {', '.join(feats) or '-'}")
+        fp8 = ", ".join(sorted(c.kv_dtypes)) or "-"
+        print(f"  features: {', '.join(feats) or '-'}; FP8 KV caches: {fp8}")
         for device in sorted(c.devices):
             state, why = availability(b, device)
             broken |= state == "broken"

@@ -7,6 +7,9 @@ request costs O(T * W); on a GPU a small batch is one padded computation (`_padd
 noise floor. A logit (scaled query, score) past the dtype's largest finite value is kept in float32
 instead of overflowing, as a kernel holding its scores in float32 does, so native never overflows
 where exact does not. `references(case, inputs)` gives both, sharing the mask and padded inputs on a GPU.
+`precision="rounded_kv"` is exact arithmetic over K/V rounded to the case dtype: for K/V wider than
+it (an FP8 cache's values, float32) its distance from exact is what dequantizing into the case dtype
+alone does, the tolerance's second noise term there; for K/V in the case dtype it is exact.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from references.masks import RequestMask, case_masks, padded_positions, padded_v
 
 # Its own copy of harness/core/vocab.py's TORCH_DTYPES: the references import nothing of harness/.
 _DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+PRECISIONS = ("exact", "native", "rounded_kv")
 
 
 @dataclass
@@ -76,6 +80,12 @@ def _round_held(t: torch.Tensor, low: torch.Tensor) -> torch.Tensor:
     return torch.where(low.isinf(), t, low, out=t)
 
 
+def _operand(x, acc, kv_round, device):  # noqa: ANN001, ANN202 - K or V as the arithmetic takes it
+    """x in the accumulation dtype, rounded to `kv_round` first when given (rounded_kv precision)."""
+    x = x.to(device)
+    return (x if kv_round is None else x.to(kv_round)).to(acc)
+
+
 def _query_block(q, scale, round_to):  # noqa: ANN001, ANN202 - hot inner helper
     """The query block as the score matmul takes it: native mode scales it and rounds it first."""
     if round_to is None:
@@ -129,13 +139,14 @@ def _request(
     acc: torch.dtype,
     round_to: torch.dtype | None,
     device: torch.device,
+    kv_round: torch.dtype | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     e, hq, d = q.shape
     hkv = k.shape[1]
     g = hq // hkv
     qh = q.to(device=device, dtype=acc).permute(1, 0, 2).reshape(hkv, g, e, d)
-    kh = k.to(device=device, dtype=acc).permute(1, 0, 2)
-    vh = v.to(device=device, dtype=acc).permute(1, 0, 2)
+    kh = _operand(k, acc, kv_round, device).permute(1, 0, 2)
+    vh = _operand(v, acc, kv_round, device).permute(1, 0, 2)
     sink = None if sinks is None else sinks.to(device=device, dtype=acc).reshape(hkv, g, 1)
     bq, bk = block_sizes(device)
     item = torch.finfo(acc).bits // 8
@@ -226,13 +237,13 @@ def _padded(
     inputs,  # noqa: ANN001 - harness.core.batch.Inputs
     scale: float,
     cap: float,
-    precisions: list[tuple[torch.dtype, torch.dtype | None]],
+    precisions: list[tuple[torch.dtype, torch.dtype | None, torch.dtype | None]],
     device: torch.device,
 ) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """Every request at once, padded to the longest, once per (accumulation dtype, rounding) of
-    `precisions`: the mask and the padded inputs are prepared once and shared. The same arithmetic
-    as `_request` with a single key block, but the padded matmuls may sum in a different order (not
-    bitwise equal to it). A GQA group's queries are stacked along the rows ([B, Hkv, G*E, D]), so
+    """Every request at once, padded to the longest, once per (accumulation dtype, rounding, K/V
+    rounding) of `precisions`: the mask and the padded inputs are prepared once and shared. The same
+    arithmetic as `_request` with a single key block, but the padded matmuls may sum in a different
+    order (not bitwise equal to it). A GQA group's queries are stacked along the rows ([B, Hkv, G*E, D]), so
     both matmuls are plain batched products, with no key or value copied per query head. The
     positions for the mask, the gathers that pad the packed inputs and the one that unpads the
     results go to the device in one copy."""
@@ -253,13 +264,14 @@ def _padded(
     q = q.view(bsz, e, hkv, g, d).permute(0, 2, 3, 1, 4)  # [B, Hkv, G, E, D]
     kv = inputs.kv_all.to(device).index_select(1, dev["kv_rows"].flatten()).view(2, bsz, t, hkv, d)
     k, v = kv[0].permute(0, 2, 1, 3), kv[1].permute(0, 2, 1, 3)  # [B, Hkv, T, D]
-    converted: dict[torch.dtype, tuple[torch.Tensor, ...]] = {}  # exact and native share float32 on a GPU
+    converted: dict[tuple, tuple[torch.Tensor, ...]] = {}  # exact and native share float32 on a GPU
     out = []
-    for acc, round_to in precisions:
-        if acc not in converted:  # read only below: safe to share between precisions
+    for acc, round_to, kv_round in precisions:
+        if (acc, kv_round) not in converted:  # read only below: safe to share between precisions
             qh = q.to(acc, memory_format=torch.contiguous_format).view(bsz, hkv, g * e, d)
-            converted[acc] = (qh, *(x.to(acc, memory_format=torch.contiguous_format) for x in (k, v)))
-        qh, kh, vh = converted[acc]
+            kvh = (x if kv_round is None else x.to(kv_round) for x in (k, v))
+            converted[acc, kv_round] = (qh, *(x.to(acc, memory_format=torch.contiguous_format) for x in kvh))
+        qh, kh, vh = converted[acc, kv_round]
         sink = None if inputs.sinks is None else inputs.sinks.to(device, acc).reshape(1, hkv, g, 1)
         o, lse = _padded_softmax(qh, kh, vh, hidden, sink, scale, cap, round_to, g)
         out.append(
@@ -313,19 +325,21 @@ def references(
     """Expected output of every query of the case, concatenated in request order, once per precision.
 
     exact: float64 on the CPU, float32 accumulation on a GPU. native: rounded like the case dtype.
+    rounded_kv: exact arithmetic over K/V rounded to the case dtype.
     padded: compute the batch as one padded computation (None: on a GPU when its padded scores have
     at most PADDED_MAX_ELEMENTS elements; the CPU keeps the per-request loop, which skips masked
     blocks and is bound by arithmetic, not launches). The precisions of one call share the padded
     mask and inputs: a check asks for both in one call.
     """
     device = torch.device(device)
-    bad = [p for p in precisions if p not in ("exact", "native")]
+    bad = [p for p in precisions if p not in PRECISIONS]
     if bad:
-        raise ValueError(f"precision={bad[0]!r} is not 'exact' or 'native'")
+        raise ValueError(f"precision={bad[0]!r} is not one of {', '.join(PRECISIONS)}")
     kinds = [
         (
-            torch.float64 if device.type == "cpu" and p == "exact" else torch.float32,
+            torch.float64 if device.type == "cpu" and p != "native" else torch.float32,
             _DTYPES[case.dtype] if p == "native" else None,
+            _DTYPES[case.dtype] if p == "rounded_kv" else None,
         )
         for p in precisions
     ]
@@ -336,7 +350,7 @@ def references(
         found = _padded(masks, inputs, case.scale, float(case.soft_cap), kinds, device)
         return [RefOutput(out=o, lse=lse) for o, lse in found]
     results = []
-    for acc, round_to in kinds:
+    for acc, round_to, kv_round in kinds:
         pairs = [
             _request(
                 mask,
@@ -349,6 +363,7 @@ def references(
                 acc,
                 round_to,
                 device,
+                kv_round,
             )
             for r, mask in enumerate(masks)
         ]

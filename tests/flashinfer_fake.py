@@ -17,6 +17,10 @@ sources, independently of the adapters and of references/):
 - LSE is log2 of the softmax denominator (base 2); merge_state takes and returns base 2.
 - plain wrappers accept `sinks=` and drop it; the AttentionSink variant adds the sink to the
   denominator, has no soft cap, and ignores custom masks.
+- dtypes: plan's `q_data_type` and `kv_data_type` (None: the query's) must match what run() gets,
+  or run() raises ValueError, as `_check_cached_qkv_data_type` does. An FP8 cache is read as its
+  codes: run's `k_scale` multiplies the softmax scale, `v_scale` the output after the kernel
+  (`out *= v_scale`, in the output's dtype).
 """
 
 from __future__ import annotations
@@ -74,17 +78,42 @@ def _kv_len(npages, last, page_size):
     return 0 if npages == 0 else (npages - 1) * page_size + last
 
 
+def _dtype(dtype):
+    """canonicalize_torch_dtype: a torch dtype or its name."""
+    return getattr(torch, dtype) if isinstance(dtype, str) else dtype
+
+
 class _Variant:
     """What plan() compiled and recorded, and the run-time state forward() would overwrite."""
 
     sink_variant = False
 
-    def _plan_common(self, window_left, logits_soft_cap, sm_scale, head_dim):
+    def _plan_common(self, window_left, logits_soft_cap, sm_scale, head_dim, q_data_type, kv_data_type):
         self._window_left = window_left
         self._logits_soft_cap = logits_soft_cap or 0.0
         self._sm_scale = sm_scale if sm_scale is not None else 1.0 / math.sqrt(head_dim)
         self._swa_module = window_left >= 0
         self._cap_module = (logits_soft_cap or 0.0) > 0
+        self._q_dtype = _dtype(q_data_type)
+        self._kv_dtype = self._q_dtype if kv_data_type is None else _dtype(kv_data_type)
+
+    def _check_dtypes(self, q, k):
+        """As the real run() checks q and the cache against what plan() was told."""
+        if q.dtype != self._q_dtype:
+            raise ValueError(f"The dtype of q {q.dtype} does not match the q_data_type {self._q_dtype}")
+        if k.dtype != self._kv_dtype:
+            raise ValueError(f"The dtype of k {k.dtype} does not match the kv_data_type {self._kv_dtype}")
+
+    def _scaled(self, k_scale):
+        """The softmax scale with k_scale folded in, as run() does before the kernel."""
+        return self._sm_scale * (1.0 if k_scale is None else k_scale)
+
+    @staticmethod
+    def _v_scaled(out, v_scale):
+        """`out *= v_scale` after the kernel, in the output's dtype (skipped for None or 1.0)."""
+        if v_scale is None or (isinstance(v_scale, float) and v_scale == 1.0):
+            return out
+        return out.mul_(v_scale)
 
     def _run_window(self, window_left):
         window = self._window_left if window_left is None else window_left
@@ -159,11 +188,25 @@ class BatchPrefillWithPagedKVCacheWrapper(_Variant):
                 offs.append(offs[-1] + s)
             self._mask = [flat[offs[b] : offs[b + 1]].view(qo[b + 1] - qo[b], -1) for b in range(len(seg))]
         self._causal = causal
-        self._plan_common(window_left, logits_soft_cap, sm_scale, head_dim_qk)
+        self._plan_common(window_left, logits_soft_cap, sm_scale, head_dim_qk, q_data_type, kv_data_type)
 
-    def run(self, q, paged_kv_cache, *args, return_lse=False, window_left=None, sinks=None, **rest):
-        CALLS.append(("paged.run", {"args": args, "window_left": window_left, "sinks": sinks, **rest}))
+    def run(
+        self,
+        q,
+        paged_kv_cache,
+        *args,
+        k_scale=None,
+        v_scale=None,
+        return_lse=False,
+        window_left=None,
+        sinks=None,
+        **rest,
+    ):
+        at_run = {"args": args, "window_left": window_left, "sinks": sinks}
+        at_run |= {"k_scale": k_scale, "v_scale": v_scale}
+        CALLS.append(("paged.run", {**at_run, **rest}))
         k_cache, v_cache = paged_kv_cache
+        self._check_dtypes(q, k_cache)
         window = self._run_window(window_left)
         sink = args[0] if self.sink_variant else None  # plain fa2 wrappers drop `sinks`
         outs, lses = [], []
@@ -177,10 +220,10 @@ class BatchPrefillWithPagedKVCacheWrapper(_Variant):
             else:
                 causal = self._causal and self._mask is None
                 vis = _bottom_right(len(qb), n, causal, window)
-            o, lse = _attend(qb, kb, vb, vis, self._sm_scale, self._run_cap(), sink)
+            o, lse = _attend(qb, kb, vb, vis, self._scaled(k_scale), self._run_cap(), sink)
             outs.append(o)
             lses.append(lse)
-        out, lse = torch.cat(outs), torch.cat(lses)
+        out, lse = self._v_scaled(torch.cat(outs), v_scale), torch.cat(lses)
         return (out, lse) if return_lse else out
 
 
@@ -190,10 +233,14 @@ class BatchAttentionWithAttentionSinkWrapper(BatchPrefillWithPagedKVCacheWrapper
     def __init__(self, float_workspace_buffer, kv_layout="NHD", use_cuda_graph=False, backend="auto", **kw):
         super().__init__(float_workspace_buffer, kv_layout, use_cuda_graph, backend, **kw)
         self._ctor_swa = kw.get("window_left", -1) >= 0
+        self._ctor_dtypes = (kw.get("q_data_type", torch.bfloat16), kw.get("kv_data_type", torch.bfloat16))
 
-    def _plan_common(self, window_left, logits_soft_cap, sm_scale, head_dim):
-        super()._plan_common(window_left, logits_soft_cap, sm_scale, head_dim)
+    def _plan_common(self, window_left, logits_soft_cap, sm_scale, head_dim, q_data_type, kv_data_type):
+        super()._plan_common(window_left, logits_soft_cap, sm_scale, head_dim, q_data_type, kv_data_type)
         self._swa_module = self._ctor_swa  # the JIT module was chosen in the constructor
+        if (self._q_dtype, self._kv_dtype) != self._ctor_dtypes:
+            planned = (self._q_dtype, self._kv_dtype)
+            raise ValueError(f"plan's dtypes {planned} are not the JIT module's {self._ctor_dtypes}")
 
 
 class BatchPrefillWithRaggedKVCacheWrapper(_Variant):
@@ -234,10 +281,12 @@ class BatchPrefillWithRaggedKVCacheWrapper(_Variant):
         self._qo = [int(x) for x in qo_indptr.tolist()]
         self._kv = [int(x) for x in kv_indptr.tolist()]
         self._causal = causal
-        self._plan_common(window_left, logits_soft_cap, sm_scale, head_dim_qk)
+        self._plan_common(window_left, logits_soft_cap, sm_scale, head_dim_qk, q_data_type, kv_data_type)
 
     def run(self, q, k, v, *args, return_lse=False, **rest):
         CALLS.append(("ragged.run", {"args": args, **rest}))
+        assert not {"k_scale", "v_scale"} & set(rest), "the adapters pass no scales to the ragged pass"
+        self._check_dtypes(q, k)
         window = self._run_window(None)
         outs, lses = [], []
         for b in range(len(self._qo) - 1):
@@ -313,12 +362,27 @@ class BatchDecodeWithPagedKVCacheWrapper(_Variant):
         if q_len_per_req > 1 and min(self._lens) < q_len_per_req:
             raise ValueError("q_len_per_req requires kv_len >= q_len_per_req for every request")
         self._q_len = q_len_per_req
-        self._plan_common(window_left, logits_soft_cap, sm_scale, head_dim)
+        q_data_type = q_data_type if data_type is None else data_type  # the deprecated spelling
+        self._plan_common(window_left, logits_soft_cap, sm_scale, head_dim, q_data_type, kv_data_type)
 
-    def run(self, q, paged_kv_cache, *args, return_lse=False, window_left=None, sinks=None, **rest):
-        CALLS.append(("decode.run", {"args": args, "window_left": window_left, "sinks": sinks, **rest}))
+    def run(
+        self,
+        q,
+        paged_kv_cache,
+        *args,
+        k_scale=None,
+        v_scale=None,
+        return_lse=False,
+        window_left=None,
+        sinks=None,
+        **rest,
+    ):
+        at_run = {"args": args, "window_left": window_left, "sinks": sinks}
+        at_run |= {"k_scale": k_scale, "v_scale": v_scale}
+        CALLS.append(("decode.run", {**at_run, **rest}))
         assert q.shape[0] == len(self._pages) * self._q_len, "q rows must be batch * q_len_per_req"
         k_cache, v_cache = paged_kv_cache
+        self._check_dtypes(q, k_cache)
         window = self._run_window(window_left)
         outs, lses = [], []
         for b, pages in enumerate(self._pages):
@@ -327,10 +391,10 @@ class BatchDecodeWithPagedKVCacheWrapper(_Variant):
             kb = _gather_pages(k_cache, pages, n, self._kv_layout)
             vb = _gather_pages(v_cache, pages, n, self._kv_layout)
             vis = _bottom_right(self._q_len, n, self._q_len > 1, window)
-            o, lse = _attend(qb, kb, vb, vis, self._sm_scale, self._run_cap(), None)
+            o, lse = _attend(qb, kb, vb, vis, self._scaled(k_scale), self._run_cap(), None)
             outs.append(o)
             lses.append(lse)
-        out, lse = torch.cat(outs), torch.cat(lses)
+        out, lse = self._v_scaled(torch.cat(outs), v_scale), torch.cat(lses)
         return (out, lse) if return_lse else out
 
 

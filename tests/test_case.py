@@ -56,6 +56,15 @@ BAD = [
     (dict(q_amplitude=0), "q_amplitude=0 must be in (0, 1000]"),
     (dict(seed=-1), "seed=-1 must be in [0,"),
     (dict(seed=1.5), "seed=1.5 must be an integer"),
+    (dict(kv_dtype="float8"), "kv_dtype='float8' is not one of float8_e4m3fn, float8_e5m2"),
+    (dict(kv_dtype="float8_e4m3fn", k_scale=0.0), "k_scale=0.0 must be a positive finite number"),
+    (dict(kv_dtype="float8_e4m3fn", v_scale=float("inf")), "v_scale=inf must be a positive finite number"),
+    (dict(kv_dtype="float8_e5m2", k_scale=float("nan")), "k_scale=nan must be a positive finite number"),
+    (dict(kv_dtype="float8_e5m2", v_scale=True), "v_scale=True must be a positive finite number"),
+    (dict(kv_dtype="float8_e5m2", v_scale="1"), "v_scale='1' must be a positive finite number"),
+    (dict(kv_dtype="float8_e4m3fn", k_scale=1e-40), "k_scale=1e-40 must be a positive finite number in"),
+    (dict(k_scale=0.5), "k_scale=0.5 is only meaningful with an FP8 kv_dtype"),
+    (dict(v_scale=2), "v_scale=2 is only meaningful with an FP8 kv_dtype"),
 ]
 
 
@@ -136,3 +145,14 @@ def test_an_encoder_case_with_a_two_sided_window_is_valid_and_round_trips():
     c = Case(mode="ENCODER_ONLY", requests=(Request(0, 9), Request(0, 2)), window_left=3, window_right=1)
     assert Case.from_json(c.to_json()) == c and json.loads(c.to_json())["window_right"] == 1
     assert Case.from_dict({"mode": "EXTEND", "requests": [{"extend_len": 2}]}).window_right == -1
+
+
+def test_fp8_fields_appear_in_json_only_with_an_fp8_cache():
+    plain = ext()
+    assert not {"kv_dtype", "k_scale", "v_scale"} & set(plain.to_dict())  # JSON as before FP8 caches
+    assert Case.from_json(plain.to_json()) == plain
+    fp8 = ext(kv_dtype="float8_e5m2", k_scale=0.0173, v_scale=3.7)
+    d = fp8.to_dict()
+    assert (d["kv_dtype"], d["k_scale"], d["v_scale"]) == ("float8_e5m2", 0.0173, 3.7)
+    assert Case.from_json(fp8.to_json()) == fp8
+    assert ext(kv_dtype="float8_e4m3fn").k_scale == 1.0  # FlashInfer's default too

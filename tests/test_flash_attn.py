@@ -270,6 +270,15 @@ def test_fa3_and_fa2_refuse_trees_and_sinks():
         assert b.supports(case("TARGET_VERIFY", reqs=((10, 4, 0, CHAIN4),))) is None
 
 
+def test_every_flash_attn_version_skips_an_fp8_cache_with_the_reason():
+    fp8 = case(kv_dtype="float8_e4m3fn", k_scale=0.5)
+    reasons = ((FA4(), "q, k and v all in one FP8 dtype"), (FA3(), "q and k must share"), (FA2(), "no FP8"))
+    for b, words in reasons:
+        why = b.supports(fp8)
+        assert why and words in why, why
+        assert b.supports(case()) is None
+
+
 def test_fa2_gathers_from_the_window_start(libs):
     c = case(reqs=((40, 6), (3, 2)), window_left=7, hybrid_swa_pool=True)
     run(on_cpu(FA2()), c)

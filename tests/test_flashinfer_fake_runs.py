@@ -22,6 +22,8 @@ from harness.search import profiles
 from tests import flashinfer_fake as fake
 
 H = dict(head_dim=64)
+E4M3 = dict(kv_dtype="float8_e4m3fn", k_scale=0.0173, v_scale=3.7)
+E5M2 = dict(kv_dtype="float8_e5m2", k_scale=0.5, v_scale=0.0173)
 
 
 @pytest.fixture(autouse=True)
@@ -108,6 +110,21 @@ CASES = [
         Case("ENCODER_ONLY", (Request(0, 33), Request(0, 16)), window_left=4, soft_cap=5.0, **H),
     ),
     ("flashinfer_paged", Case("ENCODER_ONLY", (Request(0, 20), Request(0, 3)), sinks=True, page_size=1, **H)),
+    (
+        "flashinfer_ragged",
+        Case("EXTEND", (Request(70, 30), Request(33, 20)), window_left=9, hybrid_swa_pool=True, **H, **E4M3),
+    ),
+    ("flashinfer_paged", Case("EXTEND", (Request(40, 30), Request(3, 20)), sinks=True, **H, **E5M2)),
+    (
+        "flashinfer_paged",
+        Case("TARGET_VERIFY", (Request(50, 5, tree=(-1, 0, 0, 1, 2)),), window_left=9, **H, **E4M3),
+    ),
+    ("flashinfer_dec_cc", Case("DECODE", (Request(50, 1), Request(3, 1)), soft_cap=30.0, **H, **E5M2)),
+    (
+        "flashinfer_dec_tc",
+        Case("DRAFT_EXTEND_V2", (Request(33, 4), Request(16, 4)), kv_layout="HND", **H, **E4M3),
+    ),
+    ("flashinfer_enc", Case("CROSS", (Request(0, 5, 30), Request(9, 3, 17)), **H, **E5M2)),
 ]
 
 

@@ -196,6 +196,36 @@ def test_every_option_goes_to_plan_and_nothing_to_run(fi):
             assert args["backend"] == glue.KERNEL_BACKEND, what
 
 
+@pytest.mark.parametrize("kv_dtype", ["float8_e4m3fn", "float8_e5m2"])
+def test_an_fp8_cache_is_planned_as_fp8_and_run_with_its_scales_on_every_paged_path(fi, kv_dtype):
+    fp8 = dict(kv_dtype=kv_dtype, k_scale=0.0173, v_scale=3.7)
+    run("flashinfer_ragged", Case("EXTEND", (Request(40, 30),), window_left=7, **fp8))
+    run("flashinfer_paged", Case("EXTEND", (Request(9, 6),), sinks=True, **fp8))  # the sink variant
+    run("flashinfer_dec_cc", Case("DECODE", (Request(40, 1),), **fp8))
+    run("flashinfer_dec_tc", Case("DRAFT_EXTEND_V2", (Request(33, 4),), **fp8))
+    run("flashinfer_enc", Case("CROSS", (Request(0, 3, 20),), **fp8))
+    cache, model = getattr(torch, kv_dtype), torch.bfloat16
+    seen = set()
+    for what, args in fake.CALLS:
+        seen.add(what)
+        if what == "ragged.plan":  # the in-flight K/V are the model's
+            assert (args["q_data_type"], args["kv_data_type"]) == (model, model)
+        elif what.endswith(".plan"):
+            assert (args["q_data_type"], args["kv_data_type"]) == (model, cache), what
+        if what.endswith(".run") and what != "ragged.run":  # the fake rejects scales on the ragged run
+            assert (args["k_scale"], args["v_scale"]) == (0.0173, 3.7), what
+        if what == "paged.init" and "kv_data_type" in args:  # the sink variant's JIT module
+            assert args["kv_data_type"] == cache
+    assert {"ragged.run", "paged.run", "decode.run", "merge_state"} <= seen
+
+
+def test_a_cache_in_the_model_dtype_is_run_without_scales(fi):
+    run("flashinfer_ragged", Case("EXTEND", (Request(40, 30),), window_left=7))
+    run("flashinfer_dec_tc", Case("DECODE", (Request(40, 1),)))
+    runs = [args for what, args in fake.CALLS if what in ("paged.run", "decode.run")]
+    assert runs and all(a["k_scale"] is None and a["v_scale"] is None for a in runs)
+
+
 def test_the_options_at_run_mutant_plans_without_them(fi):
     case = Case("EXTEND", (Request(4, 6),), window_left=2, soft_cap=5.0)
     run(by_name("flashinfer_paged~options_at_run").make(), case)

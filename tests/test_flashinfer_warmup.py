@@ -10,6 +10,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import pytest
+import torch
 
 from harness import backends
 from harness.core.batch import build_batch, make_inputs
@@ -33,6 +34,10 @@ def test_the_gpu_profile_variants_are_all_probed():
         for cap in (False, True):
             assert {f"prefill[{tag},swa={swa},cap={cap}]", f"decode_cc[{tag},swa={swa},cap={cap}]"} <= labels
     assert {"cascade", "packbits"} <= labels
+    for kv in ("float8_e4m3fn", "float8_e5m2"):  # an FP8 cache: the same variants over FP8 K/V
+        fp8 = f"{tag},kv={kv}"
+        assert {f"sink[{fp8},swa=True]", f"prefill[{fp8},swa=True,cap=True]"} <= labels
+        assert f"decode_cc[{fp8},swa=False,cap=True]" in labels
 
 
 def test_pinned_cases_get_probes_for_their_own_dtype_and_head_dim():
@@ -59,6 +64,7 @@ def test_each_probe_runs_and_needs_one_module(monkeypatch, probe):
         assert "head_dim_qk" in args  # the AttentionSink wrapper
     else:
         assert what == "paged.init" and "head_dim_qk" not in args
+    assert plan["kv_data_type"] == getattr(torch, probe.case.kv_dtype or probe.case.dtype)
 
 
 def test_coverage_runs_only_supported_cases_and_every_mode():

@@ -7,6 +7,7 @@ import pytest
 import torch
 import transformers  # noqa: F401 - the `hf` extra is part of every dev install; fail loudly without it
 from hypothesis import given, settings
+from hypothesis import strategies as st
 from transformers import masking_utils as hf_masks
 from transformers.models.gemma2 import modeling_gemma2
 from transformers.models.gpt_oss import modeling_gpt_oss
@@ -15,8 +16,9 @@ from harness.backends import load
 from harness.checks import crossref
 from harness.checks.numeric import check_case
 from harness.core.batch import make_inputs
+from harness.core.vocab import KV_DTYPES
 from harness.search.profiles import SIZES
-from harness.search.strategies import ALL_CAPS, cases
+from harness.search.strategies import ALL_CAPS, KV_SCALES, cases
 from references import hf_ref
 from references.masks import hf_bidirectional_window, hf_window_left, request_mask
 from references.torch_ref import reference
@@ -119,6 +121,23 @@ def test_hf_ref_agrees_with_torch_ref_on_encoder_cases(windowed):
     @settings(max_examples=10, derandomize=True, database=None, deadline=None)
     @given(cases("encoder", windowed, ALL_CAPS, TINY))
     def check(c):
+        inputs = make_inputs(c)
+        exact = reference(c, inputs).out
+        assert crossref.disagreement(c, inputs, exact) is None
+        assert float((hf_ref.reference(c, inputs) - exact).abs().max()) < 1e-12
+
+    check()
+
+
+@pytest.mark.parametrize("family", ["decode", "prefix", "verify", "cross"])
+def test_with_an_fp8_cache_both_references_agree_over_the_dequantized_values(family):
+    """Every case drawn with an FP8 cache: hf_ref reads the same logical (dequantized) K/V."""
+    fp8 = st.tuples(st.sampled_from(KV_DTYPES), st.sampled_from(KV_SCALES), st.sampled_from(KV_SCALES))
+
+    @settings(max_examples=6, derandomize=True, database=None, deadline=None)
+    @given(cases(family, family != "cross", ALL_CAPS, TINY), fp8)
+    def check(c, cache):
+        c = c.replace(kv_dtype=cache[0], k_scale=cache[1], v_scale=cache[2])
         inputs = make_inputs(c)
         exact = reference(c, inputs).out
         assert crossref.disagreement(c, inputs, exact) is None

@@ -109,3 +109,53 @@ def test_hnd_and_nhd_pools_read_the_same_values():
     ka, _ = a.pool.read(a.req_to_token[0, :40])
     kh, _ = h.pool.read(h.req_to_token[0, :40])
     assert torch.equal(ka, kh)
+
+
+FP8 = [("float8_e4m3fn", 0.0173, 3.7), ("float8_e5m2", 1.0, 0.5)]
+
+
+@pytest.mark.parametrize("kv_dtype,k_scale,v_scale", FP8)
+@pytest.mark.parametrize("kv_layout", ["NHD", "HND"])
+def test_an_fp8_pool_holds_the_codes_of_the_logical_values_and_nan_elsewhere(
+    kv_dtype, k_scale, v_scale, kv_layout
+):
+    fp8 = dict(kv_dtype=kv_dtype, k_scale=k_scale, v_scale=v_scale)
+    c = case("EXTEND", ((40, 5), (17, 3)), kv_layout=kv_layout, **fp8)
+    b = batch_of(c)
+    assert b.pool.k.dtype == getattr(torch, kv_dtype) and b.pool.v.dtype == b.pool.k.dtype
+    inputs = make_inputs(c)
+    assert inputs.kv_all.dtype == torch.float32  # the values the codes stand for
+    for r, req in enumerate(c.requests):
+        kk, vv = b.pool.read(b.req_to_token[r, : req.prefix_len])
+        assert torch.equal(kk.float() * k_scale, inputs.k[r][: req.prefix_len])
+        assert torch.equal(vv.float() * v_scale, inputs.v[r][: req.prefix_len])
+    owned = owned_slots(b)
+    k = b.pool.k if kv_layout == "NHD" else b.pool.k.transpose(1, 2)
+    codes = k.reshape(-1, c.num_kv_heads, c.head_dim).float()
+    unowned = torch.tensor([s not in owned for s in range(b.pool.num_slots)])
+    assert torch.isnan(codes[unowned]).all() and not torch.isnan(codes[~unowned]).any()
+    assert torch.isnan(codes[unowned] * k_scale).all()  # poison survives dequantization
+
+
+@pytest.mark.parametrize("kv_dtype,k_scale,v_scale", FP8)
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_the_new_tokens_in_the_model_dtype_quantize_back_to_the_codes_the_references_read(
+    kv_dtype, k_scale, v_scale, dtype
+):
+    c = case("EXTEND", ((9, 40),), kv_dtype=kv_dtype, k_scale=k_scale, v_scale=v_scale, dtype=dtype)
+    b = batch_of(c)
+    assert b.k_new.dtype == getattr(torch, dtype)  # the model's K/V, as the engine writes them
+    b.pool.write(b.out_cache_loc, b.k_new, b.v_new)
+    kk, vv = b.pool.read(b.out_cache_loc)
+    inputs = make_inputs(c)
+    assert torch.equal(kk.float() * k_scale, inputs.k[0][9:])
+    assert torch.equal(vv.float() * v_scale, inputs.v[0][9:])
+
+
+def test_quantize_saturates_keeps_nan_and_dequantize_multiplies_back():
+    x = torch.tensor([1000.0, -1000.0, float("nan"), 3.3, 0.0])
+    codes = pool.quantize(x, torch.float8_e4m3fn, 2.0)
+    assert codes.dtype == torch.float8_e4m3fn
+    out = pool.dequantize(codes, 2.0)
+    assert out[:2].tolist() == [896.0, -896.0] and torch.isnan(out[2])
+    assert out[3:].tolist() == [3.25, 0.0]  # 1.65 rounds to e4m3's 1.625

@@ -26,6 +26,10 @@ CORRECT = {
         "EXTEND", ((10, 6),), head_dim=8, soft_cap=5.0, sinks=True, q_amplitude=1000.0, window_left=3
     ),
     "no-window-mqa": case("EXTEND", ((33, 7),), head_dim=8, num_q_heads=4, num_kv_heads=1, dtype="float16"),
+    # one-hot V over an FP8 cache whose v_scale makes 1 / v_scale round (a lone key weighed 1.04)
+    "fp8-cache": case(
+        "DECODE", ((20, 1), (0, 1)), window_left=5, head_dim=8, kv_dtype="float8_e4m3fn", v_scale=3.7
+    ),
 }
 
 

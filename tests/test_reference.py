@@ -161,7 +161,7 @@ def test_precisions_sharing_one_accumulation_dtype_share_inputs_without_changing
     @given(cases("prefix", True, CAPS, SIZES["ci"]))
     def check(c):
         inputs = make_inputs(c)
-        kinds = [(torch.float32, None), (torch.float32, getattr(torch, c.dtype))]
+        kinds = [(torch.float32, None, None), (torch.float32, getattr(torch, c.dtype), None)]
         args = (case_masks(c), inputs, c.scale, float(c.soft_cap))
         together = torch_ref._padded(*args, kinds, torch.device("cpu"))
         for (o, lse), kind in zip(together, kinds, strict=True):
@@ -287,3 +287,50 @@ def test_a_32k_request_never_materialises_its_score_matrix():
     res = subprocess.run([sys.executable, "-c", MEMORY_PROBE], capture_output=True, text=True, check=True)
     extra_mib, seconds = map(float, res.stdout.split())
     assert extra_mib < 512, f"peak grew by {extra_mib:.0f} MiB"
+
+
+FP8 = dict(kv_dtype="float8_e4m3fn", k_scale=0.0173, v_scale=3.7)
+
+
+@pytest.mark.parametrize("mode,reqs", [("EXTEND", ((30, 20), (3, 7))), ("CROSS", ((0, 4, 25),))])
+def test_with_an_fp8_cache_the_references_attend_over_exactly_what_the_pool_holds(mode, reqs):
+    from harness.core.batch import Inputs
+    from tests.helpers import batch_of
+
+    c = case(mode, reqs, window_left=5 if mode == "EXTEND" else -1, **FP8)
+    b = batch_of(c)
+    if mode != "CROSS":  # the engine's write of this forward's K/V (CROSS has none)
+        b.pool.write(b.out_cache_loc, b.k_new, b.v_new)
+    k, v = [], []
+    for r in range(c.batch_size):
+        n = reqs[r][2] if mode == "CROSS" else sum(reqs[r][:2])
+        codes_k, codes_v = b.pool.read(b.req_to_token[r, :n])
+        k.append(codes_k.float() * c.k_scale)  # what each code stands for, in float32 (as kernels take
+        v.append(codes_v.float() * c.v_scale)  # the scale)
+    inputs = make_inputs(c)
+    held = Inputs.from_requests(inputs.q, k, v, inputs.sinks)
+    want, _ = naive(c, held)
+    got = reference(c, inputs)
+    assert torch.allclose(got.out, want, atol=1e-12, rtol=0)
+    unquantized = c.replace(kv_dtype=None, k_scale=1.0, v_scale=1.0)
+    plain = reference(unquantized, make_inputs(unquantized))
+    assert (got.out - plain.out).abs().max() > 1e-3  # quantization moved the expected output
+
+
+@pytest.mark.parametrize("padded", [False, True])
+def test_rounded_kv_is_exact_attention_over_kv_rounded_into_the_case_dtype(padded):
+    """The FP8 budget's second term: an FP8 cache's values rounded into the case dtype (what a fallback
+    that dequantizes into it holds), attended exactly; native and exact attend over them unrounded."""
+    from harness.core.batch import Inputs
+
+    c = case("EXTEND", ((40, 12), (5, 9)), window_left=7, dtype="float16", **FP8)
+    inputs = make_inputs(c)
+    rounded = Inputs(inputs.q_all, inputs.kv_all.to(torch.float16), inputs.q_lens, inputs.kv_lens, None)
+    plain = c.replace(kv_dtype=None, k_scale=1.0, v_scale=1.0)
+    exact, native, ours = torch_ref.references(c, inputs, ("exact", "native", "rounded_kv"), padded=padded)
+    theirs, their_native = torch_ref.references(plain, rounded, ("exact", "native"), padded=padded)
+    assert torch.equal(ours.out, theirs.out) and torch.equal(ours.lse, theirs.lse)
+    assert not torch.equal(exact.out, ours.out)  # exact attends over the values unrounded
+    assert not torch.equal(native.out, their_native.out)  # and so does native
+    (plain_exact,) = torch_ref.references(plain, rounded, ("exact",), padded=padded)
+    assert torch.equal(torch_ref.reference(plain, rounded, "rounded_kv", padded=padded).out, plain_exact.out)

@@ -86,10 +86,16 @@ def test_cases_respect_capabilities(family):
     def check(c):
         assert c.dtype == "float16" and c.page_size == 32 and c.head_dim == 64
         assert not (c.sinks or c.soft_cap or c.hybrid_swa_pool or c.deterministic)
+        assert c.kv_dtype is None and c.k_scale == c.v_scale == 1.0  # no FP8 cache declared
 
     from hypothesis import given
 
     given(cases(family, False, narrow, S))(check)()
+
+
+def test_fp8_caches_with_their_own_scales_where_the_backend_reads_them():
+    reach("decode", False, lambda c: c.kv_dtype == "float8_e5m2" and c.k_scale != c.v_scale)
+    reach("prefix", True, lambda c: c.kv_dtype == "float8_e4m3fn" and 1.0 not in (c.k_scale, c.v_scale))
 
 
 def test_unknown_family():

@@ -20,6 +20,7 @@ from harness.core.vocab import (
     DTYPES,
     FEATURE_WORDS,
     FEATURES,
+    KV_DTYPES,
     SHAPE_TRAITS,
     case_features,
     case_traits,
@@ -49,6 +50,7 @@ class Capabilities:
     # backend declares but cannot combine; the reason is why_not["a+b"]. supports() refuses such a
     # case and the suite's searches never draw one, so a refusal in a search is a surprise, counted.
     exclusive: frozenset[tuple[str, str]] = frozenset()
+    kv_dtypes: frozenset[str] = frozenset()  # FP8 KV-cache dtypes it reads (a Case's kv_dtype)
     why_not: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -90,6 +92,7 @@ ALL_CAPABILITIES = Capabilities.with_features(
     dtypes=frozenset(DTYPES),
     kv_layouts=frozenset(KV_LAYOUTS),
     devices=frozenset({"cpu", "cuda"}),
+    kv_dtypes=frozenset(KV_DTYPES),
 )
 
 
@@ -137,6 +140,8 @@ class Backend:
             return f"{n} does not support page_size {case.page_size} (supported: {sorted(c.page_sizes)})"
         if case.kv_layout not in c.kv_layouts:
             return f"{n} does not support kv_layout {case.kv_layout}"
+        if case.kv_dtype is not None and case.kv_dtype not in c.kv_dtypes:
+            return c.reason("kv_dtype", f"{n} does not read a {case.kv_dtype} KV cache")
         for feature in case_features(case):
             if not getattr(c, feature):
                 return c.reason(feature, f"{n} does not support {FEATURE_WORDS[feature]}")

@@ -31,6 +31,7 @@ class FA2(FlashAttnGlue):
         why_not={
             "sinks": "FA2 has no attention-sink argument",
             "tree": "FA2 has no custom mask: verify trees with topk > 1 need one",
+            "kv_dtype": "FA2 has no FP8 path: its kernels take fp16/bf16 K/V only",
         },
     )
 

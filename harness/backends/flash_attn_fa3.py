@@ -30,6 +30,8 @@ class FA3(FlashAttnGlue):
         why_not={
             "sinks": "FA3's flash_attn_with_kvcache has no learnable-sink argument",
             "tree": "FA3 has no custom mask: verify trees with topk > 1 need one",
+            "kv_dtype": "FA3 reads FP8 only with the query in the cache's FP8 dtype too (q and k must "
+            "share a dtype): an FP8 cache under a bf16/fp16 query has no path",
         },
     )
 

@@ -65,7 +65,15 @@ class FA4(FlashAttnGlue):
     library = "flash-attn-4"
     entry = ("flash_attn.cute", "flash_attn_varlen_func")
     unbounded = (None, None)  # FA4's "no window": it reads -1 as a window edge (an empty window)
-    capabilities = capabilities(FEATURES, whole_page_loads=True)
+    capabilities = capabilities(
+        FEATURES,
+        whole_page_loads=True,
+        why_not={
+            "kv_dtype": "flash-attn-4 4.0.0b36 reads FP8 only with q, k and v all in one FP8 dtype "
+            "(interface.py asserts it), and only on sm100: an FP8 KV cache under a bf16/fp16 query "
+            "has no path (quantizing the query is another computation than the references model)"
+        },
+    )
 
     def available(self, device: str) -> str | None:
         why = super().available(device)

@@ -39,7 +39,7 @@ class _FlashInferDecode(FlashInferGlue):
             q_len = batch.case.requests[0].extend_len  # one per request, the same for the whole batch
             options = self.kernel_options(batch, self.window_left(batch))
             self.plan_decode(wrapper, batch, table, options, q_len)
-        out, lse = wrapper.run(batch.q, self.kv_cache(batch), return_lse=True)
+        out, lse = wrapper.run(batch.q, self.kv_cache(batch), return_lse=True, **self.run_scales(batch))
         return BackendOutput(out=out, lse=self.natural_lse(lse))
 
 

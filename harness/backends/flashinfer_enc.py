@@ -39,7 +39,7 @@ class FlashInferEnc(FlashInferGlue):
             else:
                 wrapper = self.wrapper("paged", batch)
                 self.plan_paged(wrapper, batch, table, False, options, None)
-        out, lse = wrapper.run(batch.q, self.kv_cache(batch), return_lse=True)
+        out, lse = wrapper.run(batch.q, self.kv_cache(batch), return_lse=True, **self.run_scales(batch))
         return BackendOutput(out=out, lse=self.natural_lse(lse))
 
 

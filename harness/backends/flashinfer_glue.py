@@ -3,8 +3,8 @@
 An engine plans a FlashInfer wrapper once per batch with the page table and every kernel option,
 then runs it. The shared decisions are one method each, so a mutant overrides exactly one: the
 engine's reads in glue.py (kv_start rounded down to a page here), and here the page table, options
-at plan, split parameters, the LSE base. Every wrapper names backend="fa2": "auto" picks fa3 on an
-H100, whose plan ignores the split parameters.
+at plan, split parameters, the LSE base, and an FP8 cache's dtype at plan and scales at run. Every
+wrapper names backend="fa2": "auto" picks fa3 on an H100, whose plan ignores the split parameters.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from harness.backends.glue import EngineGlue
 from harness.backends.library import import_library
 from harness.core.batch import Batch
 from harness.core.modes import Mode
-from harness.core.vocab import TORCH_DTYPES
+from harness.core.vocab import KV_DTYPES, TORCH_DTYPES
 
 FLASHINFER_VERSION = "0.7.2.post1"
 KERNEL_BACKEND = "fa2"
@@ -79,7 +79,9 @@ def capabilities(
     """The capabilities every FlashInfer adapter shares, plus its own modes, features, exclusive
     pairs (pair -> why) and fields. No adapter has a right window edge (NO_RIGHT_WINDOW), whatever
     `features` names. Deterministic mode excludes the batches whose fa2 prefill query
-    tile follows the batch (PREFILL_NOT_INVARIANT): EXTEND, ENCODER_ONLY and a CROSS prefill."""
+    tile follows the batch (PREFILL_NOT_INVARIANT): EXTEND, ENCODER_ONLY and a CROSS prefill. Every
+    fa2 paged path reads an FP8 cache (e4m3 or e5m2) under a half-precision query: plan's
+    `kv_data_type`, run's `k_scale` / `v_scale` (prefill.py and decode.py of 0.7.2.post1)."""
     pairs = dict(exclusive or {})
     if "deterministic" in features:
         tiled = (trait for mode, trait in QUERY_TILE_FOLLOWS_BATCH.items() if mode in modes_)
@@ -98,6 +100,7 @@ def capabilities(
         devices=frozenset({"cuda"}),
         exclusive=frozenset(pairs),
         why_not=why_not,
+        kv_dtypes=frozenset(KV_DTYPES),
         **fields,
     )
 
@@ -174,6 +177,18 @@ class FlashInferGlue(EngineGlue):
         """The layer's pool as FlashInfer takes it: (k, v) in the case's NHD or HND page layout."""
         return batch.pool.k, batch.pool.v
 
+    def kv_data_type(self, batch: Batch) -> torch.dtype:
+        """What plan is told the paged cache holds: the pool's dtype (FP8 codes in an FP8 cache)."""
+        return batch.pool.k.dtype
+
+    def run_scales(self, batch: Batch) -> dict:
+        """What a paged run() takes for an FP8 cache: k_scale (FlashInfer folds it into sm_scale) and
+        v_scale (it multiplies the output); nothing for a cache in the model's dtype."""
+        if batch.case.kv_dtype is None:
+            return {}
+        k_scale, v_scale = self.kv_scales(batch)
+        return {"k_scale": k_scale, "v_scale": v_scale}
+
     # --- what goes to plan() ------------------------------------------------------------------
 
     def kernel_options(self, batch: Batch, window_left: int) -> dict:
@@ -185,7 +200,7 @@ class FlashInferGlue(EngineGlue):
             "window_left": window_left,
             "logits_soft_cap": float(c.soft_cap),
             "q_data_type": dt,
-            "kv_data_type": dt,
+            "kv_data_type": self.kv_data_type(batch),
         }
 
     def kv_path(self, batch: Batch) -> str:
@@ -229,13 +244,13 @@ class FlashInferGlue(EngineGlue):
     def wrapper(self, kind: str, batch: Batch) -> Any:
         """A FlashInfer wrapper of one kind, built once per adapter and re-planned per batch.
 
-        kinds: ragged, paged, sink (paged with attention sinks; its JIT module fixes the dtype,
+        kinds: ragged, paged, sink (paged with attention sinks; its JIT module fixes the dtypes,
         head_dim and whether a window exists), decode_tc / decode_cc (tensor / CUDA cores).
         """
         c = batch.case
         key = (kind, c.kv_layout, str(batch.device))
         if kind == "sink":
-            key += (c.dtype, c.head_dim, self.window_left(batch) >= 0)
+            key += (c.dtype, self.kv_data_type(batch), c.head_dim, self.window_left(batch) >= 0)
         if key not in self._wrappers:
             self._wrappers[key] = self._build_wrapper(kind, batch)
         return self._wrappers[key]
@@ -255,7 +270,7 @@ class FlashInferGlue(EngineGlue):
                 c.kv_layout,
                 backend=KERNEL_BACKEND,
                 q_data_type=dt,
-                kv_data_type=dt,
+                kv_data_type=self.kv_data_type(batch),
                 head_dim_qk=c.head_dim,
                 head_dim_vo=c.head_dim,
                 window_left=self.window_left(batch),

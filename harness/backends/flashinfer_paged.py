@@ -75,7 +75,8 @@ class FlashInferPaged(FlashInferGlue):
             options = self.kernel_options(batch, self.paged_window(batch))
             self.plan_paged(wrapper, batch, table, self.causal(batch), options, mask)
         extra = (batch.sinks,) if sinks else ()  # the sink variant takes them as its extra tensor
-        out, lse = wrapper.run(batch.q, self.kv_cache(batch), *extra, return_lse=True)
+        scales = self.run_scales(batch)
+        out, lse = wrapper.run(batch.q, self.kv_cache(batch), *extra, return_lse=True, **scales)
         return BackendOutput(out=out, lse=self.natural_lse(lse))
 
 

@@ -21,6 +21,7 @@ from harness.backends.flashinfer_glue import PREFILL_NOT_INVARIANT, FlashInferGl
 from harness.core.batch import Batch
 from harness.core.modes import Mode
 from harness.core.timing import phase
+from harness.core.vocab import TORCH_DTYPES
 
 
 @dataclass(frozen=True)
@@ -50,7 +51,7 @@ class FlashInferRagged(FlashInferGlue):
 
     def plan_ragged(self, wrapper: Any, batch: Batch, qo_indptr: torch.Tensor, options: dict) -> None:
         """Queries and in-flight keys share one indptr; causal but in ENCODER_ONLY; split size in
-        tokens (no pages)."""
+        tokens (no pages). The in-flight K/V are the model's, in its dtype, whatever the cache stores."""
         c = batch.case
         wrapper.plan(
             qo_indptr,
@@ -59,7 +60,7 @@ class FlashInferRagged(FlashInferGlue):
             c.num_kv_heads,
             c.head_dim,
             causal=self.causal(batch),
-            **options,
+            **{**options, "kv_data_type": TORCH_DTYPES[c.dtype]},
             **self.split_options(batch, 1),
         )
 
@@ -97,7 +98,7 @@ class FlashInferRagged(FlashInferGlue):
                 options = self.kernel_options(batch, pre.window_left)
                 self.plan_paged(paged, batch, table, False, options, pre.custom_mask)
         if cached:
-            out_p, lse_p = paged.run(batch.q, self.kv_cache(batch), return_lse=True)
+            out_p, lse_p = paged.run(batch.q, self.kv_cache(batch), return_lse=True, **self.run_scales(batch))
             out, lse = self.merge(out, lse, out_p, lse_p)
         self.write_kv(batch)
         return BackendOutput(out=out, lse=self.natural_lse(lse))

@@ -278,6 +278,7 @@ class FlexBase(EngineGlue):
                 q_tree_row += [0] * (q1 - q0)
             lo, hi = ranges[r]
             k, v = batch.pool.read(self.layer_slots(batch, self.kv_slots(batch, r, lo, hi)))
+            k, v = self.dequantize(batch, k, v)  # an FP8 cache into the case dtype (glue.py)
             k_parts.append(k)
             v_parts.append(v)
             n = hi - lo

@@ -4,9 +4,9 @@ Every adapter family (torch_native, torch_split, flex, the FlashInfer glue, the 
 inherits `EngineGlue`, so each engine decision is written once, as one method a mutant can override:
 the KV extent per request, the write of this forward's K/V, full-pool -> layer-pool slots, the slots
 of a request's key range, the layer's causality and window (both edges), the query positions, the
-first key worth reading, and page ids. A family whose engine differs overrides that one method and
-says why (FlashInfer's kv_start rounds down to a page; torch_native's kv_slots pads past the row
-with slot 0).
+first key worth reading, page ids, and an FP8 cache's scales and how a fallback dequantizes it. A
+family whose engine differs overrides that one method and says why (FlashInfer's kv_start rounds
+down to a page; torch_native's kv_slots pads past the row with slot 0).
 It is its own module, not part of base.py: base.py is the protocol the harness sees (capabilities,
 `run`); this is what an adapter does inside `run`, and only adapters import it.
 """
@@ -20,6 +20,7 @@ from harness.core import modes
 from harness.core.batch import Batch
 from harness.core.modes import Mode
 from harness.core.pool import translate_slots
+from harness.core.vocab import TORCH_DTYPES
 
 
 class EngineGlue(Backend):
@@ -76,6 +77,21 @@ class EngineGlue(Backend):
     def key_ranges(self, batch: Batch) -> list[tuple[int, int]]:
         """[lo, hi) key positions each request reads: from kv_start to its KV extent."""
         return [(self.kv_start(batch, r), n) for r, n in enumerate(self.kv_extents(batch))]
+
+    def kv_scales(self, batch: Batch) -> tuple[float, float]:
+        """(k_scale, v_scale): the layer's per-tensor FP8 cache scales, as an engine keeps them on the
+        layer ((1, 1) for a cache in the model's dtype)."""
+        return batch.case.k_scale, batch.case.v_scale
+
+    def dequantize(self, batch: Batch, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """K/V read from the pool in the model's dtype, as an SDPA fallback reads an FP8 cache: each
+        code converted to the case dtype, then times its tensor's scale. A cache in the model's dtype
+        passes through."""
+        if batch.case.kv_dtype is None:
+            return k, v
+        dt = TORCH_DTYPES[batch.case.dtype]
+        k_scale, v_scale = self.kv_scales(batch)
+        return k.to(dt) * k_scale, v.to(dt) * v_scale
 
     def page_ids(self, batch: Batch, first_slots: torch.Tensor) -> torch.Tensor:
         """Page ids in this layer's pool of the pages whose first keys sit at `first_slots` (full pool),

@@ -2,9 +2,10 @@
 
 Per request it gathers K/V through `req_to_token` (translated through the full-to-SWA map on a
 sliding-window layer of a hybrid pool), builds its own causal/window/tree/cross/encoder mask from
-the engine metadata, and calls `scaled_dot_product_attention`. Sinks ride along as one extra key of
-zeros whose additive bias is the sink logit; a soft cap needs the scores, so it takes the explicit
-matmul path. The masks here are written independently of references/masks.py on purpose.
+the engine metadata, and calls `scaled_dot_product_attention`; an FP8 cache is dequantized into the
+case dtype first (glue.py, `dequantize`), as an engine's SDPA fallback does. Sinks ride along as one
+extra key of zeros whose additive bias is the sink logit; a soft cap needs the scores, so it takes
+the explicit matmul path. The masks here are written independently of references/masks.py on purpose.
 """
 
 from __future__ import annotations
@@ -139,6 +140,7 @@ class TorchNative(EngineGlue):
             with phase("plan"):  # the gather and the mask: what an engine's metadata step builds
                 q0, q1 = batch.query_span(r)
                 k, v = batch.pool.read(self.layer_slots(batch, self.kv_slots(batch, r, lo, n)))
+                k, v = self.dequantize(batch, k, v)
                 mask = self.build_mask(batch, r, lo, n)
             outs.append(self.attend(batch.q[q0:q1], k, v, mask, batch))
         return BackendOutput(out=torch.cat(outs))

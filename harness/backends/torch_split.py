@@ -276,8 +276,12 @@ class TorchSplit(EngineGlue):
     ) -> Partial:
         """The cached keys from the pool, in splits merged inside the 'kernel' (base 2). Non-causal, as
         engines call it: every key read here precedes every query (DECODE's own key sits at its
-        position), so only the window masks. `rt`: req_to_token flattened with a zero column."""
+        position), so only the window masks. `rt`: req_to_token flattened with a zero column.
+        An FP8 cache is read as FlashInfer reads it: the codes as they are, k_scale folded into the
+        softmax scale (the queries), the pass's output times v_scale before any merge."""
         k, v = batch.pool.read(self.layer_slots(batch, take(rt, lay["key_at"])))
+        if batch.case.kv_dtype is not None:  # FP8 codes, exactly, in a dtype every gather takes
+            k, v = k.float(), v.float()
         count, d = k.shape[0], batch.case.head_dim
         kv = k.new_zeros(2, count + 1, *k.shape[1:])  # the real keys and values, then a zero one
         kv[0, :count], kv[1, :count] = k, v
@@ -286,7 +290,11 @@ class TorchSplit(EngineGlue):
         mask = pad[:, :, :1] < count * batch.case.num_kv_heads  # [splits, R, 1, n]: real keys
         if "key_pos" in lay:
             mask = mask & (lay["key_pos"] >= (lay["window_pos"] - self.window_left(batch))[None, :, :, None])
-        return merge_base2(self.attend(q, kv[0], kv[1], mask, batch))
+        if batch.case.kv_dtype is None:
+            return merge_base2(self.attend(q, kv[0], kv[1], mask, batch))
+        k_scale, v_scale = self.kv_scales(batch)
+        part = merge_base2(self.attend(q * k_scale, kv[0], kv[1], mask, batch))
+        return Partial(part.out * v_scale, part.lse2)
 
     def ragged_pass(self, batch: Batch, lay: dict[str, torch.Tensor], q: torch.Tensor) -> Partial:
         """This forward's new tokens over their own in-flight K/V: causal (bidirectional in

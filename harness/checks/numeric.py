@@ -18,6 +18,9 @@ from harness.core.timing import phase
 from harness.core.vocab import TORCH_DTYPES
 from references.torch_ref import references
 
+# The reference precisions a check needs, by whether the case has an FP8 KV cache (compare's budget).
+REFERENCES = {False: ("exact", "native"), True: ("exact", "native", "rounded_kv")}
+
 
 def nonfinite_cause(
     backend: Backend, case: Case, inputs: Inputs, device: str, lse_exact: torch.Tensor
@@ -70,9 +73,11 @@ def check_case(backend: Backend, case: Case, device: str = "cpu") -> CaseResult:
             "crash", backend.name, device, case, None, reason, time.perf_counter() - start, extra=extra
         )
     with phase("reference"):  # where the backend ran: float64 on the CPU, float32 accumulation on a GPU
-        exact, native = references(case, inputs, ("exact", "native"), device)
+        fp8 = case.kv_dtype is not None
+        exact, native, *rounded = references(case, inputs, REFERENCES[fp8], device)
     with phase("compare"):
-        verdict = compare(case, result.out, exact.out, native.out, result.lse, exact.lse, native.lse)
+        extra = {"ref_rounded_kv": rounded[0].out, "lse_rounded_kv": rounded[0].lse} if fp8 else {}
+        verdict = compare(case, result.out, exact.out, native.out, result.lse, exact.lse, native.lse, **extra)
         if verdict.nonfinite:
             verdict.reason += ": " + nonfinite_cause(backend, case, inputs, device, exact.lse)
         status = "pass" if verdict.passed else "fail"

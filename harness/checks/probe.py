@@ -107,7 +107,11 @@ def one_hot_values(case: Case, chunk: int) -> list[torch.Tensor]:
 
 
 def attention_probabilities(backend: Backend, case: Case, device: str) -> tuple[list[torch.Tensor], int]:
-    """Per request [E, Hq, T] float32 probabilities as the backend computed them, and the run count."""
+    """Per request [E, Hq, T] float32 probabilities as the backend computed them, and the run count.
+    An FP8 cache is probed with v_scale 1, where one-hot V is stored exactly (1 / v_scale would round:
+    weights up to 6% off, read as values from elsewhere); zero queries make K, and k_scale, moot."""
+    if case.kv_dtype is not None:
+        case = case.replace(v_scale=1.0)
     base = make_inputs(case)
     zero_q = [torch.zeros_like(q) for q in base.q]
     d = case.head_dim

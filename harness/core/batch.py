@@ -19,13 +19,15 @@ from harness.core import modes, pool
 from harness.core.case import Case
 from harness.core.metadata import Metadata, upload_metadata
 from harness.core.modes import Mode
-from harness.core.vocab import TORCH_DTYPES
+from harness.core.vocab import TORCH_DTYPES, TORCH_KV_DTYPES
 
 
 @dataclass(frozen=True)
 class Inputs:
     """The logical tensors of a case, in the case dtype, on the device they were drawn on. What the
-    references read.
+    references read. With an FP8 KV cache (`kv_dtype`) K and V are float32: the values the cache's
+    codes stand for (code * scale), so the references attend over exactly what the pool holds
+    without reading it, and quantization is not counted as error.
 
     Stored packed, each request's rows after the previous request's: q_all [sum E, Hq, D] and kv_all
     [2, sum T, Hkv, D] (K then V) with T = P + E (encoder length in CROSS), keys in position order
@@ -81,7 +83,8 @@ def kv_len(case: Case, r: int) -> int:
 def make_inputs(case: Case, device: torch.device | str = "cpu") -> Inputs:
     """Seeded logical inputs: drawn in float32 on `device` from a torch.Generator seeded with the
     case's seed, then rounded to the case dtype: every query of the batch in one draw, then every key
-    and value in one, then the sinks.
+    and value in one, then the sinks. With an FP8 kv_dtype, K and V are quantized with their scales
+    (pool.quantize, as the cache write does) and kept as the float32 values of those codes.
 
     A case replays exactly on the same kind of device and torch version; the CPU and a GPU draw
     different values from one seed (both are valid draws of the case). Drawing on the GPU takes the
@@ -98,9 +101,22 @@ def make_inputs(case: Case, device: torch.device | str = "cpu") -> Inputs:
         return torch.randn(*shape, generator=gen, device=device)
 
     q_all = (randn(sum(q_lens), hq, d) * case.q_amplitude).to(dt)
-    kv_all = randn(2, sum(kv_lens), hkv, d).to(dt)
+    kv_all = randn(2, sum(kv_lens), hkv, d)
+    kv_all = kv_all.to(dt) if case.kv_dtype is None else _fp8_values(case, kv_all)
     sinks = (randn(hq) * 2.0).float() if case.sinks else None
     return Inputs(q_all, kv_all, q_lens, kv_lens, sinks)
+
+
+def _fp8_values(case: Case, kv: torch.Tensor) -> torch.Tensor:
+    """[2, n, Hkv, D] float32 K, V -> the float32 values an FP8 cache holds for them."""
+    fp8 = TORCH_KV_DTYPES[case.kv_dtype]
+    scales = (case.k_scale, case.v_scale)
+    return torch.stack([pool.dequantize(pool.quantize(x, fp8, s), s) for x, s in zip(kv, scales)])
+
+
+def cache_dtype(case: Case) -> torch.dtype:
+    """The dtype the case's KV pool stores: its kv_dtype, or the case dtype."""
+    return TORCH_DTYPES[case.dtype] if case.kv_dtype is None else TORCH_KV_DTYPES[case.kv_dtype]
 
 
 @dataclass(kw_only=True)
@@ -240,7 +256,14 @@ def build_batch(
     )
 
     layer_pool = pool.empty_pool(
-        storage_pages, ps, case.num_kv_heads, case.head_dim, dt, case.kv_layout, device
+        storage_pages,
+        ps,
+        case.num_kv_heads,
+        case.head_dim,
+        cache_dtype(case),
+        case.kv_layout,
+        device,
+        (case.k_scale, case.v_scale),
     )
     kv_all = inputs.kv_all.to(device)
     if len(dev["cached_slots"]):
@@ -253,7 +276,9 @@ def build_batch(
         k_new = torch.empty(0, case.num_kv_heads, case.head_dim, dtype=dt, device=device)
         v_new = k_new.clone()
     else:
-        k_new, v_new = kv_all.index_select(1, dev["new_rows"]).unbind()
+        # The model's K/V of this forward, in its dtype (an FP8 case's are the values its codes stand
+        # for, rounded to it): what the engine writes to the cache and a ragged pass attends over.
+        k_new, v_new = kv_all.index_select(1, dev["new_rows"]).to(dt).unbind()
     return Batch(
         case=case,
         device=device,

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from harness.core.modes import Mode, tree_depths
-from harness.core.vocab import DTYPES
+from harness.core.vocab import DTYPES, KV_DTYPES
 
 PAGE_SIZES = (1, 16, 32, 64, 128)
 PAGE_LAYOUTS = ("contiguous", "shuffled", "interleaved", "nonmonotonic")
@@ -26,6 +26,11 @@ DRAW_BOUND = 10.0
 # The references check a batch's requests one by one on the CPU, about 20 ms each: 1024 (the suite
 # draws 8 at most) take 20 s; 200,000 would run for an hour without a word.
 MAX_REQUESTS = 1024
+# FP8 KV-cache scales a Case may name: kernels take them as float32, whose normal range holds these.
+SCALE_RANGE = (1e-30, 1e30)
+# Fields a Case without an FP8 KV cache leaves out of its JSON (their defaults), so that its JSON,
+# repro command and reports read as they did before FP8 caches existed.
+FP8_FIELDS = ("kv_dtype", "k_scale", "v_scale")
 
 
 class CaseError(ValueError):
@@ -77,6 +82,9 @@ class Case:
     swa_pool_exact: bool = False
     deterministic: bool = False
     q_amplitude: float = 1.0
+    kv_dtype: str | None = None
+    k_scale: float = 1.0
+    v_scale: float = 1.0
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -98,6 +106,8 @@ class Case:
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {}
         for f in dataclasses.fields(self):
+            if self.kv_dtype is None and f.name in FP8_FIELDS:
+                continue
             value = getattr(self, f.name)
             d[f.name] = [r.to_dict() for r in value] if f.name == "requests" else value
         return d
@@ -216,6 +226,18 @@ def _validate_logit_range(case: Case) -> None:
             f"logits can reach {reach:.3g}, past {FLOAT32_MAX / 2:.3g} (half of float32's range, "
             "in which kernels and references compute logits)"
         )
+def _validate_kv_cache(case: Case) -> None:
+    """kv_dtype: null (the cache holds the case dtype) or an FP8 dtype; k_scale and v_scale: the
+    per-tensor scales the cache stores K / k_scale and V / v_scale with, meaningful only in FP8."""
+    if case.kv_dtype is not None:
+        _choice("kv_dtype", case.kv_dtype, KV_DTYPES)
+    lo, hi = SCALE_RANGE
+    for name in ("k_scale", "v_scale"):
+        value = getattr(case, name)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not lo <= value <= hi:
+            raise CaseError(f"{name}={value!r} must be a positive finite number in [{lo:g}, {hi:g}]")
+        if case.kv_dtype is None and value != 1.0:
+            raise CaseError(f"{name}={value!r} is only meaningful with an FP8 kv_dtype (kv_dtype is null)")
 
 
 def validate(case: Case) -> None:
@@ -253,6 +275,7 @@ def validate(case: Case) -> None:
         raise CaseError(f"q_amplitude={case.q_amplitude!r} must be in (0, 1000]")
     _validate_logit_range(case)
     _int("seed", case.seed, 0, MAX_SEED)
+    _validate_kv_cache(case)
     if case.mode == Mode.CROSS and case.window_left != -1:
         raise CaseError(
             f"window_left={case.window_left} has no meaning in CROSS: cross-attention has no window"

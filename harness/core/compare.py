@@ -4,7 +4,9 @@ Rule (flash-attn's own): err = max|out - ref| over the whole output must satisfy
     err <= k * err_same_precision + noise(dtype),   k = 2 (3 with a soft cap)
 where ref is the exact reference, err_same_precision is the distance of the same reference
 computed in the case dtype, and noise is twice the rounding of one add in that dtype at the
-output's magnitude. The budget is capped at a quarter of the reference's range (max - min): wider,
+output's magnitude. With an FP8 KV cache err_same_precision also counts what dequantizing its values
+into the case dtype alone does (the exact reference over them rounded to it: docs/design.md, "The
+tolerance rule"). The budget is capped at a quarter of the reference's range (max - min): wider,
 it would pass outputs that carry no information (any constant output is off by half the range).
 NaN or Inf in the output fails outright; harness/checks/numeric.py finds out where it came from.
 """
@@ -93,8 +95,12 @@ def compare(
     lse: torch.Tensor | None = None,
     lse_exact: torch.Tensor | None = None,
     lse_native: torch.Tensor | None = None,
+    ref_rounded_kv: torch.Tensor | None = None,
+    lse_rounded_kv: torch.Tensor | None = None,
 ) -> Verdict:
-    """Judge one backend output against the exact reference with the case's budget."""
+    """Judge one backend output against the exact reference with the case's budget. `ref_rounded_kv`,
+    `lse_rounded_kv` (an FP8 KV cache): the exact reference over K/V rounded to the case dtype, whose
+    distance from exact joins the native one in the budget."""
     qo = modes.offsets([r.extend_len for r in case.requests])
     heads, dim = case.num_q_heads, case.head_dim
     if tuple(out.shape) != tuple(ref_exact.shape):
@@ -119,23 +125,19 @@ def compare(
     # The stack promotes every scalar to float64 (the worst element's index is made float64 first:
     # exact up to 2^53). The reference is finite, so a NaN or Inf in the output shows in `err`.
     err_t, at_t = torch.max(diff, 0) if diff.numel() else [_max_abs(diff)] * 2  # no rows: 0, at 0
-    scalars = [
-        at_t.double(),
-        err_t,
-        _max_abs(ref_native.to(ref) - ref),
-        _rounding(ref, case.dtype),
-        _range(ref),
-    ]
+    native_err = _max_abs(ref_native.to(ref) - ref)
+    if ref_rounded_kv is not None:
+        native_err = native_err + _max_abs(ref_rounded_kv.to(ref) - ref)
+    scalars = [at_t.double(), err_t, native_err, _rounding(ref, case.dtype), _range(ref)]
     with_lse = lse is not None and lse_exact is not None and lse_native is not None and not case.sinks
     if with_lse:
         le = lse_exact.to(lse.device, torch.float64)
         finite = torch.isfinite(le)  # a row with no visible key (-inf) is judged by nothing below
-        both = torch.stack([lse, lse_native.to(lse.device)]).double()  # the backend's, then native's
+        rows = [lse, lse_native] + ([lse_rounded_kv] if lse_rounded_kv is not None else [])
+        both = torch.stack([x.to(lse.device) for x in rows]).double()  # the backend's, native's(, rounded)
         over = torch.where(finite, both - le, 0.0)
-        scalars += [
-            *(torch.linalg.vector_norm(over, float("inf"), dim=(1, 2)) if le.numel() else [_max_abs(le)] * 2),
-            _rounding(torch.where(finite, le, 0.0), "float32"),
-        ]
+        norms = torch.linalg.vector_norm(over, float("inf"), dim=(1, 2)) if le.numel() else [_max_abs(le)] * 3
+        scalars += [norms[0], sum(norms[1 : len(rows)]), _rounding(torch.where(finite, le, 0.0), "float32")]
     values = torch.stack(scalars).tolist()
     flat_at, err, native_err, rounding, spread = values[:5]
     rule = mult * native_err + 2.0 * rounding

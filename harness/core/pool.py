@@ -2,6 +2,8 @@
 
 Every slot the batch does not own holds NaN, so a kernel that reads memory that is not its own
 produces NaN, which the comparison reports as a poison read. Page (and slot) 0 is reserved.
+An FP8 pool stores K / k_scale and V / v_scale rounded to its dtype, as an engine's cache write
+does; both FP8 dtypes have a NaN, so its poison stays NaN (and NaN times a scale is NaN).
 """
 
 from __future__ import annotations
@@ -11,11 +13,44 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from harness.core.vocab import TORCH_KV_DTYPES
+
 POISON = float("nan")
 # A large finite value for rows that a kernel loads legitimately but must mask out (FA4's whole-page
 # TMA loads): NaN there would turn a correct `0 * v` into NaN. Exact in bf16 and fp16.
 CANARY = 1024.0
 RESERVED_PAGE = 0
+FP8_DTYPES = frozenset(TORCH_KV_DTYPES.values())
+
+
+def quantize(x: torch.Tensor, dtype: torch.dtype, scale: float) -> torch.Tensor:
+    """x / scale rounded to an FP8 dtype, saturated at its largest finite value (as engines clamp
+    before the cast), computed in float32. NaN stays NaN."""
+    top = torch.finfo(dtype).max
+    return (x.float() / scale).clamp_(-top, top).to(dtype)
+
+
+def dequantize(codes: torch.Tensor, scale: float) -> torch.Tensor:
+    """The value an FP8 code stands for, in float32: code * scale."""
+    return codes.float() * scale
+
+
+def is_fp8(dtype: torch.dtype) -> bool:
+    """Whether a pool of this dtype holds FP8 codes (a Case's kv_dtype)."""
+    return dtype in FP8_DTYPES
+
+
+def storage_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype a pool of `dtype` is filled and indexed as: an FP8 pool as its bytes (uint8), whose
+    fill and index kernels every device has (float8 ones came to torch op by op, device by device)."""
+    return torch.uint8 if is_fp8(dtype) else dtype
+
+
+def stored(value: float, dtype: torch.dtype) -> float | int:
+    """A value as a pool of `dtype` stores it: itself, or its FP8 code's byte (NaN stays NaN)."""
+    if not is_fp8(dtype):
+        return value
+    return int(torch.tensor(value).to(dtype).view(torch.uint8))
 
 
 @dataclass
@@ -23,12 +58,15 @@ class PagedPool:
     """One layer's K and V buffers, paged. Slot s lives in page s // page_size at offset s % page_size.
 
     NHD storage is [num_pages, page_size, heads, dim]; HND is [num_pages, heads, page_size, dim].
+    An FP8 pool holds codes: K / k_scale and V / v_scale (1.0 for a pool in the model's dtype).
     """
 
     k: torch.Tensor
     v: torch.Tensor
     page_size: int
     kv_layout: str
+    k_scale: float = 1.0
+    v_scale: float = 1.0
 
     @property
     def num_pages(self) -> int:
@@ -48,29 +86,38 @@ class PagedPool:
         return slots // self.page_size, slice(None), slots % self.page_size
 
     def _buffers(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """k and v as indexed by `_at`."""
+        """k and v as indexed by `_at`, in their storage dtype (an FP8 pool's bytes)."""
+        k, v = (x.view(storage_dtype(x.dtype)) for x in (self.k, self.v))
         if self.kv_layout == "NHD":
-            return self.k.view(-1, *self.k.shape[2:]), self.v.view(-1, *self.v.shape[2:])
-        return self.k, self.v
+            return k.view(-1, *k.shape[2:]), v.view(-1, *v.shape[2:])
+        return k, v
 
     def read(self, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """K and V of the given slots as [n, heads, dim] (an out-of-range slot raises, as on a GPU)."""
+        """K and V of the given slots as [n, heads, dim] in the pool's dtype (an out-of-range slot
+        raises, as on a GPU)."""
         at = self._at(slots)
         k, v = self._buffers()
         if self.kv_layout == "NHD":  # one index: (slots,)
-            return take(k, at[0]), take(v, at[0])
-        return k[at], v[at]
+            k, v = take(k, at[0]), take(v, at[0])
+        else:
+            k, v = k[at], v[at]
+        return k.view(self.k.dtype), v.view(self.v.dtype)
 
     def write(self, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Store K/V at the slots: converted to the pool's dtype, or quantized with its scales (FP8)."""
         at = self._at(slots)
         kb, vb = self._buffers()
+        if is_fp8(self.k.dtype):
+            k = quantize(k, self.k.dtype, self.k_scale).view(kb.dtype)
+            v = quantize(v, self.v.dtype, self.v_scale).view(vb.dtype)
         kb[at] = k.to(kb.dtype)
         vb[at] = v.to(vb.dtype)
 
     def fill_slots(self, slots: torch.Tensor, value: float) -> None:
+        """Store `value` in every element of the slots (an FP8 pool: its code, saturated)."""
         at = self._at(slots)
         for buf in self._buffers():
-            buf[at] = value
+            buf[at] = stored(value, self.k.dtype)
 
 
 def take(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
@@ -88,15 +135,20 @@ def empty_pool(
     dtype: torch.dtype,
     kv_layout: str,
     device: torch.device | str = "cpu",
+    scales: tuple[float, float] = (1.0, 1.0),
 ) -> PagedPool:
     """A pool whose every slot is poison until the batch writes what it owns. Made where the kernel
-    reads it: filling a GPU pool in place costs a launch, copying one from the host a transfer."""
+    reads it: filling a GPU pool in place costs a launch, copying one from the host a transfer.
+    `scales`: (k_scale, v_scale) an FP8 pool quantizes with."""
     shape = (num_pages, page_size, heads, dim) if kv_layout == "NHD" else (num_pages, heads, page_size, dim)
+    poison = stored(POISON, dtype)
     return PagedPool(
-        k=torch.full(shape, POISON, dtype=dtype, device=device),
-        v=torch.full(shape, POISON, dtype=dtype, device=device),
+        k=torch.full(shape, poison, dtype=storage_dtype(dtype), device=device).view(dtype),
+        v=torch.full(shape, poison, dtype=storage_dtype(dtype), device=device).view(dtype),
         page_size=page_size,
         kv_layout=kv_layout,
+        k_scale=scales[0],
+        v_scale=scales[1],
     )
 
 

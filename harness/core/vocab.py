@@ -20,6 +20,9 @@ if TYPE_CHECKING:
 TORCH_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 DTYPES = tuple(TORCH_DTYPES)
 DTYPE_NAMES = {dt: name for name, dt in TORCH_DTYPES.items()}
+# A Case's FP8 KV-cache dtypes (`kv_dtype`; none means the cache holds the case dtype).
+TORCH_KV_DTYPES = {"float8_e4m3fn": torch.float8_e4m3fn, "float8_e5m2": torch.float8_e5m2}
+KV_DTYPES = tuple(TORCH_KV_DTYPES)
 
 # What a checked case (or a skipped test) came to, in the order reports count them. `error`: the
 # harness itself raised (not the backend: that is a crash), `refused`: a drawn case the backend's

@@ -19,6 +19,7 @@ from harness.backends.flashinfer_paged import FlashInferPaged
 from harness.backends.flashinfer_ragged import FlashInferRagged, PrefixPass
 from harness.core.batch import Batch
 from harness.core.case import Case, Request
+from harness.core.vocab import TORCH_DTYPES
 from harness.mutants import Mutant, named
 
 
@@ -94,6 +95,28 @@ class _RaggedEncoderCausal(FlashInferRagged):
 class _PagedEncoderCausal(FlashInferPaged):
     def causal(self, batch: Batch) -> bool:
         return True  # the paged plan of an encoder-only layer keeps causal=True
+
+
+class _Fp8KScaleForV(FlashInferPaged):
+    def kv_scales(self, batch: Batch) -> tuple[float, float]:
+        return batch.case.k_scale, batch.case.k_scale  # run(v_scale=k_scale)
+
+
+class _Fp8ScalesNotPassed(FlashInferPaged):
+    def run_scales(self, batch: Batch) -> dict:
+        return {}  # an FP8 cache run without k_scale / v_scale: the codes taken for the values
+
+
+class _Fp8KScaleTwice(FlashInferDecTC):
+    def kernel_options(self, batch: Batch, window_left: int) -> dict:
+        options = super().kernel_options(batch, window_left)
+        # k_scale folded into the layer's sm_scale at plan, and given to run() as well
+        return dict(options, sm_scale=options["sm_scale"] * batch.case.k_scale)
+
+
+class _Fp8ReadAsCaseDtype(FlashInferRagged):
+    def kv_data_type(self, batch: Batch) -> torch.dtype:
+        return TORCH_DTYPES[batch.case.dtype]  # plan told the cache holds the model's dtype
 
 
 def _mutant(
@@ -204,6 +227,39 @@ MUTANTS: list[Mutant] = [
         ("encoder",),
         False,
         _PagedEncoderCausal,
+    ),
+    _mutant(
+        "flashinfer_paged~fp8_k_scale_for_v",
+        "FP8 KV cache: run(v_scale=) given the k_scale",
+        "kv_scales",
+        ("prefix", "verify"),
+        False,
+        _Fp8KScaleForV,
+    ),
+    _mutant(
+        "flashinfer_paged~fp8_scales_not_passed",
+        "FP8 KV cache: run() given no k_scale / v_scale (FlashInfer then takes 1.0)",
+        "run_scales",
+        ("prefix", "draft_extend_v2"),
+        False,
+        _Fp8ScalesNotPassed,
+    ),
+    _mutant(
+        "flashinfer_dec_tc~fp8_k_scale_twice",
+        "FP8 KV cache: k_scale folded into sm_scale at plan and given to run() too",
+        "kernel_options",
+        ("decode",),
+        False,
+        _Fp8KScaleTwice,
+    ),
+    _mutant(
+        "flashinfer_ragged~fp8_read_as_case_dtype",
+        "FP8 KV cache: plan's kv_data_type left at the model's dtype; run() rejects the FP8 cache (a CRASH)",
+        "kv_data_type",
+        ("prefix",),
+        False,
+        _Fp8ReadAsCaseDtype,
+        expect="crash",
     ),
 ]
 

@@ -7,6 +7,7 @@ import torch
 from harness.backends.torch_native import TorchNative
 from harness.core.batch import Batch
 from harness.core.modes import Mode
+from harness.core.vocab import TORCH_DTYPES
 from harness.mutants import Mutant, mutants_of
 
 
@@ -107,7 +108,34 @@ class _TwoSidedLeftOnly(TorchNative):
         return -1  # the right edge of a two-sided window dropped
 
 
+class _Fp8KScaleForV(TorchNative):
+    def kv_scales(self, batch: Batch) -> tuple[float, float]:
+        return batch.case.k_scale, batch.case.k_scale  # V dequantized with K's scale
+
+
+class _Fp8ScaleTwice(TorchNative):
+    def dequantize(self, batch: Batch, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if batch.case.kv_dtype is None:
+            return k, v
+        dt = TORCH_DTYPES[batch.case.dtype]
+        k_scale, v_scale = self.kv_scales(batch)
+        return k.to(dt) * k_scale * k_scale, v.to(dt) * v_scale * v_scale  # the scale applied twice
+
+
+class _Fp8ScaleMissing(TorchNative):
+    def dequantize(self, batch: Batch, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        dt = TORCH_DTYPES[batch.case.dtype]
+        return k.to(dt), v.to(dt)  # the codes taken for the values: no scale at all
+
+
+class _Fp8ReadAsCaseDtype(TorchNative):
+    def dequantize(self, batch: Batch, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        dt = TORCH_DTYPES[batch.case.dtype]
+        return k.view(dt), v.view(dt)  # the cache's bytes read as if they held the model's dtype
+
+
 _m = mutants_of("torch_native")
+FP8_FAMILIES = ("decode", "prefix")  # families whose keys come from the pool
 
 HYBRID = {"hybrid_swa_pool": True}
 EXACT = {"hybrid_swa_pool": True, "swa_pool_exact": True}
@@ -260,5 +288,38 @@ MUTANTS: list[Mutant] = [
         ("encoder",),
         True,
         _TwoSidedLeftOnly,
+    ),
+    _m(
+        "fp8_k_scale_for_v",
+        "FP8 KV cache: V dequantized with k_scale",
+        "kv_scales",
+        FP8_FAMILIES,
+        False,
+        _Fp8KScaleForV,
+    ),
+    _m(
+        "fp8_scale_twice",
+        "FP8 KV cache: each scale applied twice when dequantizing",
+        "dequantize",
+        FP8_FAMILIES,
+        False,
+        _Fp8ScaleTwice,
+    ),
+    _m(
+        "fp8_scale_missing",
+        "FP8 KV cache: the codes read without their scales",
+        "dequantize",
+        FP8_FAMILIES,
+        False,
+        _Fp8ScaleMissing,
+    ),
+    _m(
+        "fp8_read_as_case_dtype",
+        "FP8 KV cache read as if it held the model's dtype (its bytes viewed as bf16/fp16): a CRASH",
+        "dequantize",
+        FP8_FAMILIES,
+        False,
+        _Fp8ReadAsCaseDtype,
+        expect="crash",
     ),
 ]

@@ -53,6 +53,11 @@ class _TwoSidedLeftOnly(TorchSplit):
         return -1  # the right edge of a two-sided window dropped
 
 
+class _Fp8KScaleForV(TorchSplit):
+    def kv_scales(self, batch: Batch) -> tuple[float, float]:
+        return batch.case.k_scale, batch.case.k_scale  # the paged pass's output scaled by k_scale
+
+
 _m = mutants_of("torch_split")
 
 MUTANTS: list[Mutant] = [
@@ -113,5 +118,13 @@ MUTANTS: list[Mutant] = [
         ("encoder",),
         True,
         _TwoSidedLeftOnly,
+    ),
+    _m(
+        "fp8_k_scale_for_v",
+        "FP8 KV cache read as FlashInfer does: the paged pass's output scaled by k_scale, not v_scale",
+        "kv_scales",
+        ("prefix", "decode"),
+        False,
+        _Fp8KScaleForV,
     ),
 ]

@@ -24,6 +24,10 @@ from harness.search.profiles import Sizes
 
 ALL_CAPS = ALL_CAPABILITIES  # no backend's limits: every case a family can have
 TILES = (32, 64, 128)  # key-tile widths of the kernels' main loops; a multiple leaves no partial tile
+# Per-tensor FP8 cache scales: 1 (an uncalibrated checkpoint), a calibrated one (the drawn N(0, 1)
+# K/V span e4m3's range: 448 * 0.0173 = 7.75), and two more; 0.0173 and 3.7 are not powers of two, so
+# dequantizing into the case dtype rounds. K and V draw theirs independently.
+KV_SCALES = (1.0, 0.0173, 0.5, 3.7)
 
 
 def tile_edges(tile: int, lo: int, hi: int) -> list[int]:
@@ -147,6 +151,10 @@ def cases(draw: st.DrawFn, family: str, windowed: bool, caps: Capabilities, size
     sinks = caps.sinks and draw(st.integers(0, 3)) == 3
     hybrid = windowed and caps.hybrid_pool and draw(st.integers(0, 2)) == 2
     deterministic = caps.deterministic and draw(st.integers(0, 4)) == 4
+    kv_dtype, k_scale, v_scale = None, 1.0, 1.0  # an FP8 KV cache, where the backend reads one
+    if caps.kv_dtypes and draw(st.integers(0, 3)) == 3:
+        kv_dtype = draw(st.sampled_from(sorted(caps.kv_dtypes)))
+        k_scale, v_scale = draw(st.sampled_from(KV_SCALES)), draw(st.sampled_from(KV_SCALES))
     sm_scale = draw(st.sampled_from((None, None, None, 0.05, 0.3)))
     q_amplitude = draw(st.sampled_from((1.0, 1.0, 1.0, 8.0, 30.0)))
     seed = draw(st.integers(0, 2**31 - 1))
@@ -168,5 +176,8 @@ def cases(draw: st.DrawFn, family: str, windowed: bool, caps: Capabilities, size
         hybrid_swa_pool=hybrid,
         deterministic=deterministic,
         q_amplitude=q_amplitude,
+        kv_dtype=kv_dtype,
+        k_scale=k_scale,
+        v_scale=v_scale,
         seed=seed,
     )

@@ -10,6 +10,7 @@ the profile's feature combinations and flags a probe that still compiled. docs/f
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import shutil
 import sys
@@ -21,6 +22,9 @@ from harness.core.case import Case, Request
 
 GPU_SHAPE = dict(num_q_heads=8, num_kv_heads=2, page_size=16)
 GPU_VARIANT = ("bfloat16", 128)  # the gpu profile's only dtype and head_dim
+# The KV caches the gpu profile draws: the model's dtype, and each FP8 dtype (its own JIT modules).
+KV_CACHES = (None, "float8_e4m3fn", "float8_e5m2")
+FP8_SCALES = dict(k_scale=0.5, v_scale=2.0)  # any: scales are run-time arguments, not module variants
 SLOW_LOAD_S = 15.0  # a phase-2 probe slower than this compiled a module
 
 
@@ -34,7 +38,16 @@ class Probe:
     call: str | None = None  # "merge_state" or "segment_packbits"
 
 
-def _case(mode: str, req: Request, dtype: str, head_dim: int, window: int, cap: float, sinks: bool) -> Case:
+def _case(
+    mode: str,
+    req: Request,
+    dtype: str,
+    head_dim: int,
+    window: int,
+    cap: float,
+    sinks: bool,
+    kv_dtype: str | None = None,
+) -> Case:
     return Case(
         mode=mode,
         requests=(req,),
@@ -44,16 +57,24 @@ def _case(mode: str, req: Request, dtype: str, head_dim: int, window: int, cap: 
         soft_cap=cap,
         sinks=sinks,
         **GPU_SHAPE,
+        **({"kv_dtype": kv_dtype, **FP8_SCALES} if kv_dtype else {}),
     )
 
 
 def variant_probes(
-    dtype: str, head_dim: int, windows: set[int], caps: set[float], decode: bool, sinks: bool
+    dtype: str,
+    head_dim: int,
+    windows: set[int],
+    caps: set[float],
+    decode: bool,
+    sinks: bool,
+    kv_dtype: str | None = None,
 ) -> list[Probe]:
     """Probes for the fa2 prefill module (also serving tensor-core decode) of each window x cap,
-    the CUDA-core decode module of each (if `decode`) and the AttentionSink module (if `sinks`)."""
+    the CUDA-core decode module of each (if `decode`) and the AttentionSink module (if `sinks`),
+    over a cache of `kv_dtype` (None: the model's dtype)."""
     out = []
-    tag = f"{dtype},{head_dim}"
+    tag = f"{dtype},{head_dim}" + (f",kv={kv_dtype}" if kv_dtype else "")
     for w in sorted(windows):
         for cap in sorted(caps):
             name = f"{tag},swa={w >= 0},cap={cap > 0}"
@@ -61,14 +82,14 @@ def variant_probes(
                 Probe(
                     f"prefill[{name}]",
                     "flashinfer_paged",
-                    _case("EXTEND", Request(0, 20), dtype, head_dim, w, cap, False),
+                    _case("EXTEND", Request(0, 20), dtype, head_dim, w, cap, False, kv_dtype),
                 )
             )
             if decode:
-                case = _case("DECODE", Request(20, 1), dtype, head_dim, w, cap, False)
+                case = _case("DECODE", Request(20, 1), dtype, head_dim, w, cap, False, kv_dtype)
                 out.append(Probe(f"decode_cc[{name}]", "flashinfer_dec_cc", case))
         if sinks:
-            case = _case("EXTEND", Request(0, 20), dtype, head_dim, w, 0.0, True)
+            case = _case("EXTEND", Request(0, 20), dtype, head_dim, w, 0.0, True, kv_dtype)
             out.append(Probe(f"sink[{tag},swa={w >= 0}]", "flashinfer_paged", case))
     return out
 
@@ -94,12 +115,15 @@ def pinned_cases() -> list[tuple[str, Case]]:
 
 
 def module_probes() -> list[Probe]:
-    """Every variant the gpu profile draws, the variants the pinned cases need, and the two
-    helper modules (merge_state's cascade, plan's custom-mask packer)."""
-    out = variant_probes(*GPU_VARIANT, {-1, 8}, {0.0, 30.0}, True, True)
+    """Every variant the gpu profile draws (each KV cache dtype), the variants the pinned cases need,
+    and the two helper modules (merge_state's cascade, plan's custom-mask packer)."""
+    out = []
+    for kv_dtype in KV_CACHES:
+        out += variant_probes(*GPU_VARIANT, {-1, 8}, {0.0, 30.0}, True, True, kv_dtype)
     for _, c in pinned_cases():
         windows = {-1, 8} if c.window_left >= 0 else {-1}
-        out += variant_probes(c.dtype, c.head_dim, windows, {c.soft_cap}, c.mode == "DECODE", c.sinks)
+        decode = c.mode == "DECODE"
+        out += variant_probes(c.dtype, c.head_dim, windows, {c.soft_cap}, decode, c.sinks, c.kv_dtype)
     out += [Probe("cascade", call="merge_state"), Probe("packbits", call="segment_packbits")]
     return list({p.label: p for p in out}.values())
 
@@ -151,8 +175,8 @@ def discover_specs(probes: list[Probe]) -> dict:
 
 
 def coverage_cases() -> list[tuple[str, Case]]:
-    """(backend, case) for every mode x window x soft cap x sinks x determinism an adapter supports
-    in the gpu profile, and the pinned cases."""
+    """(backend, case) for every mode x window x soft cap x sinks x determinism x KV cache dtype an
+    adapter supports in the gpu profile, and the pinned cases."""
     from harness import backends
 
     shapes = {
@@ -170,13 +194,13 @@ def coverage_cases() -> list[tuple[str, Case]]:
         for mode in sorted(str(m) for m in backend.capabilities.modes):
             for req in shapes[mode]:
                 for window in (-1,) if mode == "CROSS" else (-1, 8):
-                    for cap in (0.0, 30.0):
-                        for sinks in (False, True):
-                            for det in (False, True):
-                                case = _case(mode, req, dtype, head_dim, window, cap, sinks)
-                                case = case.replace(deterministic=det)
-                                if backend.supports(case) is None:
-                                    out.append((name, case))
+                    for cap, sinks, det, kv in itertools.product(
+                        (0.0, 30.0), (False, True), (False, True), KV_CACHES
+                    ):
+                        case = _case(mode, req, dtype, head_dim, window, cap, sinks, kv)
+                        case = case.replace(deterministic=det)
+                        if backend.supports(case) is None:
+                            out.append((name, case))
     return out + pinned_cases()
 
 
@@ -259,7 +283,8 @@ def check_coverage() -> int:
         flag = "  <- compiled here" if dt > SLOW_LOAD_S else ""
         feats = f"{case.mode} P={case.requests[0].prefix_len} w={case.window_left} cap={case.soft_cap:g}"
         feats += f" sinks={int(case.sinks)} det={int(case.deterministic)} d={case.head_dim}"
-        print(f"cover  {name:<18} {feats:<58} {dt:5.1f}s  {outcome}{flag}")
+        feats += f" kv={case.kv_dtype or case.dtype}"
+        print(f"cover  {name:<18} {feats:<76} {dt:5.1f}s  {outcome}{flag}")
     return slow
 
 
