@@ -92,9 +92,12 @@ def test_nan_from_an_overflow_is_not_blamed_on_unowned_memory():
     )
 
 
-def test_nan_from_unowned_memory_is_blamed_on_it_after_a_rerun_shows_it():
-    """stale_page never writes the new tokens' K/V, so it reads their poisoned slots."""
-    res = check_case(by_name("torch_native~stale_page").make(), pinned(sm_scale=None, q_amplitude=1))
+@pytest.mark.parametrize("kv_dtype", [None, "float8_e4m3fn"])
+def test_nan_from_unowned_memory_is_blamed_on_it_after_a_rerun_shows_it(kv_dtype):
+    """stale_page never writes the new tokens' K/V, so it reads their poisoned slots (an FP8 pool's
+    NaN code too: the re-run zeroes it through the pool's bytes)."""
+    c = pinned(sm_scale=None, q_amplitude=1, dtype="bfloat16", kv_dtype=kv_dtype)
+    res = check_case(by_name("torch_native~stale_page").make(), c)
     assert res.status == "fail"
     assert res.reason.endswith(
         ": poisoned (unowned) pool memory was read: the output is finite when unowned slots hold 0"

@@ -13,6 +13,7 @@ from harness.checks.errormap import error_map
 from harness.core.batch import Inputs, build_batch, make_inputs
 from harness.core.case import Case
 from harness.core.compare import compare
+from harness.core.pool import storage_dtype
 from harness.core.results import CaseResult
 from harness.core.timing import phase
 from harness.core.vocab import TORCH_DTYPES
@@ -30,7 +31,7 @@ def nonfinite_cause(
     output then means it read unowned memory; NaN/Inf that stay are its own arithmetic's."""
     batch = build_batch(case, inputs, device, backend.capabilities.whole_page_loads)
     for buf in (batch.pool.k, batch.pool.v):  # owned slots and canaries are finite: NaN is unowned
-        buf.masked_fill_(buf.isnan(), 0.0)
+        buf.view(storage_dtype(buf.dtype)).masked_fill_(buf.isnan(), 0)  # 0 is also FP8's zero code
     try:
         again = backend.run(batch).out
     except Exception as e:  # the first run did not raise: say so rather than guess
