@@ -123,7 +123,7 @@ MUTANTS: list[Mutant] = [
         "fp8_k_scale_for_v",
         "FP8 KV cache read as FlashInfer does: the paged pass's output scaled by k_scale, not v_scale",
         "kv_scales",
-        ("prefix", "decode"),
+        ("decode", "prefix"),
         False,
         _Fp8KScaleForV,
     ),
