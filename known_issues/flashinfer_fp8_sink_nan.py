@@ -24,7 +24,8 @@ def run(kv_dtype: torch.dtype, fill: float) -> torch.Tensor:
     sinks = torch.randn(HQ, generator=gen, device="cuda")
     ws = torch.zeros(128 << 20, dtype=torch.uint8, device="cuda")
     wrapper = flashinfer.BatchAttentionWithAttentionSinkWrapper(
-        ws, "NHD", q_data_type=torch.bfloat16, kv_data_type=kv_dtype, head_dim_qk=D, head_dim_vo=D,
+        ws, "NHD", backend="fa2", q_data_type=torch.bfloat16, kv_data_type=kv_dtype, head_dim_qk=D,
+        head_dim_vo=D,
         window_left=-1,
     )
     i32 = dict(dtype=torch.int32, device="cuda")

@@ -18,7 +18,7 @@ def run(length: int, window: int, causal: bool) -> tuple[float, list[int]]:
     gen = torch.Generator(device="cuda").manual_seed(0)
     q, k, v = (torch.randn(length, H, D, generator=gen, device="cuda").bfloat16() for _ in range(3))
     ws = torch.zeros(128 << 20, dtype=torch.uint8, device="cuda")
-    wrapper = flashinfer.BatchPrefillWithRaggedKVCacheWrapper(ws, "NHD")
+    wrapper = flashinfer.BatchPrefillWithRaggedKVCacheWrapper(ws, "NHD", backend="fa2")
     indptr = torch.tensor([0, length], dtype=torch.int32, device="cuda")
     wrapper.plan(indptr, indptr, H, H, D, causal=causal, window_left=window, q_data_type=torch.bfloat16)
     out = wrapper.run(q, k, v).float()

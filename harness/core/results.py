@@ -103,7 +103,7 @@ def is_checked(record: dict) -> bool:
     return record["status"] in CHECKED and (record.get("extra") or {}).get("check") != REFUSALS_CHECK
 
 
-SUMMARY_COLUMNS = ("pass", "fail", "error", "crash", "hang", "checked", "refused", "skip")
+SUMMARY_COLUMNS = ("pass", "xfail", "fail", "error", "crash", "hang", "checked", "refused", "skip")
 
 
 def summary_table(results: list[dict]) -> str:
@@ -120,7 +120,7 @@ def summary_table(results: list[dict]) -> str:
         if res["status"] == "refused":
             row["why"][res.get("reason") or "(no reason given)"] += 1
         v = res.get("verdict")
-        if v and v.get("ratio") is not None and res["status"] in ("pass", "fail"):
+        if v and v.get("ratio") is not None and res["status"] in ("pass", "xfail", "fail"):
             row["worst"] = max(row["worst"], float(v["ratio"]))
     columns = " ".join(f"{c:>7}" for c in SUMMARY_COLUMNS)
     head = f"{'backend':<28} {'family':<16} {columns} {'worst':>7}"

@@ -27,6 +27,7 @@ th{background:#f3f3f3;text-align:left}
 td.bad{background:#f4b6b0} td.close{background:#fde9a9} td.ok{background:#c5e5c5}
 td.skipped{background:#e2e2e2;color:#555} td.empty{background:#fafafa;color:#aaa}
 .n-fail,.n-error,.n-crash,.n-hang{font-weight:bold;color:#900} .n-refused{color:#8a5a00}
+.n-xfail{color:#5a3a8a}
 section.failure{border:2px solid #c0392b;border-radius:6px;padding:10px 14px;margin:14px 0;background:#fffafa}
 section.failure.crash,section.failure.hang,section.failure.error{border-color:#6c3483}
 pre{background:#f6f6f6;padding:6px 8px;overflow-x:auto;white-space:pre-wrap;word-break:break-all;margin:0}

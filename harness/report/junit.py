@@ -34,7 +34,7 @@ def render(data: dict) -> str:
         tests=str(len(results)),
         failures=str(tot["fail"]),
         errors=str(_errors(tot)),
-        skipped=str(tot["skip"] + tot["refused"]),
+        skipped=str(tot["skip"] + tot["refused"] + tot["xfail"]),
         time=f"{float(data['run'].get('elapsed_s') or 0.0):.3f}",
     )
     suites: dict[tuple[str, str, str], list[dict]] = {}
@@ -49,7 +49,7 @@ def render(data: dict) -> str:
             tests=str(len(recs)),
             failures=str(t["fail"]),
             errors=str(_errors(t)),
-            skipped=str(t["skip"] + t["refused"]),
+            skipped=str(t["skip"] + t["refused"] + t["xfail"]),
             time=f"{sum(float(r.get('seconds') or 0.0) for r in recs):.3f}",
         )
         for i, rec in enumerate(recs):
@@ -67,6 +67,8 @@ def render(data: dict) -> str:
                 ET.SubElement(case, "skipped", message=reason)
             elif rec["status"] == "refused":
                 ET.SubElement(case, "skipped", message=f"refused by the backend: {reason}")
+            elif rec["status"] == "xfail":
+                ET.SubElement(case, "skipped", type="xfail", message=f"expected failure: {reason}")
             elif rec["status"] in PROBLEMS:
                 tag = "failure" if rec["status"] == "fail" else "error"
                 detail = ET.SubElement(case, tag, message=reason, type=rec["status"])

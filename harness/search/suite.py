@@ -121,7 +121,7 @@ def run_family(t: Target, record: Callable[[CaseResult], None] | None = None) ->
             record(res)
         if res.verdict is not None and res.verdict.ratio == res.verdict.ratio:
             target(min(res.verdict.ratio, 1e6), label="err/budget")
-        assert res.status == "pass", res.failure_text()
+        assert res.status in ("pass", "xfail"), res.failure_text()  # xfail: a known library bug
 
     test = given(strategy)(check)
     for c in pins:

@@ -1,0 +1,83 @@
+"""A known library bug is an expected failure on the versions it names, and only there."""
+
+import pytest
+
+from harness.backends import load
+from harness.checks import known_issues
+from harness.checks.numeric import check_case
+from harness.core.case import Case, Request
+from harness.core.results import summary_table
+from harness.mutants import by_name
+from harness.report import junit
+
+LONG_WINDOWED = Case(mode="ENCODER_ONLY", requests=(Request(0, 300),), window_left=4, dtype="float32")
+
+
+def wrong_as(name: str):
+    """A backend that gets encoder cases wrong (run with the causal mask), under a FlashInfer name."""
+    backend = by_name("torch_native~encoder_causal").make()
+    backend.name = name
+    return backend
+
+
+@pytest.fixture
+def version(monkeypatch):
+    def installed(v):
+        monkeypatch.setattr(known_issues, "installed_version", lambda dist: v)
+
+    return installed
+
+
+def test_a_failure_the_known_issue_reaches_is_xfail_on_its_version(version):
+    version("0.7.2.post1")
+    res = check_case(wrong_as("flashinfer_ragged"), LONG_WINDOWED)
+    assert res.status == "xfail"
+    assert res.reason.startswith("known issue flashinfer-noncausal-window (flashinfer-python 0.7.2.post1, ")
+    assert "known_issues/flashinfer_noncausal_window.py" in res.reason and "err " in res.reason
+
+
+@pytest.mark.parametrize("installed", [None, "0.7.3", "0.6.18"])
+def test_on_any_other_version_the_same_failure_fails(version, installed):
+    version(installed)
+    assert check_case(wrong_as("flashinfer_ragged"), LONG_WINDOWED).status == "fail"
+
+
+@pytest.mark.parametrize(
+    "name,case",
+    [
+        ("flashinfer_ragged", LONG_WINDOWED.replace(requests=(Request(0, 200),))),  # 256 keys or fewer
+        ("flashinfer_ragged", LONG_WINDOWED.replace(window_left=-1)),  # no window
+        ("flashinfer_enc", LONG_WINDOWED),  # a backend the bug does not reach
+    ],
+)
+def test_a_failure_the_known_issue_does_not_reach_fails(version, name, case):
+    version("0.7.2.post1")
+    assert check_case(wrong_as(name), case).status == "fail"
+
+
+def test_a_matching_case_that_passes_stays_a_pass(version):
+    version("0.7.2.post1")
+    backend = load("torch_native")
+    backend.name = "flashinfer_ragged"
+    assert check_case(backend, LONG_WINDOWED).status == "pass"
+
+
+def test_every_known_issue_names_a_repro_script_that_exists():
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    assert known_issues.KNOWN_ISSUES
+    for issue in known_issues.KNOWN_ISSUES:
+        assert (root / issue.repro).is_file(), issue.repro
+        assert issue.versions and issue.backends
+
+
+def test_xfail_is_counted_in_the_summary_and_is_a_skip_in_junit(version):
+    version("0.7.2.post1")
+    rec = check_case(wrong_as("flashinfer_ragged"), LONG_WINDOWED).to_dict()
+    table = summary_table([rec])
+    head, _, row = table.splitlines()[:3]
+    assert dict(zip(head.split()[2:], row.split()[2:], strict=False))["xfail"] == "1"
+    xml = junit.render({"results": [rec], "run": {}})
+    assert 'type="xfail"' in xml and "<failure" not in xml and 'failures="0"' in xml
+    assert xml.count('skipped="1"') == 2  # the run's and the suite's
