@@ -46,10 +46,10 @@ KNOWN_ISSUES = (
         "flashinfer-python",
         frozenset({"0.7.2.post1"}),
         frozenset({"flashinfer_paged"}),
-        "the AttentionSink wrapper over an FP8 e4m3 cache reads page slots past kv_len (NaN there reaches "
-        "the output)",
+        "the AttentionSink wrapper over an FP8 cache (e4m3 or e5m2) reads page slots past kv_len and "
+        "gives wrong outputs where a bf16 cache is right",
         "known_issues/flashinfer_fp8_sink_nan.py",
-        lambda c: c.sinks and c.kv_dtype == "float8_e4m3fn",
+        lambda c: c.sinks and c.kv_dtype is not None,
     ),
 )
 
