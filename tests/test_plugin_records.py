@@ -38,7 +38,7 @@ def test_decode(target, record, monkeypatch):
     run_family(target, record)
 
 
-REFUSER = Target("tests.test_refusals:RefusesLargePages", "cpu", "prefill", "full")
+REFUSER = Target("tests.test_refusals:RefusesOtherPages", "cpu", "prefill", "full")
 
 
 @pytest.mark.parametrize("target", [REFUSER.param()])
@@ -99,18 +99,18 @@ def test_a_harness_exception_is_an_error_record_with_its_traceback(suite_run):
 
 def test_a_mostly_refused_search_is_a_failure_and_its_refusals_are_shown(suite_run):
     data, stdout, page, junit = suite_run
-    prefill = [r for r in data["results"] if r["backend"] == "tests.test_refusals:RefusesLargePages"]
+    prefill = [r for r in data["results"] if r["backend"] == "tests.test_refusals:RefusesOtherPages"]
     refused = [r for r in prefill if r["status"] == "refused"]
     fails = [r for r in prefill if r["status"] == "fail"]
-    assert refused and all(r["reason"] == "no pages over 16 <sim>" for r in refused)
+    assert refused and all(r["reason"] == "page size 16 only <sim>" for r in refused)
     assert len(fails) == 1 and fails[0]["case"] is None and "the backend refused" in fails[0]["reason"]
-    row = _row(stdout, "tests.test_refusals:RefusesLargePages", "prefill")
+    row = _row(stdout, "tests.test_refusals:RefusesOtherPages", "prefill")
     assert row["refused"] == str(len(refused)) and row["checked"] == row["pass"] and row["fail"] == "1"
     assert "refused " + str(len(refused)) in stdout and "most often" in stdout
-    assert 'id="refusal-table"' in page and "no pages over 16 &lt;sim&gt;" in page
+    assert 'id="refusal-table"' in page and "page size 16 only &lt;sim&gt;" in page
     assert "drawn but refused by the backend: " + str(len(refused)) in page
     skipped = [s.get("message") for s in junit.iter("skipped")]
-    assert skipped.count("refused by the backend: no pages over 16 <sim>") == len(refused)
+    assert skipped.count("refused by the backend: page size 16 only <sim>") == len(refused)
 
 
 def test_model_level_checks_are_rows_of_every_report(tmp_path):

@@ -24,12 +24,13 @@ class MostlyRefuses(TorchNative):
         return super().supports(c)
 
 
-class RefusesLargePages(TorchNative):
-    """Refuses three of the five page sizes: about 60% of the drawn cases, too few for hypothesis's
-    filter_too_much health check (which MostlyRefuses trips), enough for the refusal rule."""
+class RefusesOtherPages(TorchNative):
+    """Refuses four of the five page sizes: most drawn cases (the minimal draws, page 16, run), too
+    few for hypothesis's filter_too_much health check (which MostlyRefuses trips), enough for the
+    refusal rule. Three of five left too few refused in the ci profile's few draws (6 of 18)."""
 
     def supports(self, c: Case) -> str | None:
-        return "no pages over 16 <sim>" if c.page_size > 16 else super().supports(c)
+        return "page size 16 only <sim>" if c.page_size != 16 else super().supports(c)
 
 
 class RefusesPage128(TorchNative):
@@ -41,7 +42,7 @@ class RefusesPage128(TorchNative):
     "name,reasons",
     [
         ("MostlyRefuses", ("takes one request per batch <sim>", "takes page size 16 only")),
-        ("RefusesLargePages", ("no pages over 16 <sim>",)),
+        ("RefusesOtherPages", ("page size 16 only <sim>",)),
     ],
 )
 def test_a_search_the_backend_mostly_refuses_fails_with_the_counts_and_reasons(name, reasons):
