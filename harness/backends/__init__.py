@@ -85,11 +85,11 @@ def load(name: str) -> Backend:
     if name in known:
         return known[name]()
     plugins = _plugins()
-    if name in plugins:
-        return _from_spec(plugins[name].value)
-    if ":" in name:
-        backend = _from_spec(name)
-        backend.name = name  # named by its spec, so a report's repro command loads this very backend
+    if name in plugins or ":" in name:
+        backend = _from_spec(plugins[name].value if name in plugins else name)
+        # Named as it was asked for (entry-point name or spec), whatever its class says, so a report's
+        # rows and its repro command name the backend that `load` finds again.
+        backend.name = name
         return backend
     raise BackendError(f"unknown backend {name!r}; known: {', '.join(names())} (or give module:factory)")
 
