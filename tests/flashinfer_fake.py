@@ -115,6 +115,15 @@ class _Variant:
             return out
         return out.mul_(v_scale)
 
+    def _start_paged_run(self, name, q, paged_kv_cache, args, rest, window_left, sinks, k_scale, v_scale):
+        """What a paged run() does before its kernel: record the call, check q and the cache against
+        plan(), resolve the window. Returns (k_cache, v_cache, window)."""
+        at_run = {"args": args, "window_left": window_left, "sinks": sinks, "k_scale": k_scale}
+        CALLS.append((name, {**at_run, "v_scale": v_scale, **rest}))
+        k_cache, v_cache = paged_kv_cache
+        self._check_dtypes(q, k_cache)
+        return k_cache, v_cache, self._run_window(window_left)
+
     def _run_window(self, window_left):
         window = self._window_left if window_left is None else window_left
         assert window == self._window_left  # as the real run() asserts
@@ -202,12 +211,9 @@ class BatchPrefillWithPagedKVCacheWrapper(_Variant):
         sinks=None,
         **rest,
     ):
-        at_run = {"args": args, "window_left": window_left, "sinks": sinks}
-        at_run |= {"k_scale": k_scale, "v_scale": v_scale}
-        CALLS.append(("paged.run", {**at_run, **rest}))
-        k_cache, v_cache = paged_kv_cache
-        self._check_dtypes(q, k_cache)
-        window = self._run_window(window_left)
+        k_cache, v_cache, window = self._start_paged_run(
+            "paged.run", q, paged_kv_cache, args, rest, window_left, sinks, k_scale, v_scale
+        )
         sink = args[0] if self.sink_variant else None  # plain fa2 wrappers drop `sinks`
         outs, lses = [], []
         for b, pages in enumerate(self._pages):
@@ -377,13 +383,10 @@ class BatchDecodeWithPagedKVCacheWrapper(_Variant):
         sinks=None,
         **rest,
     ):
-        at_run = {"args": args, "window_left": window_left, "sinks": sinks}
-        at_run |= {"k_scale": k_scale, "v_scale": v_scale}
-        CALLS.append(("decode.run", {**at_run, **rest}))
+        k_cache, v_cache, window = self._start_paged_run(
+            "decode.run", q, paged_kv_cache, args, rest, window_left, sinks, k_scale, v_scale
+        )
         assert q.shape[0] == len(self._pages) * self._q_len, "q rows must be batch * q_len_per_req"
-        k_cache, v_cache = paged_kv_cache
-        self._check_dtypes(q, k_cache)
-        window = self._run_window(window_left)
         outs, lses = [], []
         for b, pages in enumerate(self._pages):
             qb = q[b * self._q_len : (b + 1) * self._q_len]

@@ -100,15 +100,20 @@ TINY = SIZES["ci"].__class__(
 )
 
 
+def assert_references_agree(c):
+    """The suite's cross-check finds no disagreement, and hf_ref is within float64 noise of torch_ref."""
+    inputs = make_inputs(c)
+    exact = reference(c, inputs).out
+    assert crossref.disagreement(c, inputs, exact) is None
+    assert float((hf_ref.reference(c, inputs) - exact).abs().max()) < 1e-12
+
+
 @pytest.mark.parametrize("family", ["decode", "prefill", "prefix", "draft_extend_v2", "verify", "cross"])
 def test_hf_ref_agrees_with_torch_ref_to_float64_noise(family):
     @settings(max_examples=10, derandomize=True, database=None, deadline=None)
     @given(cases(family, family != "cross", ALL_CAPS, TINY))
     def check(c):
-        inputs = make_inputs(c)
-        exact = reference(c, inputs).out
-        assert crossref.disagreement(c, inputs, exact) is None
-        assert float((hf_ref.reference(c, inputs) - exact).abs().max()) < 1e-12
+        assert_references_agree(c)
 
     check()
 
@@ -121,10 +126,7 @@ def test_hf_ref_agrees_with_torch_ref_on_encoder_cases(windowed):
     @settings(max_examples=10, derandomize=True, database=None, deadline=None)
     @given(cases("encoder", windowed, ALL_CAPS, TINY))
     def check(c):
-        inputs = make_inputs(c)
-        exact = reference(c, inputs).out
-        assert crossref.disagreement(c, inputs, exact) is None
-        assert float((hf_ref.reference(c, inputs) - exact).abs().max()) < 1e-12
+        assert_references_agree(c)
 
     check()
 
@@ -138,10 +140,7 @@ def test_with_an_fp8_cache_both_references_agree_over_the_dequantized_values(fam
     @given(cases(family, family != "cross", ALL_CAPS, TINY), fp8)
     def check(c, cache):
         c = c.replace(kv_dtype=cache[0], k_scale=cache[1], v_scale=cache[2])
-        inputs = make_inputs(c)
-        exact = reference(c, inputs).out
-        assert crossref.disagreement(c, inputs, exact) is None
-        assert float((hf_ref.reference(c, inputs) - exact).abs().max()) < 1e-12
+        assert_references_agree(c)
 
     check()
 
