@@ -23,6 +23,7 @@ DEFAULT_REPORTS = ROOT / "reports"
 REQUIRE_ENV = "ATTN_HARNESS_REQUIRE"  # comma-separated backends `check` requires, as --require (CI)
 NOTHING_CHECKED = 3  # repro's exit status when the case did not run (a SKIP: unsupported, no device)
 PYTEST_USAGE_ERROR = 4
+JOBS_PER_GPU = 4  # check's default pytest processes per GPU (a process keeps a core busy, not the GPU)
 
 
 class UsageError(Exception):
@@ -186,8 +187,14 @@ def add_check(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--jobs",
         type=int,
-        help="pytest processes at once, one backend each; with more jobs than backends each backend is "
-        "split into jobs // backends shards (default 1; on CUDA 1 per 4 cores, up to 4)",
+        help="pytest processes at once, the longest backends first; one that would bound the wall time "
+        f"is split into shards (default 1; on CUDA 1 per 4 cores, up to {JOBS_PER_GPU} per GPU)",
+    )
+    p.add_argument(
+        "--gpus",
+        metavar="LIST",
+        help="spread the processes over these GPUs: CUDA_VISIBLE_DEVICES entries, e.g. 0,1 (default: "
+        "every visible GPU)",
     )
 
 
@@ -240,7 +247,8 @@ def cmd_check(args: argparse.Namespace) -> int:
         print("\n".join(f"error: {line}" for line in missing), file=sys.stderr)
         return 2
     names = args.backend or backends.names()
-    jobs = _jobs(args.jobs, on_gpu and args.device != "cpu")  # more than backends: shards (parallel.py)
+    gpus = _gpus(args.gpus, on_gpu and args.device != "cpu")
+    jobs = _jobs(args.jobs, on_gpu and args.device != "cpu", len(gpus))  # the schedule: run/schedule.py
     marks = []  # markers are exact names ("-k extend" would also match draft_extend_v2)
     families = _families(args)
     if families:
@@ -274,8 +282,11 @@ def cmd_check(args: argparse.Namespace) -> int:
         cmd.append("--harness-no-probe")
     env = {k: v for k, v in os.environ.items() if k != BACKENDS_ENV}
     env["ATTN_HARNESS_PROFILE"] = profile
+    if args.gpus:
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
     if jobs > 1:
-        code = _check_parallel(cmd, env, names, jobs, run_dir, profile, args.results)
+        selection = f"profile {profile}; -m {' and '.join(marks)}; -k {args.k or ''}"
+        code = _check_parallel(cmd, env, names, jobs, gpus, run_dir, profile, args.results, selection)
     else:
         cmd += ["--harness-report", str(run_dir), "--harness-run-id", run_dir.name]
         if args.results:
@@ -296,14 +307,34 @@ def cmd_check(args: argparse.Namespace) -> int:
     return int(code)
 
 
-def _jobs(requested: int | None, cuda: bool) -> int:
+def _gpus(requested: str | None, cuda: bool) -> list[str]:
+    """The GPUs the check spreads over: --gpus's entries, each one visible here; by default every
+    visible GPU on a CUDA check, none on a CPU one."""
+    from harness.run.isolation import visible_gpus
+
+    if requested is None:
+        return visible_gpus() if cuda else []
+    if not cuda:
+        raise UsageError(f"--gpus {requested}: this check runs on the CPU (no CUDA here, or --device cpu)")
+    given = [g.strip() for g in requested.split(",")]
+    visible = visible_gpus()
+    for g in given:
+        if g not in visible:
+            raise UsageError(f"--gpus {requested}: {g!r} is not a visible GPU (visible: {','.join(visible)})")
+    if len(set(given)) < len(given):
+        raise UsageError(f"--gpus {requested}: a GPU is named twice")
+    return given
+
+
+def _jobs(requested: int | None, cuda: bool, gpus: int = 1) -> int:
     """pytest processes at once: as asked; else one on the CPU (CI's two cores are busy with one)
-    and, on a CUDA machine, one per four cores up to four (a check keeps a core busy, not the GPU)."""
+    and, on a CUDA machine, one per four cores up to JOBS_PER_GPU per GPU (a check keeps a core
+    busy, not the GPU)."""
     if requested is not None:
         if requested < 1:
             raise UsageError(f"--jobs must be at least 1, got {requested}")
         return requested
-    return max(1, min(4, (os.cpu_count() or 1) // 4)) if cuda else 1
+    return max(1, min(JOBS_PER_GPU * max(1, gpus), (os.cpu_count() or 1) // 4)) if cuda else 1
 
 
 def _check_parallel(
@@ -311,45 +342,52 @@ def _check_parallel(
     env: dict[str, str],
     names: list[str],
     jobs: int,
+    gpus: list[str],
     run_dir: Path,
     profile: str,
     results_path: str | None,
+    selection: str,
 ) -> int:
-    """The suite as one pytest process per backend (or per shard of one, when there are more jobs
-    than backends), `jobs` at once (harness/run/parallel.py), merged into one results.json and report
-    in run_dir."""
+    """The suite as pytest processes, one per backend or per shard of one, `jobs` at once over
+    `gpus`, in the schedule's order (harness/run/schedule.py, costs from harness/run/costs.py),
+    merged into one results.json and report in run_dir; the measured costs saved for the next run."""
     import time
 
     from harness import report
     from harness.core.results import summary_table
     from harness.report import results_json
-    from harness.run import parallel
+    from harness.run import costs, parallel, schedule
     from harness.search.suite import BACKENDS_ENV
 
     started, t0 = time.strftime("%Y-%m-%dT%H:%M:%S%z"), time.monotonic()
-    split = parallel.shards(names, jobs)
-    jobs = min(jobs, split * len(names))  # what can run at once
-    per = "one process per backend" if split == 1 else f"{split} shards per backend"
+    reports = run_dir.parent
+    expected, sources = costs.expected(names, selection, reports)
+    plan = schedule.plan(expected, jobs, gpus)
     print(
-        f"attn-harness check: profile {profile}; {len(names)} backends, {per}, {jobs} pytest processes "
-        f"at once; each: {' '.join(cmd[1:])}",
+        f"attn-harness check: profile {profile}; {len(names)} backends; each process: {' '.join(cmd[1:])}\n"
+        f"plan (expected seconds: measured in {reports / costs.TIMINGS}, else the default table):",
         flush=True,
     )
-    parts = parallel.run(cmd, env, BACKENDS_ENV, names, jobs, run_dir / "parts", ROOT)
+    print("\n".join(schedule.describe(plan, sources)), flush=True)
+    parts = parallel.run(cmd, env, BACKENDS_ENV, plan, run_dir / "parts", ROOT)
     code = parallel.combined_code([p.code for p in parts])
+    elapsed = time.monotonic() - t0
+    costs.save(reports, selection, costs.measured([(p.backend, p.code, p.seconds) for p in parts]))
     records = [r for p in parts for r in p.records]
     environment = next((p.environment for p in parts if p.environment), {})
     run = {
         "id": run_dir.name,
         "started": started,
-        "elapsed_s": round(time.monotonic() - t0, 3),
+        "elapsed_s": round(elapsed, 3),
         "profile": profile,
-        "command": f"pytest {' '.join(cmd[3:])} ({per}, {jobs} at once)",
+        "command": f"pytest {' '.join(cmd[3:])} ({len(plan.parts)} processes, {plan.jobs} at once)",
         "exit_status": code,
+        "parts": parallel.part_records(parts),
     }
     data = results_json.build(records, run, environment)
     if records:
         print(summary_table(records))
+    print("\n".join(parallel.gpu_lines(parts, elapsed)))
     if results_path:
         results_json.dump(Path(results_path).resolve(), data)
         print(f"results: {Path(results_path).resolve()}")

@@ -9,13 +9,8 @@ import pytest
 from harness import cli
 from harness.cli import main
 from harness.report import results_json
-from harness.run import parallel
+from harness.run import parallel, schedule
 from tests.report_helpers import WINDOW_IGNORED
-
-
-def test_the_slow_backends_start_first_and_the_rest_keep_their_order():
-    names = ["torch_native", "flex_eager", "fa4", "torch_split", "flex_compiled"]
-    assert parallel.order(names) == ["flex_compiled", "fa4", "flex_eager", "torch_native", "torch_split"]
 
 
 @pytest.mark.parametrize(
@@ -26,9 +21,12 @@ def test_one_exit_status_for_the_run(codes, expected):
     assert parallel.combined_code(codes) == expected
 
 
-def test_default_jobs_one_on_the_cpu_and_per_four_cores_on_cuda(monkeypatch):
+def test_default_jobs_one_on_the_cpu_and_per_four_cores_on_cuda_up_to_four_per_gpu(monkeypatch):
     monkeypatch.setattr(cli.os, "cpu_count", lambda: 16)
     assert cli._jobs(None, cuda=False) == 1 and cli._jobs(None, cuda=True) == 4
+    assert cli._jobs(None, cuda=True, gpus=2) == 4  # 16 cores: still 4
+    monkeypatch.setattr(cli.os, "cpu_count", lambda: 32)
+    assert cli._jobs(None, cuda=True, gpus=1) == 4 and cli._jobs(None, cuda=True, gpus=2) == 8
     monkeypatch.setattr(cli.os, "cpu_count", lambda: 2)
     assert cli._jobs(None, cuda=True) == 1 and cli._jobs(3, cuda=False) == 3
 
@@ -55,7 +53,7 @@ def test_a_parallel_run_merges_every_backend_and_a_failure_fails_it(tmp_path):
     argv += ["--no-probe"]
     proc = subprocess.run(argv, capture_output=True, text=True, cwd=cli.ROOT, timeout=600)
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert "2 pytest processes at once" in proc.stdout and "[2/2]" in proc.stdout
+    assert "2 processes, 2 at once" in proc.stdout and "[2/2]" in proc.stdout
     run = (tmp_path / "latest").resolve()
     doc = results_json.load(run / "results.json")
     assert {r["backend"] for r in doc["results"]} == {"torch_native", WINDOW_IGNORED}
@@ -66,21 +64,14 @@ def test_a_parallel_run_merges_every_backend_and_a_failure_fails_it(tmp_path):
     assert len(list((run / "parts").glob("*.log"))) == 2
 
 
-def test_more_jobs_than_backends_split_each_backend_into_shards_with_their_own_files(tmp_path):
-    assert [parallel.shards(["a"] * n, jobs) for n, jobs in [(1, 4), (2, 5), (3, 2), (2, 1)]] == [4, 2, 1, 1]
-    parts = parallel.parts(["torch_native", "fa4", "m.x:make"], 6, tmp_path)
-    assert [p.name for p in parts] == [
-        "fa4[0/2]",
-        "fa4[1/2]",
-        "torch_native[0/2]",
-        "torch_native[1/2]",
-        "m.x:make[0/2]",
-        "m.x:make[1/2]",
-    ]
-    assert parts[1].args == ["--harness-shard", "1/2"] and parts[1].results.name == "fa4.1of2.json"
-    assert len({p.results for p in parts} | {p.log for p in parts}) == 12
+def test_a_planned_split_gives_each_shard_its_own_files_and_shard_option(tmp_path):
+    plan = schedule.plan({"torch_native": 30, "fa4": 200, "m.x:make": 30}, 4, [])
+    parts = parallel.parts(plan, tmp_path)
+    assert [p.name for p in parts] == ["fa4[0/3]", "fa4[1/3]", "fa4[2/3]", "torch_native", "m.x:make"]
+    assert parts[1].args == ["--harness-shard", "1/3"] and parts[1].results.name == "fa4.1of3.json"
+    assert len({p.results for p in parts} | {p.log for p in parts}) == 10
     assert all(p.results.parent == tmp_path and "/" not in p.log.name for p in parts)
-    (whole,) = parallel.parts(["m.x:make"], 1, tmp_path)
+    whole = parts[-1]
     assert whole.name == "m.x:make" and whole.args == [] and whole.results.name == "m.x_make.json"
 
 
@@ -100,7 +91,7 @@ def test_one_backend_with_two_jobs_runs_as_two_shards_that_together_check_what_o
     merged once, the shards' files apart, the exit status as before."""
     _, whole = _check(tmp_path / "one", 1)
     proc, sharded = _check(tmp_path / "two", 2)
-    assert "2 shards per backend, 2 pytest processes at once" in proc.stdout
+    assert "2 shards x" in proc.stdout and "2 processes, 2 at once" in proc.stdout
     assert "torch_native[0/2]:" in proc.stdout and "torch_native[1/2]:" in proc.stdout
     parts = (tmp_path / "two" / "reports" / "latest" / "parts").resolve()
     shard_ids = [
@@ -110,6 +101,9 @@ def test_one_backend_with_two_jobs_runs_as_two_shards_that_together_check_what_o
     assert all(shard_ids) and not shard_ids[0] & shard_ids[1]
     assert sorted(r["test_id"] for r in sharded) == sorted(r["test_id"] for r in whole)
     assert len({r["test_id"] for r in whole}) == 2 and len(whole) > 2
+    timings = json.loads((tmp_path / "two" / "reports" / "timings.json").read_text())["selections"]
+    assert list(timings) == ["profile ci; -m (decode) and not gpu; -k "]  # the next run's costs
+    assert set(timings["profile ci; -m (decode) and not gpu; -k "]) == {"torch_native"}
 
 
 CHILD = """
@@ -129,10 +123,11 @@ time.sleep(120)
 DRIVER = """
 import json, os, sys
 from pathlib import Path
-from harness.run import parallel
+from harness.run import parallel, schedule
 d = Path(sys.argv[1])
 cmd = [sys.executable, str(d / "child.py")]
-parts = parallel.run(cmd, dict(os.environ), "B", ["a", "b", "c"], 2, d / "parts", d)
+plan = schedule.plan({"a": 1, "b": 1, "c": 1}, 2, [])
+parts = parallel.run(cmd, dict(os.environ), "B", plan, d / "parts", d)
 print(json.dumps({p.backend: [p.code, len(p.records)] for p in parts}))
 """
 

@@ -129,13 +129,19 @@ class IsolatedRunner:
 
 
 def visible_gpus() -> list[str]:
-    """CUDA_VISIBLE_DEVICES entries of the GPUs this process may use (all of them if unset)."""
+    """CUDA_VISIBLE_DEVICES entries of the GPUs this process may use (all of them if unset). As CUDA
+    does, entries stop at a negative one (`-1`: no GPU)."""
     import torch
 
     listed = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if listed is not None:
-        return [g.strip() for g in listed.split(",") if g.strip()]
-    return [str(i) for i in range(torch.cuda.device_count())]
+    if listed is None:
+        return [str(i) for i in range(torch.cuda.device_count())]
+    out = []
+    for entry in (g.strip() for g in listed.split(",")):
+        if not entry or entry.startswith("-"):
+            break
+        out.append(entry)
+    return out
 
 
 class WorkerPool:
@@ -170,12 +176,16 @@ _RUNNERS: dict[str, IsolatedRunner] = {}
 
 
 def _process_gpu() -> str | None:
-    """Under pytest-xdist (`-n <number of GPUs>`), xdist worker gwN drives GPU N mod count."""
+    """The GPU this process's worker is pinned to: under pytest-xdist (`-n <number of GPUs>`), xdist
+    worker gwN drives visible GPU N mod count; otherwise the first visible GPU (the one a part of
+    `check --jobs` was given, or cuda:0 of several); None when none is visible (CUDA then fails in
+    the worker, as it would here)."""
     worker = os.environ.get("PYTEST_XDIST_WORKER", "")
     gpus = visible_gpus()
-    if worker.startswith("gw") and worker[2:].isdigit() and gpus:
-        return gpus[int(worker[2:]) % len(gpus)]
-    return None
+    if not gpus:
+        return None
+    index = int(worker[2:]) if worker.startswith("gw") and worker[2:].isdigit() else 0
+    return gpus[index % len(gpus)]
 
 
 def runner_for(device: str) -> IsolatedRunner:

@@ -2,10 +2,11 @@
 
 On a GPU a check is bound by the host (Python, kernel launches, compiling), not by the device: one
 pytest process leaves the GPU idle most of the time. Here each backend's suite is its own pytest
-process (with its own isolation worker), at most N run at once, the longest first, and their
-results files are merged into the run's results.json, from which the report is rendered as usual.
-With more jobs than backends each backend is split into `jobs // backends` shards (pytest's
-`--harness-shard I/N`), so one backend's suite can use several processes too.
+process (with its own isolation worker), or several (pytest's `--harness-shard I/N`) when it alone
+would bound the wall time, at most N at once, the longest first: the plan is harness/run/schedule.py's.
+Each of the N slots is pinned to one GPU, and a process started in it sees only that GPU
+(CUDA_VISIBLE_DEVICES), so the isolation layer inside it uses that one. Their results files are
+merged into the run's results.json, from which the report is rendered as usual.
 A process's output goes to `<run dir>/parts/<backend>.log`; its results to `parts/<backend>.json`
 (a shard's: `parts/<backend>.<I>of<N>.log` and `.json`).
 """
@@ -21,10 +22,9 @@ from typing import IO
 
 from harness.core.vocab import STATUSES
 from harness.report import results_json
+from harness.run.schedule import Plan
 from harness.run.workers import Child
 
-# The longest suites on the H100 (docs/bench.md): started first so that they do not start last.
-SLOW_FIRST = ("flex_compiled", "fa4", "flex_eager")
 STATUS_EVERY_S = 30.0  # a line naming the running backends, between completions
 NO_TESTS = 5  # pytest: nothing collected (a backend with no test under the filters)
 INTERRUPTED = 2  # pytest's status for an interrupted run
@@ -40,6 +40,9 @@ class Part:
     log: Path
     shard: int = 0
     shards: int = 1
+    expected: float = 0.0  # seconds, the plan's
+    slot: int | None = None  # the job slot it ran in, and that slot's GPU
+    gpu: str | None = None
     child: Child | None = None
     seconds: float = 0.0
     code: int | None = None
@@ -57,12 +60,6 @@ class Part:
         return [] if self.shards == 1 else ["--harness-shard", f"{self.shard}/{self.shards}"]
 
 
-def order(names: list[str]) -> list[str]:
-    """The backends in start order: the known-slow ones first (in SLOW_FIRST's order), then the rest."""
-    slow = [n for n in SLOW_FIRST if n in names]
-    return slow + [n for n in names if n not in slow]
-
-
 def combined_code(codes: list[int]) -> int:
     """One exit status for the run: a failure (or worse) in any part wins; 5 only if every part
     collected nothing; a part killed by a signal counts as an internal error (3)."""
@@ -77,20 +74,14 @@ def counts(records: list[dict]) -> str:
     return ", ".join(f"{n} {s}" for s, n in found.items() if n) or "no cases"
 
 
-def shards(names: list[str], jobs: int) -> int:
-    """Parts per backend: the jobs left over when every backend has one are shared out evenly."""
-    return max(1, jobs // max(1, len(names)))
-
-
-def parts(names: list[str], jobs: int, parts_dir: Path) -> list[Part]:
-    """Every backend's parts in start order (order()), a backend's shards together, each with its
-    own files: `<backend>.json`, or `<backend>.<I>of<N>.json` for shard I of N."""
-    n = shards(names, jobs)
+def parts(plan: Plan, parts_dir: Path) -> list[Part]:
+    """The plan's parts in its start order, each with its own files: `<backend>.json`, or
+    `<backend>.<I>of<N>.json` for shard I of N."""
     out = []
-    for backend in order(names):
-        for i in range(n):
-            stem = _file_name(backend) + (f".{i}of{n}" if n > 1 else "")
-            out.append(Part(backend, parts_dir / f"{stem}.json", parts_dir / f"{stem}.log", i, n))
+    for p in plan.parts:
+        stem = _file_name(p.backend) + (f".{p.shard}of{p.shards}" if p.shards > 1 else "")
+        files = (parts_dir / f"{stem}.json", parts_dir / f"{stem}.log")
+        out.append(Part(p.backend, *files, p.shard, p.shards, expected=p.seconds))
     return out
 
 
@@ -99,9 +90,15 @@ def _file_name(backend: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]", "_", backend)
 
 
+def part_env(env: dict[str, str], backends_env: str, part: Part) -> dict[str, str]:
+    """A part's environment: its backend selected, and only its slot's GPU visible (when it has one)."""
+    gpu = {} if part.gpu is None else {"CUDA_VISIBLE_DEVICES": part.gpu}
+    return {**env, backends_env: part.backend, **gpu}
+
+
 def _start(part: Part, cmd: list[str], env: dict[str, str], backends_env: str, cwd: Path) -> None:
     argv = [*cmd, *part.args, "--harness-results", str(part.results)]
-    part.child = Child(argv, part.log, env={**env, backends_env: part.backend}, cwd=cwd)
+    part.child = Child(argv, part.log, env=part_env(env, backends_env, part), cwd=cwd)
 
 
 def _finish(part: Part, code: int) -> None:
@@ -120,25 +117,27 @@ def run(
     cmd: list[str],
     env: dict[str, str],
     backends_env: str,
-    names: list[str],
-    jobs: int,
+    plan: Plan,
     parts_dir: Path,
     cwd: Path,
     out: IO[str] = sys.stdout,
     status_every: float = STATUS_EVERY_S,
 ) -> list[Part]:
-    """Run `cmd` (a pytest command line) once per part (parts(): a backend, or a shard of one when
-    there are more jobs than backends), at most `jobs` at once; returns the parts in start order,
-    each with its exit code, seconds and records. Prints a line as each ends. On an interrupt
-    (Ctrl-C, a time limit's SIGINT) the running parts are asked to stop and write what they
-    checked; parts not started are marked interrupted."""
-    todo = parts(names, jobs, parts_dir)
+    """Run `cmd` (a pytest command line) once per part of the plan (a backend, or a shard of one),
+    in the plan's order, at most plan.jobs at once: a part takes the lowest free slot and that
+    slot's GPU. Returns the parts in start order, each with its exit code, seconds, slot, GPU and
+    records. Prints a line as each ends. On an interrupt (Ctrl-C, a time limit's SIGINT) the running
+    parts are asked to stop and write what they checked; parts not started are marked interrupted."""
+    todo = parts(plan, parts_dir)
     waiting, running, done = list(todo), [], 0
+    free = list(range(plan.jobs))
     last_status = time.monotonic()
     try:
         while waiting or running:
-            while waiting and len(running) < jobs:
+            while waiting and free:
                 part = waiting.pop(0)
+                part.slot = free.pop(0)
+                part.gpu = plan.slot_gpus[part.slot]
                 _start(part, cmd, env, backends_env, cwd)
                 running.append(part)
             for part in list(running):
@@ -146,10 +145,12 @@ def run(
                 if code is None:
                     continue
                 running.remove(part)
+                free = sorted([*free, part.slot])
                 _finish(part, code)
                 done += 1
                 note = "" if code in (0, NO_TESTS) else f"  exit {code}, log: {part.log}"
-                line = f"[{done}/{len(todo)}] {part.name}: {counts(part.records)} ({part.seconds:.0f} s)"
+                took = f"{part.seconds:.0f} s" + ("" if part.gpu is None else f", GPU {part.gpu}")
+                line = f"[{done}/{len(todo)}] {part.name}: {counts(part.records)} ({took})"
                 print(line + note, file=out, flush=True)
             if running and time.monotonic() - last_status >= status_every:
                 last_status = time.monotonic()
@@ -167,3 +168,40 @@ def run(
         for part in waiting:
             part.code = INTERRUPTED
     return todo
+
+
+def gpu_lines(parts: list[Part], wall: float) -> list[str]:
+    """Which GPU ran which part, each GPU's busy time (the sum of its parts' seconds) and what bounds
+    the wall time: the longest part, or the busiest GPU's sum."""
+    started = [p for p in parts if p.child is not None]
+    if not started:
+        return []
+    lines, busy = [], {}
+    for gpu in dict.fromkeys(p.gpu for p in started):
+        mine = [p for p in started if p.gpu == gpu]
+        busy[gpu] = sum(p.seconds for p in mine)
+        ran = ", ".join(f"{p.name} {p.seconds:.0f} s" for p in mine)
+        lines.append(f"{'the CPU' if gpu is None else f'GPU {gpu}'}: busy {busy[gpu]:.0f} s: {ran}")
+    longest = max(started, key=lambda p: p.seconds)
+    sums = ", ".join(f"{'cpu' if g is None else g} {s:.0f} s" for g, s in busy.items())
+    lines.append(
+        f"wall {wall:.0f} s; busy per GPU: {sums}; longest part {longest.name} {longest.seconds:.0f} s"
+    )
+    return lines
+
+
+def part_records(parts: list[Part]) -> list[dict]:
+    """The parts for results.json's run.parts: name, GPU, seconds (actual and expected), exit status."""
+    return [
+        {
+            "part": p.name,
+            "backend": p.backend,
+            "shard": p.shard,
+            "shards": p.shards,
+            "gpu": p.gpu,
+            "seconds": round(p.seconds, 3),
+            "expected_s": round(p.expected, 1),
+            "exit_status": p.code,
+        }
+        for p in parts
+    ]

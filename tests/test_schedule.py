@@ -1,0 +1,159 @@
+"""The check's schedule (harness/run/schedule.py) and its costs (harness/run/costs.py): pure functions."""
+
+import itertools
+import json
+
+import pytest
+from hypothesis import assume, given
+from hypothesis import strategies as st
+
+from harness.run import costs, schedule
+from harness.run.schedule import STARTUP_S
+
+
+def test_the_longest_backends_start_first_and_ties_keep_their_order():
+    plan = schedule.plan({"torch_native": 50, "flex_eager": 90, "fa4": 70, "torch_split": 50}, 2, [])
+    assert [p.name for p in plan.parts] == ["flex_eager", "fa4", "torch_native", "torch_split"]
+    assert [p.start for p in plan.parts] == [0, 0, 70, 90]  # each in the slot that frees first
+    assert [p.slot for p in plan.parts] == [0, 1, 1, 0] and plan.makespan == 140
+
+
+def test_a_backend_longer_than_the_share_is_split_into_enough_shards_to_fit():
+    """Total 400 s over 4 slots: 100 s each. flex_eager (280 s) bounds the wall time alone: split into
+    3 shards of 10 + 270 / 3 = 100 s; the others fit as they are."""
+    plan = schedule.plan({"flex_eager": 280, "fa4": 60, "torch_native": 40, "torch_split": 20}, 4, [])
+    assert plan.share == 100
+    assert [(p.name, p.seconds) for p in plan.parts] == [
+        ("flex_eager[0/3]", 100),
+        ("flex_eager[1/3]", 100),
+        ("flex_eager[2/3]", 100),
+        ("fa4", 60),
+        ("torch_native", 40),
+        ("torch_split", 20),
+    ]
+    # fa4 takes the last free slot; torch_native the first to free (fa4's, at 60 s); torch_split the
+    # lowest of the four that free at 100 s.
+    assert [p.slot for p in plan.parts] == [0, 1, 2, 3, 3, 0] and plan.makespan == 120
+
+
+def test_the_old_fixed_order_would_have_started_a_long_backend_last():
+    """flex_eager is the longest here, but the old SLOW_FIRST list started flex_compiled and fa4 first."""
+    plan = schedule.plan({"flex_compiled": 10, "fa4": 10, "flex_eager": 200}, 1, [])
+    assert plan.parts[0].backend == "flex_eager"
+
+
+def test_a_split_that_would_lengthen_the_run_is_not_made():
+    """15 s and 6 s over 2 slots: the share is 10.5 s, but two shards of 15 s cost 12.5 s each (each
+    pays the 10 s startup) and the run would take 18.5 s instead of 15 s."""
+    plan = schedule.plan({"a": 15, "b": 6}, 2, [])
+    assert [p.name for p in plan.parts] == ["a", "b"] and plan.makespan == 15
+
+
+def test_the_number_of_shards_is_the_one_with_the_shortest_run():
+    """60 s over 4 slots with a 10 s startup: 2 shards take 35 s, 3 take 26.7 s, 4 take 22.5 s."""
+    plan = schedule.plan({"a": 60, "b": 0}, 4, [])
+    assert plan.parts[0].shards == 4 and plan.makespan == 22.5
+
+
+def test_slots_go_round_the_gpus_so_the_longest_parts_land_on_different_gpus():
+    plan = schedule.plan({"a": 40, "b": 39, "c": 38, "d": 37, "e": 10}, 4, ["0", "1"])
+    assert plan.slot_gpus == ("0", "1", "0", "1")
+    assert [plan.gpu(p) for p in plan.parts[:4]] == ["0", "1", "0", "1"]
+    assert plan.gpu(plan.parts[4]) == "1"  # e follows d (37 s), the first to end, on slot 3
+
+
+def test_fewer_parts_than_jobs_use_only_as_many_slots():
+    plan = schedule.plan({"a": 1}, 8, ["0", "1"])
+    assert len(plan.parts) == 1 and plan.jobs == 1
+
+
+def test_bad_costs_and_jobs_are_one_line_errors():
+    with pytest.raises(ValueError, match="jobs must be at least 1, got 0"):
+        schedule.plan({"a": 1}, 0, [])
+    with pytest.raises(ValueError, match="'a': nan"):
+        schedule.plan({"a": float("nan")}, 2, [])
+
+
+def _lpt_unsplit(costs_in: dict[str, float], jobs: int) -> float:
+    """The wall time of the backends started longest first, none split (a second implementation)."""
+    ends = [0.0] * min(jobs, len(costs_in))
+    for cost in sorted(costs_in.values(), reverse=True):
+        ends[ends.index(min(ends))] += cost
+    return max(ends)
+
+
+def _best(seconds: list[float], slots: int) -> float:
+    """The shortest wall time of these parts over the slots, by trying every assignment."""
+    return min(
+        max(sum(s for s, k in zip(seconds, where) if k == slot) for slot in range(slots))
+        for where in itertools.product(range(slots), repeat=len(seconds))
+    )
+
+
+@given(
+    st.lists(st.floats(0, 1000), min_size=1, max_size=14),
+    st.integers(1, 16),
+    st.integers(0, 8),
+)
+def test_the_plan_starts_longest_first_and_splitting_never_lengthens_it(costs_list, jobs, gpu_count):
+    costs_in = {f"b{i}": c for i, c in enumerate(costs_list)}
+    gpus = [str(g) for g in range(gpu_count)]
+    plan = schedule.plan(costs_in, jobs, gpus)
+    seconds = [p.seconds for p in plan.parts]
+    assert seconds == sorted(seconds, reverse=True)  # longest first
+    starts = [p.start for p in plan.parts]
+    assert starts == sorted(starts)  # a part never starts before one planned ahead of it
+    for backend, cost in costs_in.items():  # every backend's shards, each once, covering its work
+        mine = [p for p in plan.parts if p.backend == backend]
+        assert sorted(p.shard for p in mine) == list(range(mine[0].shards)) and len(mine) <= jobs
+        assert sum(p.seconds for p in mine) == pytest.approx(cost + (len(mine) - 1) * STARTUP_S)
+        assert len(mine) == 1 or cost > plan.share  # only a backend longer than the share is split
+    assert plan.makespan <= _lpt_unsplit(costs_in, jobs) + 1e-6  # splitting never lengthens the run
+    # Graham's bound for list scheduling: the average load plus (1 - 1/m) of the longest part.
+    m = plan.jobs
+    assert plan.makespan <= sum(seconds) / m + (1 - 1 / m) * max(seconds) + 1e-6
+    assert all(plan.gpu(p) == (gpus[p.slot % len(gpus)] if gpus else None) for p in plan.parts)
+    assert {p.slot for p in plan.parts} == set(range(m))
+
+
+@given(st.lists(st.floats(0, 100), min_size=1, max_size=7), st.integers(1, 3))
+def test_longest_first_is_within_four_thirds_of_the_best_assignment(costs_list, jobs):
+    """Graham's LPT bound, against every assignment of the plan's parts to the slots."""
+    plan = schedule.plan({f"b{i}": c for i, c in enumerate(costs_list)}, jobs, [], startup=0.0)
+    assume(len(plan.parts) <= 7)
+    best = _best([p.seconds for p in plan.parts], plan.jobs)
+    assert plan.makespan <= (4 / 3 - 1 / (3 * plan.jobs)) * best + 1e-6
+
+
+def test_describe_names_each_backend_once_with_its_shards_and_source():
+    plan = schedule.plan({"flex_eager": 280, "fa4": 60, "torch_native": 40, "torch_split": 20}, 4, ["0", "1"])
+    lines = schedule.describe(plan, {"flex_eager": "measured", "fa4": "default"})
+    assert len(lines) == 5 and "flex_eager" in lines[0] and "3 shards x 100 s (measured)" in lines[0]
+    assert "fa4" in lines[1] and " 60 s (default)" in lines[1]
+    assert "6 processes, 4 at once over GPU 0,1" in lines[-1]
+
+
+def test_costs_come_from_the_last_run_of_the_same_selection_else_the_defaults(tmp_path):
+    names = ["flex_eager", "torch_native", "mine:make"]
+    got, sources = costs.expected(names, "sel", tmp_path)  # no file yet
+    assert got == {"flex_eager": 273.0, "torch_native": 91.0, "mine:make": costs.UNKNOWN_SECONDS}
+    assert sources == {"flex_eager": "default", "torch_native": "default", "mine:make": "unknown"}
+    costs.save(tmp_path, "sel", {"torch_native": 12.5})
+    costs.save(tmp_path, "other", {"flex_eager": 1.0})
+    costs.save(tmp_path, "sel", {"mine:make": 3.0})  # merged with what the selection had
+    got, sources = costs.expected(names, "sel", tmp_path)
+    assert got == {"flex_eager": 273.0, "torch_native": 12.5, "mine:make": 3.0}
+    assert sources["torch_native"] == "measured" and sources["flex_eager"] == "default"
+
+
+@pytest.mark.parametrize("text", ["not json", "[]", '{"format": "x", "selections": {}}'])
+def test_an_unreadable_timings_file_means_the_defaults(tmp_path, text):
+    (tmp_path / costs.TIMINGS).write_text(text)
+    assert costs.expected(["fa4"], "sel", tmp_path)[0] == {"fa4": 117.0}
+    costs.save(tmp_path, "sel", {"fa4": 5.0})
+    assert json.loads((tmp_path / costs.TIMINGS).read_text())["selections"] == {"sel": {"fa4": 5.0}}
+
+
+def test_measured_cost_sums_the_shards_less_their_extra_startups_and_skips_unfinished_backends():
+    parts = [("fa4", 0, 40.0), ("fa4", 1, 50.0), ("torch_native", 5, 8.0), ("flex", 0, 9.0), ("flex", 2, 3.0)]
+    assert costs.measured(parts, startup=10) == {"fa4": 80.0, "torch_native": 8.0}
