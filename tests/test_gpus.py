@@ -1,0 +1,124 @@
+"""Several GPUs, faked on the CPU: which GPU each part of `check --jobs` sees, and which GPU the
+isolation layer inside a process pins its worker to."""
+
+import io
+import os
+import subprocess
+import sys
+
+import pytest
+
+from harness import cli
+from harness.cli import main
+from harness.run import isolation, parallel, schedule
+
+CHILD = """
+import json, os, sys
+path = sys.argv[sys.argv.index("--harness-results") + 1]
+rec = dict(status="pass", backend=os.environ["B"], device="cuda", family="decode", mode="DECODE",
+           features=[], reason=os.environ.get("CUDA_VISIBLE_DEVICES", "unset"))
+doc = dict(format="attn-harness-results", version=1, run={}, environment={}, results=[rec])
+open(path, "w").write(json.dumps(doc))
+"""
+
+
+def test_each_part_sees_only_its_slots_gpu_and_the_longest_start_first_round_the_gpus(tmp_path):
+    (tmp_path / "child.py").write_text(CHILD)
+    plan = schedule.plan({"e": 5, "a": 40, "b": 39, "c": 38, "d": 37}, 4, ["3", "5"])
+    env = {**os.environ, "PYTHONPATH": str(cli.ROOT), "CUDA_VISIBLE_DEVICES": "3,5"}
+    out = io.StringIO()
+    child = [sys.executable, str(tmp_path / "child.py")]
+    parts = parallel.run(child, env, "B", plan, tmp_path / "parts", tmp_path, out=out)
+    assert [p.name for p in parts] == ["a", "b", "c", "d", "e"]
+    started = [p.child.started for p in parts]
+    assert started == sorted(started)  # started in the plan's order
+    assert [p.gpu for p in parts[:4]] == ["3", "5", "3", "5"]  # the four longest: round the GPUs
+    assert all(p.code == 0 and p.records[0]["reason"] == p.gpu for p in parts)  # what each one saw
+    assert parts[4].gpu in ("3", "5") and parts[4].slot in range(4)
+    assert all(f"{p.name}: 1 pass (" in out.getvalue() and f"GPU {p.gpu})" in out.getvalue() for p in parts)
+    lines = parallel.gpu_lines(parts, 1.0)
+    assert lines[0].startswith("GPU 3: busy ") and "a " in lines[0] and "c " in lines[0]
+    assert lines[1].startswith("GPU 5: busy ") and "b " in lines[1] and "d " in lines[1]
+    assert lines[2].startswith("wall 1 s; busy per GPU: 3 ") and "; longest part " in lines[2]
+    record = parallel.part_records(parts)[0]
+    assert record["part"] == "a" and record["gpu"] == "3" and record["exit_status"] == 0
+
+
+def test_without_gpus_the_parts_keep_the_environment_they_were_given(tmp_path):
+    (tmp_path / "child.py").write_text(CHILD)
+    plan = schedule.plan({"a": 1, "b": 1}, 2, [])
+    env = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
+    env["PYTHONPATH"] = str(cli.ROOT)
+    child = [sys.executable, str(tmp_path / "child.py")]
+    parts = parallel.run(child, env, "B", plan, tmp_path / "parts", tmp_path, out=io.StringIO())
+    assert [(p.gpu, p.records[0]["reason"]) for p in parts] == [(None, "unset"), (None, "unset")]
+    assert parallel.gpu_lines(parts, 2.0)[0].startswith("the CPU: busy ")
+
+
+@pytest.fixture
+def two_gpus(monkeypatch):
+    """A CUDA machine with GPUs 0 and 1 visible and 32 cores, as far as `check` can tell."""
+    monkeypatch.setattr(cli, "_default_device", lambda: "cuda")
+    monkeypatch.setattr(isolation, "visible_gpus", lambda: ["0", "1"])
+    monkeypatch.setattr(cli.os, "cpu_count", lambda: 32)
+    seen = {}
+
+    def fake_parallel(cmd, env, names, jobs, gpus, *rest):  # noqa: ANN001, ANN002, ANN202
+        seen.update(jobs=jobs, gpus=gpus, visible=env.get("CUDA_VISIBLE_DEVICES"))
+        return 0
+
+    def fake_run(cmd, cwd, env):  # noqa: ANN001, ANN202
+        seen.update(jobs=1, visible=env.get("CUDA_VISIBLE_DEVICES"))
+        return subprocess.CompletedProcess(cmd, 0)
+
+    monkeypatch.setattr(cli, "_check_parallel", fake_parallel)
+    monkeypatch.setattr(cli.subprocess, "run", fake_run)
+    return seen
+
+
+@pytest.mark.parametrize(
+    ("args", "jobs", "gpus"),
+    [([], 8, ["0", "1"]), (["--gpus", "1"], 4, ["1"]), (["--gpus", "1,0", "--jobs", "3"], 3, ["1", "0"])],
+)
+def test_check_spreads_over_every_visible_gpu_unless_told_and_scales_its_jobs(two_gpus, tmp_path, args, jobs, gpus):
+    assert main(["check", "--reports", str(tmp_path), *args]) == 0
+    assert two_gpus["jobs"] == jobs and two_gpus["gpus"] == gpus
+    assert two_gpus["visible"] == (",".join(gpus) if "--gpus" in args else os.environ.get("CUDA_VISIBLE_DEVICES"))
+
+
+def test_one_process_on_the_gpus_given_sees_only_them(two_gpus, tmp_path):
+    assert main(["check", "--reports", str(tmp_path), "--gpus", "1", "--jobs", "1"]) == 0
+    assert two_gpus == {"jobs": 1, "visible": "1"}
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [("0,2", "--gpus 0,2: '2' is not a visible GPU (visible: 0,1)"), ("1,1", "a GPU is named twice")],
+)
+def test_gpus_not_visible_or_repeated_are_one_line_errors(two_gpus, tmp_path, capsys, value, message):
+    assert main(["check", "--reports", str(tmp_path), "--gpus", value]) == 2
+    assert message in capsys.readouterr().err and not two_gpus
+
+
+def test_gpus_on_a_cpu_check_is_an_error(tmp_path, capsys):
+    assert main(["check", "--device", "cpu", "--gpus", "0", "--reports", str(tmp_path)]) == 2
+    assert "--gpus 0: this check runs on the CPU" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("visible", "xdist", "expected"),
+    [
+        ("3", "", "3"),  # a part of check --jobs: its one GPU
+        ("3", "gw2", "3"),  # xdist in a process that sees one GPU: every worker on it
+        ("2,3", "", "2"),  # several GPUs, no xdist: the first, as cuda:0 is
+        ("2,3", "gw1", "3"),
+        ("2,3", "gw2", "2"),
+        ("", "gw0", None),
+        ("-1", "", None),
+        ("4,-1,5", "gw1", "4"),  # CUDA reads no entry after an invalid one
+    ],
+)
+def test_the_isolation_worker_is_pinned_to_the_gpu_this_process_should_drive(monkeypatch, visible, xdist, expected):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+    monkeypatch.setenv("PYTEST_XDIST_WORKER", xdist)
+    assert isolation._process_gpu() == expected
