@@ -80,10 +80,13 @@ def two_gpus(monkeypatch):
     ("args", "jobs", "gpus"),
     [([], 8, ["0", "1"]), (["--gpus", "1"], 4, ["1"]), (["--gpus", "1,0", "--jobs", "3"], 3, ["1", "0"])],
 )
-def test_check_spreads_over_every_visible_gpu_unless_told_and_scales_its_jobs(two_gpus, tmp_path, args, jobs, gpus):
+def test_check_spreads_over_every_visible_gpu_unless_told_and_scales_its_jobs(
+    two_gpus, tmp_path, args, jobs, gpus
+):
     assert main(["check", "--reports", str(tmp_path), *args]) == 0
     assert two_gpus["jobs"] == jobs and two_gpus["gpus"] == gpus
-    assert two_gpus["visible"] == (",".join(gpus) if "--gpus" in args else os.environ.get("CUDA_VISIBLE_DEVICES"))
+    inherited = os.environ.get("CUDA_VISIBLE_DEVICES")
+    assert two_gpus["visible"] == (",".join(gpus) if "--gpus" in args else inherited)
 
 
 def test_one_process_on_the_gpus_given_sees_only_them(two_gpus, tmp_path):
@@ -118,7 +121,9 @@ def test_gpus_on_a_cpu_check_is_an_error(tmp_path, capsys):
         ("4,-1,5", "gw1", "4"),  # CUDA reads no entry after an invalid one
     ],
 )
-def test_the_isolation_worker_is_pinned_to_the_gpu_this_process_should_drive(monkeypatch, visible, xdist, expected):
+def test_the_isolation_worker_is_pinned_to_the_gpu_this_process_should_drive(
+    monkeypatch, visible, xdist, expected
+):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
     monkeypatch.setenv("PYTEST_XDIST_WORKER", xdist)
     assert isolation._process_gpu() == expected

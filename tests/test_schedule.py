@@ -55,6 +55,14 @@ def test_the_number_of_shards_is_the_one_with_the_shortest_run():
     assert plan.parts[0].shards == 4 and plan.makespan == 22.5
 
 
+def test_every_shard_count_is_tried_not_only_one_more():
+    """Over 3 slots, b (120 s) in 2 leaves a (110 s) the longest; a in 2 would make the run 120 s, so
+    one more shard at a time would stop at 110 s; a in 3 makes it 108.3 s."""
+    plan = schedule.plan({"a": 110, "b": 120}, 3, [])
+    assert [p.name for p in plan.parts] == ["b[0/2]", "b[1/2]", "a[0/3]", "a[1/3]", "a[2/3]"]
+    assert plan.makespan == pytest.approx(108.333, abs=1e-3)
+
+
 def test_slots_go_round_the_gpus_so_the_longest_parts_land_on_different_gpus():
     plan = schedule.plan({"a": 40, "b": 39, "c": 38, "d": 37, "e": 10}, 4, ["0", "1"])
     assert plan.slot_gpus == ("0", "1", "0", "1")
