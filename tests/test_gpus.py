@@ -52,7 +52,9 @@ def test_without_gpus_the_parts_keep_the_environment_they_were_given(tmp_path):
     child = [sys.executable, str(tmp_path / "child.py")]
     parts = parallel.run(child, env, "B", plan, tmp_path / "parts", tmp_path, out=io.StringIO())
     assert [(p.gpu, p.records[0]["reason"]) for p in parts] == [(None, "unset"), (None, "unset")]
-    assert parallel.gpu_lines(parts, 2.0)[0].startswith("the CPU: busy ")
+    lines = parallel.gpu_lines(parts, 2.0)
+    assert lines[0].startswith("the CPU: busy ") and lines[1].startswith("wall 2 s; busy ")
+    assert "per GPU" not in lines[1]
 
 
 @pytest.fixture

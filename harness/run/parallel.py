@@ -183,10 +183,9 @@ def gpu_lines(parts: list[Part], wall: float) -> list[str]:
         ran = ", ".join(f"{p.name} {p.seconds:.0f} s" for p in mine)
         lines.append(f"{'the CPU' if gpu is None else f'GPU {gpu}'}: busy {busy[gpu]:.0f} s: {ran}")
     longest = max(started, key=lambda p: p.seconds)
-    sums = ", ".join(f"{'cpu' if g is None else g} {s:.0f} s" for g, s in busy.items())
-    lines.append(
-        f"wall {wall:.0f} s; busy per GPU: {sums}; longest part {longest.name} {longest.seconds:.0f} s"
-    )
+    sums = ", ".join(f"{g} {s:.0f} s" for g, s in busy.items() if g is not None)
+    load = f"busy per GPU: {sums}" if sums else f"busy {sum(busy.values()):.0f} s"
+    lines.append(f"wall {wall:.0f} s; {load}; longest part {longest.name} {longest.seconds:.0f} s")
     return lines
 
 
