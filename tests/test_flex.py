@@ -10,9 +10,11 @@ included (cases/test_deterministic.py).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import time
+import warnings
 
 import pytest
 import torch
@@ -224,3 +226,42 @@ def test_eager_score_mod_is_left_out_only_when_it_has_nothing_to_do():
     assert b.score_mod(b.pack(batch_of(plain), [0])) is None
     assert b.score_mod(b.pack(batch_of(capped), [0])) is not None
     assert _EagerVirtualSink().score_mod(_EagerVirtualSink().pack(batch_of(plain.replace(sinks=True)), [0]))
+
+
+class _EagerThroughDynamo(FlexEager):
+    """flex_eager as torch runs eager flex by default: through torch.compile(backend="eager")."""
+
+    @contextlib.contextmanager
+    def calling(self):  # noqa: ANN201
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="flex_attention called without torch.compile")
+            yield
+
+
+@pytest.mark.parametrize(
+    "c",
+    [
+        case("EXTEND", ((40, 30), (3, 20)), window_left=7, sinks=True, soft_cap=5.0, **SHAPE),
+        case("TARGET_VERIFY", ((50, 5, 0, (-1, 0, 0, 1, 2)),), window_left=3, **SHAPE),
+        case("CROSS", ((0, 5, 9), (2, 1, 3)), dtype="float16"),
+    ],
+    ids=["extend", "tree", "cross"],
+)
+def test_eager_without_dynamo_is_bitwise_torch_default_eager_path(c):
+    """flex_eager calls flex's unfused implementation directly (flex's own debug flag): the output
+    and LSE are those of the default eager path, which wraps it in torch.compile(backend="eager")."""
+    batch = batch_of(c)
+    direct = FlexEager().run(batch)
+    wrapped = _EagerThroughDynamo().run(batch_of(c))
+    assert torch.equal(direct.out, wrapped.out) and torch.equal(direct.lse, wrapped.lse)
+
+
+def test_eager_call_traces_no_graph_and_leaves_flex_flag_as_it_was():
+    from torch._dynamo.utils import counters
+    from torch.nn.attention import flex_attention as fa
+
+    before = counters["stats"]["unique_graphs"]
+    res = check_case(FlexEager(), case("EXTEND", ((33, 17), (5, 11)), window_left=9, seed=12345))
+    assert res.status == "pass", res.failure_text()
+    assert counters["stats"]["unique_graphs"] == before, "eager flex went through dynamo"
+    assert fa._FLEX_ATTENTION_DISABLE_COMPILE_DEBUG is False

@@ -489,10 +489,36 @@ class FlexEager(FlexBase):
 
     @contextmanager
     def calling(self) -> Iterator[None]:
-        """Without flex's warning "called without torch.compile()": that is this variant's point."""
-        with warnings.catch_warnings():
+        """Without flex's warning "called without torch.compile()" (that is this variant's point), and
+        without the dynamo wrapper eager flex puts around its unfused implementation
+        (`torch.compile(backend="eager")`, `_eager_without_dynamo`)."""
+        with warnings.catch_warnings(), _eager_without_dynamo():
             warnings.filterwarnings("ignore", message="flex_attention called without torch.compile")
             yield
+
+
+# The flag flex reads on every eager call: True runs its unfused implementation directly, False
+# (torch's default) through torch.compile(backend="eager"), which traces a graph anew for every new
+# mask, score function and shape (about 1.3 s each on the CPU runner; docs/flex.md).
+DISABLE_COMPILE_FLAG = "_FLEX_ATTENTION_DISABLE_COMPILE_DEBUG"
+
+
+@contextmanager
+def _eager_without_dynamo() -> Iterator[None]:
+    """flex's unfused implementation called directly, as flex's own debug flag does: the same
+    operations as under the eager-backend wrapper (tests/test_flex.py compares the outputs bit for
+    bit), without dynamo tracing. A torch without the flag keeps its wrapper."""
+    from torch.nn.attention import flex_attention as fa
+
+    if not hasattr(fa, DISABLE_COMPILE_FLAG):
+        yield
+        return
+    before = getattr(fa, DISABLE_COMPILE_FLAG)
+    setattr(fa, DISABLE_COMPILE_FLAG, True)
+    try:
+        yield
+    finally:
+        setattr(fa, DISABLE_COMPILE_FLAG, before)
 
 
 @cache
