@@ -465,8 +465,9 @@ class FlexEager(FlexBase):
         """`mask_mod` evaluated once over the launch's whole [Lq, Lk] grid by broadcasting its index
         tensors, and flex given a lookup into the result. The eager kernel and create_block_mask each
         evaluate a mask_mod through four nested vmaps, where every tensor operation of the mask costs
-        pytree and functorch dispatch in Python (about 20 ms per launch for the full mask; docs/flex.md);
-        a lookup is one operation. The same terms decide the same visibility, so it is the same mask."""
+        pytree and functorch dispatch in Python (most of the 32 ms of host time a launch cost on the CPU
+        runner; docs/flex.md); a lookup is one operation. The same terms decide the same visibility, so
+        it is the same mask."""
         lq, lk = launch.q.shape[2], launch.k.shape[2]
         dev = launch.q.device
         zero = torch.zeros((), dtype=torch.int64, device=dev)
@@ -499,7 +500,7 @@ class FlexEager(FlexBase):
 
 # The flag flex reads on every eager call: True runs its unfused implementation directly, False
 # (torch's default) through torch.compile(backend="eager"), which traces a graph anew for every new
-# mask, score function and shape (about 1.3 s each on the CPU runner; docs/flex.md).
+# mask, score function and shape (about a second each on the CPU runner; docs/flex.md).
 DISABLE_COMPILE_FLAG = "_FLEX_ATTENTION_DISABLE_COMPILE_DEBUG"
 
 
