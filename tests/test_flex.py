@@ -10,9 +10,11 @@ included (cases/test_deterministic.py).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import time
+import warnings
 
 import pytest
 import torch
@@ -25,7 +27,7 @@ from harness.core.modes import FAMILIES, FAMILY_MODE, Mode
 from harness.search import profiles
 from harness.search.strategies import cases
 from harness.search.suite import pinned_examples
-from tests.helpers import case
+from tests.helpers import batch_of, case
 
 SHAPE = {"dtype": "bfloat16", "num_q_heads": 8, "num_kv_heads": 2, "head_dim": 64}
 EXAMPLES = 4  # per family and window; shapes repeat, so most examples reuse a compiled kernel
@@ -189,3 +191,77 @@ def test_compiled_is_batch_invariant_in_deterministic_mode():
     c = case("DECODE", ((60, 1), (5, 1)), deterministic=True, window_left=20, sinks=True, **SHAPE)
     res = check_invariance(b, c, long_kv=60)
     assert res.passed, res.reason
+
+
+@pytest.mark.parametrize(
+    "c",
+    [
+        case("EXTEND", ((40, 30), (3, 20)), window_left=7),
+        case("TARGET_VERIFY", ((50, 5, 0, (-1, 0, 0, 1, 2)), (9, 5, 0, (-1, 0, 1, 1, 3))), window_left=3),
+        case("CROSS", ((0, 5, 9), (2, 1, 3))),
+        case("ENCODER_ONLY", ((0, 30), (0, 7)), window_left=4, window_right=2),
+        case("DECODE", ((60, 1), (5, 1)), sinks=True),
+    ],
+    ids=["extend", "tree", "cross", "encoder", "decode"],
+)
+@pytest.mark.parametrize("backend", [FlexEager(), _EagerVirtualSink()], ids=["lse", "virtual_key"])
+def test_eager_mask_lookup_is_flex_own_evaluation_of_the_mask_mod(backend, c):
+    """flex_eager hands flex a lookup into mask_mod evaluated once by broadcasting; flex's own vmapped
+    evaluation of the same mask_mod (create_mask) must give the same grid, launch by launch."""
+    from torch.nn.attention.flex_attention import create_mask
+
+    batch = batch_of(c)
+    for requests in backend.launches(batch):
+        launch = backend.pack(batch, requests)
+        lq, lk = launch.q.shape[2], launch.k.shape[2]
+        want = create_mask(backend.mask_mod(launch), 1, 1, lq, lk, device="cpu")[0, 0]
+        got = create_mask(backend.flex_mask_mod(launch), 1, 1, lq, lk, device="cpu")[0, 0]
+        assert want.any() and not want.all(), "a mask that hides nothing or everything proves nothing"
+        assert torch.equal(got, want)
+
+
+def test_eager_score_mod_is_left_out_only_when_it_has_nothing_to_do():
+    b = FlexEager()
+    plain, capped = case("EXTEND", ((4, 3),)), case("EXTEND", ((4, 3),), soft_cap=5.0)
+    assert b.score_mod(b.pack(batch_of(plain), [0])) is None
+    assert b.score_mod(b.pack(batch_of(capped), [0])) is not None
+    assert _EagerVirtualSink().score_mod(_EagerVirtualSink().pack(batch_of(plain.replace(sinks=True)), [0]))
+
+
+class _EagerThroughDynamo(FlexEager):
+    """flex_eager as torch runs eager flex by default: through torch.compile(backend="eager")."""
+
+    @contextlib.contextmanager
+    def calling(self):  # noqa: ANN201
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="flex_attention called without torch.compile")
+            yield
+
+
+@pytest.mark.parametrize(
+    "c",
+    [
+        case("EXTEND", ((40, 30), (3, 20)), window_left=7, sinks=True, soft_cap=5.0, **SHAPE),
+        case("TARGET_VERIFY", ((50, 5, 0, (-1, 0, 0, 1, 2)),), window_left=3, **SHAPE),
+        case("CROSS", ((0, 5, 9), (2, 1, 3)), dtype="float16"),
+    ],
+    ids=["extend", "tree", "cross"],
+)
+def test_eager_without_dynamo_is_bitwise_torch_default_eager_path(c):
+    """flex_eager calls flex's unfused implementation directly (flex's own debug flag): the output
+    and LSE are those of the default eager path, which wraps it in torch.compile(backend="eager")."""
+    batch = batch_of(c)
+    direct = FlexEager().run(batch)
+    wrapped = _EagerThroughDynamo().run(batch_of(c))
+    assert torch.equal(direct.out, wrapped.out) and torch.equal(direct.lse, wrapped.lse)
+
+
+def test_eager_call_traces_no_graph_and_leaves_flex_flag_as_it_was():
+    from torch._dynamo.utils import counters
+    from torch.nn.attention import flex_attention as fa
+
+    before = counters["stats"]["unique_graphs"]
+    res = check_case(FlexEager(), case("EXTEND", ((33, 17), (5, 11)), window_left=9, seed=12345))
+    assert res.status == "pass", res.failure_text()
+    assert counters["stats"]["unique_graphs"] == before, "eager flex went through dynamo"
+    assert fa._FLEX_ATTENTION_DISABLE_COMPILE_DEBUG is False

@@ -79,6 +79,7 @@ class Launch:
     sink_logit: torch.Tensor  # float32 [Hq]: per-head sink logit (zeros without sinks)
     num_queries: int  # real query rows (the rest is padding)
     terms: frozenset[str]  # the mask terms this launch needs, of MASK_TERMS
+    scores_modified: bool  # a soft cap or a virtual sink key: the score_mod has something to do
 
 
 def bucket(n: int) -> int:
@@ -346,13 +347,18 @@ class FlexBase(EngineGlue):
             ),
             num_queries=nq,
             terms=frozenset(terms),
+            scores_modified=case.soft_cap > 0 or virtual_sink,
         )
 
     def block_mask(self, launch: Launch, device: torch.device):  # noqa: ANN201 - a flex BlockMask
         """The launch's BlockMask, always built on the batch's device (the default would be CUDA)."""
         _, create_block_mask, _ = _flex_api()
         lq, lk = launch.q.shape[2], launch.k.shape[2]
-        return create_block_mask(self.mask_mod(launch), 1, None, lq, lk, device=device)
+        return create_block_mask(self.flex_mask_mod(launch), 1, None, lq, lk, device=device)
+
+    def flex_mask_mod(self, launch: Launch) -> MaskMod:
+        """The mask_mod handed to flex (the BlockMask carries it into the kernel): `mask_mod` itself."""
+        return self.mask_mod(launch)
 
     def apply_sinks(self, out: torch.Tensor, lse: torch.Tensor, sinks: torch.Tensor) -> torch.Tensor:
         """out [1, Hq, L, D] * exp(lse) / (exp(lse) + exp(sink)), as sigmoid(lse - sink): stable, and
@@ -381,7 +387,7 @@ class FlexBase(EngineGlue):
     def call_flex(
         self,
         launch: Launch,
-        score_mod: ScoreMod,
+        score_mod: ScoreMod | None,
         block_mask: object,
         scale: float,
         want_lse: bool,
@@ -455,15 +461,65 @@ class FlexEager(FlexBase):
             nq, nk = nq + q, nk + k
         return groups
 
+    def flex_mask_mod(self, launch: Launch) -> MaskMod:
+        """`mask_mod` evaluated once over the launch's whole [Lq, Lk] grid by broadcasting its index
+        tensors, and flex given a lookup into the result. The eager kernel and create_block_mask each
+        evaluate a mask_mod through four nested vmaps, where every tensor operation of the mask costs
+        pytree and functorch dispatch in Python (most of the 32 ms of host time a launch cost on the CPU
+        runner; docs/flex.md); a lookup is one operation. The same terms decide the same visibility, so
+        it is the same mask."""
+        lq, lk = launch.q.shape[2], launch.k.shape[2]
+        dev = launch.q.device
+        zero = torch.zeros((), dtype=torch.int64, device=dev)
+        rows = torch.arange(lq, device=dev)[:, None]
+        cols = torch.arange(lk, device=dev)[None, :]
+        dense = self.mask_mod(launch)(zero, zero, rows, cols).expand(lq, lk)
+
+        def looked_up(b, h, q, k):  # noqa: ANN001, ANN202 - flex's mask_mod signature
+            return dense[q, k]
+
+        return looked_up
+
+    def score_mod(self, launch: Launch) -> ScoreMod | None:
+        """None (flex's identity) when the launch has no soft cap and no virtual sink key: the unfused
+        path applies a score_mod through the same nested vmaps, about ten operations for nothing."""
+        return super().score_mod(launch) if launch.scores_modified else None
+
     def kernel(self, device: str) -> Callable:
         return _flex_api()[0]
 
     @contextmanager
     def calling(self) -> Iterator[None]:
-        """Without flex's warning "called without torch.compile()": that is this variant's point."""
-        with warnings.catch_warnings():
+        """Without flex's warning "called without torch.compile()" (that is this variant's point), and
+        without the dynamo wrapper eager flex puts around its unfused implementation
+        (`torch.compile(backend="eager")`, `_eager_without_dynamo`)."""
+        with warnings.catch_warnings(), _eager_without_dynamo():
             warnings.filterwarnings("ignore", message="flex_attention called without torch.compile")
             yield
+
+
+# The flag flex reads on every eager call: True runs its unfused implementation directly, False
+# (torch's default) through torch.compile(backend="eager"), which traces a graph anew for every new
+# mask, score function and shape (about a second each on the CPU runner; docs/flex.md).
+DISABLE_COMPILE_FLAG = "_FLEX_ATTENTION_DISABLE_COMPILE_DEBUG"
+
+
+@contextmanager
+def _eager_without_dynamo() -> Iterator[None]:
+    """flex's unfused implementation called directly, as flex's own debug flag does: the same
+    operations as under the eager-backend wrapper (tests/test_flex.py compares the outputs bit for
+    bit), without dynamo tracing. A torch without the flag keeps its wrapper."""
+    from torch.nn.attention import flex_attention as fa
+
+    if not hasattr(fa, DISABLE_COMPILE_FLAG):
+        yield
+        return
+    before = getattr(fa, DISABLE_COMPILE_FLAG)
+    setattr(fa, DISABLE_COMPILE_FLAG, True)
+    try:
+        yield
+    finally:
+        setattr(fa, DISABLE_COMPILE_FLAG, before)
 
 
 @cache
