@@ -13,6 +13,7 @@ from harness.backends.versions import SupportedRange
 
 FA4_RANGE = SupportedRange(
     distribution="flash-attn-4",
+    module="flash_attn.cute",
     lowest="4.0.0b26",
     below="4.0.0",
     tested=("4.0.0b36",),

@@ -147,6 +147,7 @@ class FlashInferGlue(EngineGlue):
     """Base adapter for every FlashInfer path. Subclasses set name, capabilities, run()."""
 
     library = "flashinfer"
+    supported = RANGE  # the releases this glue supports; `list` shows the installed one against it
     split_tokens = 4096  # keys per split-KV chunk in deterministic mode (sglang's prefill default)
 
     def __init__(self) -> None:

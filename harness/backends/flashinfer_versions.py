@@ -19,6 +19,7 @@ from harness.backends.versions import SupportedRange
 
 RANGE = SupportedRange(
     distribution="flashinfer-python",
+    module="flashinfer",
     lowest="0.6.16",
     below="0.8",
     tested=("0.6.18.post1", "0.7.2.post1"),

@@ -53,7 +53,7 @@ def import_library(
     except Exception as e:  # noqa: BLE001 - any failure of an installed package is a broken install
         raise BackendBroken(f"{module} is installed but does not import: {type(e).__name__}: {e}") from e
     if supported is not None:
-        why = supported.why_unsupported(module, module_version(mod, supported.distribution))
+        why = supported.why_unsupported(module_version(mod, supported.distribution))
         if why:
             raise BackendBroken(why)
     return mod, None

@@ -9,6 +9,7 @@ library's version and whether it is in the range (`describe`).
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from importlib import metadata
 from types import ModuleType
@@ -22,6 +23,7 @@ class SupportedRange:
     the releases before `lowest` lack that the glue needs."""
 
     distribution: str  # the pip name, e.g. flashinfer-python
+    module: str  # the import name, e.g. flashinfer
     lowest: str
     below: str
     tested: tuple[str, ...]
@@ -39,12 +41,12 @@ class SupportedRange:
             return False
         return Version(self.lowest) <= v < Version(self.below)
 
-    def why_unsupported(self, module: str, version: str) -> str | None:
+    def why_unsupported(self, version: str) -> str | None:
         """None inside the range; else the one-line message of the BackendBroken it raises."""
         if self.contains(version):
             return None
         return (
-            f"{module} {version} is installed; this glue supports {self.spec} "
+            f"{self.module} {version} is installed; this glue supports {self.spec} "
             f"(tested on {', '.join(self.tested)}); before {self.lowest}: {self.why_lowest}"
         )
 
@@ -75,8 +77,17 @@ def module_version(mod: ModuleType, distribution: str) -> str:
     return distribution_version(distribution) or "unknown"
 
 
+def installed_version(rng: SupportedRange) -> str | None:
+    """The library's version without importing it: the imported module's, where it is imported (a
+    test's fake included), else its distribution's metadata; None where it is not installed."""
+    mod = sys.modules.get(rng.module)
+    if mod is not None:
+        return module_version(mod, rng.distribution)
+    return distribution_version(rng.distribution)
+
+
 def describe(rng: SupportedRange, version: str | None) -> str:
-    """'0.7.2.post1 (tested)', or 'not installed': one library's line in `list` and the report."""
+    """'flashinfer-python 0.7.2.post1 (tested)', or '... not installed': a library's line in `list`."""
     if version is None:
-        return "not installed"
-    return f"{version} ({rng.status(version)})"
+        return f"{rng.distribution} not installed (supported: {rng.spec})"
+    return f"{rng.distribution} {version} ({rng.status(version)})"
