@@ -3,17 +3,16 @@
 Found by diffing the Python sources of the wheels (0.6.13 to 0.6.18.post1, 0.7.0 to 0.7.2.post1): the
 wrappers, their plan() / run() keywords, merge_state, segment_packbits and the JIT spec API that
 harness/tools/flashinfer_warmup.py uses. Each `Difference` says where it is (file:line in each
-wheel) and what the glue does about it. Every adapter asks RANGE before it runs (`why_unavailable`
-in flashinfer_glue.py); `list` names the differences the installed release lacks (`lacks`). The
-keywords the adapters pass are the same in every supported release: none of `KEYWORDS_SINCE` is
-passed (tests/test_flashinfer_versions.py runs the adapters on a fake posing as 0.6.18.post1).
+wheel) and what the glue does about it (docs/flashinfer.md has them as a table). Every adapter asks
+RANGE before it runs (`why_unavailable` in flashinfer_glue.py); `list` and the report show the
+installed release against it. The keywords the adapters pass are the same in every supported
+release: none of `KEYWORDS_SINCE` is passed (tests/test_versions.py checks the recorded calls, and
+tests/test_flashinfer_fake_runs.py runs the adapters on a fake posing as 0.6.18.post1).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-
-from packaging.version import InvalidVersion, Version
 
 from harness.backends.versions import SupportedRange
 
@@ -104,11 +103,3 @@ KEYWORDS_SINCE = {
 }
 
 
-
-def lacks(version: str) -> tuple[Difference, ...]:
-    """The differences this release predates (an unparsable version: none can be said)."""
-    try:
-        v = Version(version)
-    except InvalidVersion:
-        return ()
-    return tuple(d for d in DIFFERENCES if v < Version(d.since))
