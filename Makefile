@@ -1,7 +1,10 @@
 # Two commands do all set-up on a fresh machine: `make check` and `make test`.
 # On an offline runner with its packages preinstalled: `make check PYTHON=python3 INSTALL=no`.
+# On a machine with a GPU, set-up also installs the `gpu` extra (FlashInfer, flash-attn-4) or fails
+# naming what it could not install (harness/tools/gpu_setup.py); GPU=no skips that.
 PYTHON ?= .venv/bin/python
 INSTALL ?= yes
+GPU ?= auto
 TORCH ?= torch==2.13.0
 EXTRAS ?= hf,dev
 PROFILE ?=
@@ -19,6 +22,7 @@ endif
 	python3 -m venv .venv
 	.venv/bin/pip install -q $(TORCH)
 	.venv/bin/pip install -q -e '.[$(EXTRAS)]'
+	.venv/bin/python -m harness.tools.gpu_setup --gpu $(GPU)
 	touch $@
 
 # The suite (cases/) over every backend available here, with the per-family summary table.

@@ -121,6 +121,7 @@ def add_list(p: argparse.ArgumentParser) -> None:
 
 def cmd_list(args: argparse.Namespace) -> int:
     from harness import backends
+    from harness.backends.versions import describe, installed_version
     from harness.core.vocab import FEATURES
 
     broken = False
@@ -129,6 +130,8 @@ def cmd_list(args: argparse.Namespace) -> int:
         c = b.capabilities
         feats = [f for f in FEATURES if getattr(c, f)]
         print(f"{name}  ({b.library})")
+        if getattr(b, "supported", None) is not None:  # a library with a supported range: its release
+            print(f"  release: {describe(b.supported, installed_version(b.supported))}")
         print(f"  modes: {', '.join(sorted(str(m) for m in c.modes))}")
         dims = ", ".join(map(str, sorted(c.head_dims))) if c.head_dims else "any multiple of 8"
         print(

@@ -1,4 +1,5 @@
-"""A recording fake of the flashinfer 0.7.2.post1 wrapper API that also computes, for CPU tests.
+"""A recording fake of the flashinfer wrapper API (0.7.2.post1, or posing as 0.6.18.post1) that also
+computes, for CPU tests.
 
 Installed as `sys.modules["flashinfer"]`, it lets the adapters run end to end on the CPU. Each fake
 keeps the real signature (keyword names from flashinfer/prefill.py, decode.py, cascade.py and
@@ -21,6 +22,11 @@ sources, independently of the adapters and of references/):
   or run() raises ValueError, as `_check_cached_qkv_data_type` does. An FP8 cache is read as its
   codes: run's `k_scale` multiplies the softmax scale, `v_scale` the output after the kernel
   (`out *= v_scale`, in the output's dtype).
+- releases: `install(monkeypatch, version)` poses as another release. A keyword that release's
+  wrappers lack (`KEYWORDS_SINCE`, read from the 0.6.18.post1 and 0.7.x wheels) is a TypeError, as
+  an unexpected keyword is there; 0.6.18.post1 computes as 0.7.2.post1 does in every case the fake
+  models (the AttentionSink NaN on fully masked KV chunks, fixed in 0.7.0, needs split-KV chunks,
+  which the fake does not model).
 """
 
 from __future__ import annotations
@@ -30,12 +36,30 @@ import math
 import sys
 
 import torch
+from packaging.version import Version
 
 from tests.fake_attention import attend
 
 __version__ = "0.7.2.post1"
+# Keywords of __init__ / plan / run that a release before this one does not take (from the wheels:
+# prefill.py __init__ variant_owns_mask and decode.py _plan_impl is_causal from 0.7.0, run's lse_base /
+# lse_layout from 0.7.1, plan's uniform_q_len from 0.7.2.post1).
+KEYWORDS_SINCE = {
+    "variant_owns_mask": "0.7.0",
+    "is_causal": "0.7.0",
+    "lse_base": "0.7.1",
+    "lse_layout": "0.7.1",
+    "uniform_q_len": "0.7.2.post1",
+}
 
 CALLS: list[tuple[str, dict]] = []  # (what, arguments by name), in call order
+
+
+def _takes(what: str, keywords) -> None:
+    """Raise TypeError, as Python does, for a keyword the posed release's `what` does not take."""
+    for k in keywords:
+        if k in KEYWORDS_SINCE and Version(__version__) < Version(KEYWORDS_SINCE[k]):
+            raise TypeError(f"{what}() got an unexpected keyword argument '{k}' (flashinfer {__version__})")
 
 
 def calls(what: str) -> list[dict]:
@@ -116,8 +140,9 @@ class _Variant:
         return out.mul_(v_scale)
 
     def _start_paged_run(self, name, q, paged_kv_cache, args, rest, window_left, sinks, k_scale, v_scale):
-        """What a paged run() does before its kernel: record the call, check q and the cache against
-        plan(), resolve the window. Returns (k_cache, v_cache, window)."""
+        """What a paged run() does before its kernel: check its keywords, record the call, check q and
+        the cache against plan(), resolve the window. Returns (k_cache, v_cache, window)."""
+        _takes(name, rest)
         at_run = {"args": args, "window_left": window_left, "sinks": sinks, "k_scale": k_scale}
         CALLS.append((name, {**at_run, "v_scale": v_scale, **rest}))
         k_cache, v_cache = paged_kv_cache
@@ -136,6 +161,7 @@ class _Variant:
 class BatchPrefillWithPagedKVCacheWrapper(_Variant):
     def __init__(self, float_workspace_buffer, kv_layout="NHD", use_cuda_graph=False, backend="auto", **kw):
         assert kv_layout in ("NHD", "HND")
+        _takes("BatchPrefillWithPagedKVCacheWrapper.__init__", kw)
         self._kv_layout = kv_layout
         CALLS.append(("paged.init", {"kv_layout": kv_layout, "backend": backend, **kw}))
 
@@ -172,6 +198,7 @@ class BatchPrefillWithPagedKVCacheWrapper(_Variant):
         args = dict(locals())
         args.pop("self")
         args.update(args.pop("rest"))
+        _takes("BatchPrefillWithPagedKVCacheWrapper.plan", rest)
         CALLS.append(("paged.plan", args))
         qo = [int(x) for x in qo_indptr.tolist()]
         indptr = [int(x) for x in paged_kv_indptr.tolist()]
@@ -251,6 +278,7 @@ class BatchAttentionWithAttentionSinkWrapper(BatchPrefillWithPagedKVCacheWrapper
 
 class BatchPrefillWithRaggedKVCacheWrapper(_Variant):
     def __init__(self, float_workspace_buffer, kv_layout="NHD", use_cuda_graph=False, backend="auto", **kw):
+        _takes("BatchPrefillWithRaggedKVCacheWrapper.__init__", kw)
         CALLS.append(("ragged.init", {"kv_layout": kv_layout, "backend": backend, **kw}))
 
     def plan(
@@ -282,6 +310,7 @@ class BatchPrefillWithRaggedKVCacheWrapper(_Variant):
         args = dict(locals())
         args.pop("self")
         args.update(args.pop("rest"))
+        _takes("BatchPrefillWithRaggedKVCacheWrapper.plan", rest)
         CALLS.append(("ragged.plan", args))
         assert custom_mask is None and packed_custom_mask is None, "the adapters pass no ragged mask"
         self._qo = [int(x) for x in qo_indptr.tolist()]
@@ -290,6 +319,7 @@ class BatchPrefillWithRaggedKVCacheWrapper(_Variant):
         self._plan_common(window_left, logits_soft_cap, sm_scale, head_dim_qk, q_data_type, kv_data_type)
 
     def run(self, q, k, v, *args, return_lse=False, **rest):
+        _takes("BatchPrefillWithRaggedKVCacheWrapper.run", rest)
         CALLS.append(("ragged.run", {"args": args, **rest}))
         assert not {"k_scale", "v_scale"} & set(rest), "the adapters pass no scales to the ragged pass"
         self._check_dtypes(q, k)
@@ -352,10 +382,14 @@ class BatchDecodeWithPagedKVCacheWrapper(_Variant):
         fixed_split_size=None,
         disable_split_kv=False,
         q_len_per_req=1,
-        is_causal=None,
+        **rest,
     ) -> None:
         args = dict(locals())
         args.pop("self")
+        args.update(args.pop("rest"))
+        _takes("BatchDecodeWithPagedKVCacheWrapper.plan", rest)
+        if set(rest) - {"is_causal"}:
+            raise TypeError(f"plan() got unexpected keyword arguments {sorted(set(rest) - {'is_causal'})}")
         CALLS.append(("decode.plan", {**args, "tensor_cores": self._tc}))
         if q_len_per_req > 1 and not self._tc:
             raise ValueError("q_len_per_req > 1 requires tensor-core decode")
@@ -412,12 +446,14 @@ def merge_state(v_a, s_a, v_b, s_b):
     return v.to(v_a.dtype), top + torch.log2(w_a + w_b)
 
 
-def install(monkeypatch) -> None:
-    """Put this fake at sys.modules['flashinfer'] for one test, with a small workspace, log cleared.
-    Cases run in this process (an isolation worker would import the real flashinfer, or none)."""
+def install(monkeypatch, version: str = __version__) -> None:
+    """Put this fake at sys.modules['flashinfer'] for one test, posing as `version`, with a small
+    workspace, log cleared. Cases run in this process (an isolation worker would import the real
+    flashinfer, or none)."""
     from harness.backends import flashinfer_glue
 
     monkeypatch.setenv("ATTN_HARNESS_ISOLATE", "0")
+    monkeypatch.setattr(sys.modules[__name__], "__version__", version)
     monkeypatch.setitem(sys.modules, "flashinfer", sys.modules[__name__])
     monkeypatch.setattr(flashinfer_glue, "WORKSPACE_BYTES", 1024)
     monkeypatch.setattr(flashinfer_glue, "_WORKSPACES", {})

@@ -23,6 +23,7 @@ from harness.backends.flash_attn_fa2 import FA2
 from harness.backends.flash_attn_fa3 import FA3
 from harness.backends.flash_attn_fa4 import FA4
 from harness.backends.library import import_library
+from harness.backends.versions import SupportedRange
 from harness.cli import main
 from tests import flashinfer_fake
 
@@ -64,13 +65,14 @@ def on_cpu(backend):
 def test_absent_present_and_broken_are_three_answers(site):
     assert import_library("no_such_kernel_lib") == (None, "no_such_kernel_lib is not installed here")
     site("kernel_ok", "__version__ = '1.2'\n")
-    mod, why = import_library("kernel_ok", "1.2")
+    supported = SupportedRange("kernel-ok", "kernel_ok", "1.1", "1.3", ("1.2",), "-")
+    mod, why = import_library("kernel_ok", supported)
     assert why is None and mod.__version__ == "1.2"
     site("kernel_broken", BROKEN)
     with pytest.raises(BackendBroken, match="kernel_broken is installed but does not import: ImportError"):
         import_library("kernel_broken")
-    with pytest.raises(BackendBroken, match="kernel_ok 1.2 is installed; this glue is written against 1.3"):
-        import_library("kernel_ok", "1.3")
+    with pytest.raises(BackendBroken, match=r"kernel_ok 1.2 is installed; this glue supports kernel-ok>=1\."):
+        import_library("kernel_ok", SupportedRange("kernel-ok", "kernel_ok", "1.3", "2", ("1.3",), "-"))
 
 
 def test_a_missing_submodule_is_absent_and_a_missing_dependency_broken(site):
@@ -95,14 +97,17 @@ def test_a_flash_attn_that_fails_to_import_is_broken_not_a_skip(site, adapter):
         backend.available("cpu")
 
 
-def test_a_flash_attn_at_another_version_than_its_glues_is_broken(site):
+def test_a_flash_attn_outside_its_glues_range_is_broken(site):
     site("flash_attn", "__version__ = '2.7.0'\ndef flash_attn_varlen_func(): pass\n")
     backend = on_cpu(FA2())
-    assert backend.available("cpu") is None  # library_version None: any version
-    backend.library_version = "2.8.3"
+    assert backend.available("cpu") is None  # supported None: any version
+    backend.supported = SupportedRange("flash-attn", "flash_attn", "2.8.0", "3", ("2.8.3",), "no seqused_k")
     with pytest.raises(BackendBroken) as raised:
         backend.available("cpu")
-    assert str(raised.value) == "flash_attn 2.7.0 is installed; this glue is written against 2.8.3"
+    assert str(raised.value) == (
+        "flash_attn 2.7.0 is installed; this glue supports flash-attn>=2.8.0,<3 (tested on 2.8.3); "
+        "before 2.8.0: no seqused_k"
+    )
 
 
 @pytest.mark.parametrize("name", [n for n in backends.names() if n.startswith("flashinfer")])

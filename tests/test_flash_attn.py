@@ -46,7 +46,7 @@ def module(name: str, **attrs) -> types.ModuleType:
 def libs(monkeypatch):
     """Install the three fakes as the real module names; yields their recorders by backend name."""
     recs = {"fa4": Recorder(), "fa3": Recorder(), "fa2": Recorder()}
-    cute = module("flash_attn.cute", **vars(fa4_module(recs["fa4"])))
+    cute = module("flash_attn.cute", __version__="4.0.0b36", **vars(fa4_module(recs["fa4"])))
     pkg = module("flash_attn", cute=cute, **vars(fa2_module(recs["fa2"])))
     monkeypatch.setitem(sys.modules, "flash_attn", pkg)
     monkeypatch.setitem(sys.modules, "flash_attn.cute", cute)

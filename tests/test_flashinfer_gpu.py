@@ -2,7 +2,7 @@
 
 Numeric mutants are hunted with the suite's own strategies under the `gpu` profile (bf16,
 head_dim 128: only the JIT variants the warm-up builds). The split mutants are caught by the
-batch-invariance check on long KV. Skipped, with the reason, without CUDA or flashinfer 0.7.2.post1.
+batch-invariance check on long KV. Skipped, with the reason, without CUDA or a supported flashinfer.
 """
 
 from __future__ import annotations

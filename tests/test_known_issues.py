@@ -36,10 +36,25 @@ def test_a_failure_the_known_issue_reaches_is_xfail_on_its_version(version):
     assert "known_issues/flashinfer_noncausal_window.py" in res.reason and "err " in res.reason
 
 
-@pytest.mark.parametrize("installed", [None, "0.7.3", "0.6.18"])
+@pytest.mark.parametrize("installed", [None, "0.7.3", "0.6.18", "0.6.18.post1", "0.7.2"])
 def test_on_any_other_version_the_same_failure_fails(version, installed):
     version(installed)
     assert check_case(wrong_as("flashinfer_ragged"), LONG_WINDOWED).status == "fail"
+
+
+def test_the_0_7_2_post1_issues_are_keyed_on_that_release_only():
+    """The other tested release, 0.6.18.post1, runs them as ordinary checks until an entry names it."""
+    for issue in known_issues.KNOWN_ISSUES:
+        assert issue.versions == {"0.7.2.post1"}, issue.id
+
+
+def test_every_known_issue_names_releases_inside_the_supported_range():
+    """A key outside the range would never match a release the glue runs on (one outside is broken)."""
+    from harness.backends.flashinfer_versions import RANGE
+
+    for issue in known_issues.KNOWN_ISSUES:
+        assert issue.library == RANGE.distribution
+        assert all(RANGE.contains(v) for v in issue.versions), (issue.id, issue.versions)
 
 
 @pytest.mark.parametrize(

@@ -18,6 +18,7 @@ import torch
 
 from harness.backends.base import BackendOutput
 from harness.backends.flash_attn_glue import FlashAttnGlue, capabilities, is_tree
+from harness.backends.flash_attn_versions import FA4_RANGE
 from harness.core.batch import Batch
 from harness.core.timing import phase
 from harness.core.vocab import FEATURES
@@ -64,12 +65,13 @@ class FA4(FlashAttnGlue):
     name = "fa4"
     library = "flash-attn-4"
     entry = ("flash_attn.cute", "flash_attn_varlen_func")
+    supported = FA4_RANGE
     unbounded = (None, None)  # FA4's "no window": it reads -1 as a window edge (an empty window)
     capabilities = capabilities(
         FEATURES,
         whole_page_loads=True,
         why_not={
-            "kv_dtype": "flash-attn-4 4.0.0b36 reads FP8 only with q, k and v all in one FP8 dtype "
+            "kv_dtype": "flash-attn-4 (4.0.0b26 to b36) reads FP8 only with q, k and v all in one FP8 dtype "
             "(interface.py asserts it), and only on sm100: an FP8 KV cache under a bf16/fp16 query "
             "has no path (quantizing the query is another computation than the references model)"
         },

@@ -17,14 +17,17 @@ import torch
 from harness.backends.base import Capabilities
 from harness.backends.glue import EngineGlue
 from harness.backends.library import import_library
+from harness.backends.versions import SupportedRange
 from harness.core.batch import Batch
 from harness.core.modes import Mode
 
 
-def import_attr(module: str, attr: str, version: str | None = None) -> tuple[object | None, str | None]:
+def import_attr(
+    module: str, attr: str, supported: SupportedRange | None = None
+) -> tuple[object | None, str | None]:
     """(module.attr, None) if it imports, else (None, why not): not installed, or the module without
     `attr`. An installed module that fails to import raises BackendBroken (harness/backends/library.py)."""
-    mod, why = import_library(module, version)
+    mod, why = import_library(module, supported)
     if mod is None:
         return None, why
     fn = getattr(mod, attr, None)
@@ -57,17 +60,17 @@ class FlashAttnGlue(EngineGlue):
 
     library = "flash_attn"
     entry: tuple[str, str] = ("", "")  # (module, function) imported lazily
-    library_version: str | None = None  # the version this glue is written against (None: not checked)
+    supported: SupportedRange | None = None  # the releases this glue supports (None: not checked)
     unbounded: tuple[int | None, int | None] = (-1, -1)  # how this version spells "no window"
 
     def available(self, device: str) -> str | None:
         why = super().available(device)
         if why:
             return why
-        return import_attr(*self.entry, self.library_version)[1]
+        return import_attr(*self.entry, self.supported)[1]
 
     def kernel(self):  # noqa: ANN201 - the library function
-        fn, why = import_attr(*self.entry, self.library_version)
+        fn, why = import_attr(*self.entry, self.supported)
         if fn is None:
             raise RuntimeError(why)
         return fn

@@ -6,9 +6,10 @@ bottom-right causal block of `q_len_per_req` rows, which is how engines verify d
 run DRAFT_EXTEND_V2 through a decode wrapper. A tree (topk > 1) needs a custom mask, which the
 decode wrapper has no way to take: flashinfer_paged verifies trees.
 
-What 0.7.2.post1 does not do, declared as skips: the CUDA-core plan rejects `fixed_split_size`
-and never forwards `disable_split_kv`, so its split-KV follows the batch (deterministic mode needs
-tensor cores, as sglang switches to); and both decode paths accept `sinks=` at run() and drop it.
+What FlashInfer (0.6.16 to 0.7.2.post1) does not do, declared as skips: the CUDA-core plan rejects
+`fixed_split_size` and never forwards `disable_split_kv`, so its split-KV follows the batch
+(deterministic mode needs tensor cores, as sglang switches to); and both decode paths accept
+`sinks=` at run() and drop it.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from harness.core.modes import Mode
 from harness.core.timing import phase
 
 SINKS_DROPPED = (
-    "FlashInfer 0.7.2.post1's fa2 decode paths accept sinks= at run() and drop them "
+    "FlashInfer's fa2 decode paths accept sinks= at run() and drop them "
     "(flashinfer_paged runs sinks through BatchAttentionWithAttentionSinkWrapper)"
 )
 CUDA_CORE_GROUP_SIZES = frozenset({1, 2, 3, 4, 6, 8, 16})  # the decode kernel's GQA dispatch
@@ -50,7 +51,7 @@ class FlashInferDecCC(_FlashInferDecode):
         {Mode.DECODE},
         ("window", "soft_cap", "hybrid_pool", "returns_lse"),
         why_not={
-            "deterministic": "FlashInfer 0.7.2.post1's CUDA-core decode plan rejects fixed_split_size "
+            "deterministic": "FlashInfer's CUDA-core decode plan rejects fixed_split_size "
             "and ignores disable_split_kv, so its split-KV follows the batch (flashinfer_dec_tc pins it)",
             "sinks": SINKS_DROPPED,
             "DRAFT_EXTEND_V2": "the CUDA-core decode kernel takes one query per request "

@@ -1,10 +1,11 @@
-"""Engine glue shared by the FlashInfer adapters (flashinfer-python 0.7.2.post1). Registers no backend.
+"""Engine glue shared by the FlashInfer adapters (flashinfer-python 0.6.16 to 0.7.x). Registers no backend.
 
 An engine plans a FlashInfer wrapper once per batch with the page table and every kernel option,
 then runs it. The shared decisions are one method each, so a mutant overrides exactly one: the
 engine's reads in glue.py (kv_start rounded down to a page here), and here the page table, options
 at plan, split parameters, the LSE base, and an FP8 cache's dtype at plan and scales at run. Every
 wrapper names backend="fa2": "auto" picks fa3 on an H100, whose plan ignores the split parameters.
+The supported releases and what differs between them: flashinfer_versions.py.
 """
 
 from __future__ import annotations
@@ -16,19 +17,19 @@ from typing import Any
 import torch
 
 from harness.backends.base import Capabilities
+from harness.backends.flashinfer_versions import RANGE
 from harness.backends.glue import EngineGlue
 from harness.backends.library import import_library
 from harness.core.batch import Batch
 from harness.core.modes import Mode
 from harness.core.vocab import KV_DTYPES, TORCH_DTYPES
 
-FLASHINFER_VERSION = "0.7.2.post1"
 KERNEL_BACKEND = "fa2"
 WORKSPACE_BYTES = 512 * 1024 * 1024  # the float workspace every wrapper shares (split-KV partials)
 HEAD_DIMS = frozenset({64, 128, 256})
 # Measured on the H100 (tests/test_flashinfer_gpu.py::test_fa2_prefill_tile_follows_the_batch).
 PREFILL_NOT_INVARIANT = (
-    "FlashInfer 0.7.2.post1's fa2 prefill picks its query tile (16/64/128 rows, FA2DetermineCtaTileQ) "
+    "FlashInfer's fa2 prefill picks its query tile (16/64/128 rows, FA2DetermineCtaTileQ) "
     "from the batch's mean query length, so a prefill request's rounding follows its neighbours even "
     "with fixed split sizes: no deterministic mode for EXTEND or a CROSS prefill (uniform-length "
     "batches: decode, verify, DRAFT_EXTEND_V2, decoder steps, keep the tile and stay deterministic)"
@@ -41,7 +42,7 @@ QUERY_TILE_FOLLOWS_BATCH = {
     Mode.CROSS: "cross_prefill",
 }
 NO_RIGHT_WINDOW = (
-    "FlashInfer 0.7.2.post1's attention kernels take window_left only: no right window edge "
+    "FlashInfer's attention kernels take window_left only: no right window edge "
     "(a two-sided encoder window would need a custom mask)"
 )
 _WORKSPACES: dict[str, torch.Tensor] = {}
@@ -57,9 +58,9 @@ def flashinfer() -> Any:
 
 
 def why_unavailable() -> str | None:
-    """None when flashinfer imports at FLASHINFER_VERSION, the reason when it is not installed; raises
-    BackendBroken when it is installed but fails to import or is at another version."""
-    return import_library("flashinfer", FLASHINFER_VERSION)[1]
+    """None when flashinfer imports at a release in RANGE, the reason when it is not installed; raises
+    BackendBroken when it is installed but fails to import or is at a release outside RANGE."""
+    return import_library("flashinfer", RANGE)[1]
 
 
 def workspace(device: torch.device) -> torch.Tensor:
@@ -81,7 +82,7 @@ def capabilities(
     `features` names. Deterministic mode excludes the batches whose fa2 prefill query
     tile follows the batch (PREFILL_NOT_INVARIANT): EXTEND, ENCODER_ONLY and a CROSS prefill. Every
     fa2 paged path reads an FP8 cache (e4m3 or e5m2) under a half-precision query: plan's
-    `kv_data_type`, run's `k_scale` / `v_scale` (prefill.py and decode.py of 0.7.2.post1)."""
+    `kv_data_type`, run's `k_scale` / `v_scale` (prefill.py and decode.py of 0.6.18.post1 and 0.7.2.post1)."""
     pairs = dict(exclusive or {})
     if "deterministic" in features:
         tiled = (trait for mode, trait in QUERY_TILE_FOLLOWS_BATCH.items() if mode in modes_)
@@ -146,6 +147,7 @@ class FlashInferGlue(EngineGlue):
     """Base adapter for every FlashInfer path. Subclasses set name, capabilities, run()."""
 
     library = "flashinfer"
+    supported = RANGE  # the releases this glue supports; `list` shows the installed one against it
     split_tokens = 4096  # keys per split-KV chunk in deterministic mode (sglang's prefill default)
 
     def __init__(self) -> None:

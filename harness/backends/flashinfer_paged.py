@@ -34,9 +34,9 @@ class FlashInferPaged(FlashInferGlue):
         {Mode.EXTEND, Mode.DRAFT_EXTEND_V2, Mode.TARGET_VERIFY, Mode.ENCODER_ONLY},
         FEATURES,
         exclusive={
-            ("sinks", "soft_cap"): "FlashInfer 0.7.2.post1's AttentionSink variant has no soft cap "
+            ("sinks", "soft_cap"): "FlashInfer's AttentionSink variant has no soft cap "
             "(logits_soft_cap would be dropped silently)",
-            ("sinks", "TARGET_VERIFY"): "FlashInfer 0.7.2.post1's AttentionSink variant ignores custom "
+            ("sinks", "TARGET_VERIFY"): "FlashInfer's AttentionSink variant ignores custom "
             "masks (the verify tree)",
         },
     )

@@ -40,7 +40,7 @@ class FlashInferRagged(FlashInferGlue):
         ("window", "soft_cap", "hybrid_pool", "returns_lse"),
         why_not={
             "deterministic": PREFILL_NOT_INVARIANT,
-            "sinks": "FlashInfer 0.7.2.post1 has no sink variant of the ragged wrapper "
+            "sinks": "FlashInfer has no sink variant of the ragged wrapper "
             "(flashinfer_paged runs sinks through BatchAttentionWithAttentionSinkWrapper)",
         },
     )

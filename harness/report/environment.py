@@ -1,7 +1,8 @@
 """The environment a run checked: GPU and driver, and the versions of every library that matters.
 
 Versions come from package metadata, not imports, so listing them never initialises a kernel
-library; a package that is absent says "not installed".
+library; a package that is absent says "not installed". A kernel library with a supported range
+(harness/backends/versions.py) says where its release stands: "0.6.18.post1 (tested)".
 """
 
 from __future__ import annotations
@@ -10,6 +11,9 @@ import platform
 import shutil
 import subprocess
 from importlib import metadata
+
+from harness.backends.flash_attn_versions import FA4_RANGE
+from harness.backends.flashinfer_versions import RANGE as FLASHINFER_RANGE
 
 NOT_INSTALLED = "not installed"
 # (report label, distribution names to look for)
@@ -20,16 +24,19 @@ PACKAGES = (
     ("transformers", ("transformers",)),
     ("hypothesis", ("hypothesis",)),
 )
+RANGES = {r.distribution: r for r in (FLASHINFER_RANGE, FA4_RANGE)}  # distribution -> supported range
 
 
 def package_version(names: tuple[str, ...]) -> str:
-    """'1.2.3', or 'dist 1.2.3; other 4.5' when several are installed, or 'not installed'."""
+    """'1.2.3', or 'dist 1.2.3; other 4.5' when several are installed, or 'not installed'; a release
+    of a library with a supported range carries its standing, '0.7.2.post1 (tested)'."""
     found = []
     for name in names:
         try:
-            found.append((name, metadata.version(name)))
+            version = metadata.version(name)
         except metadata.PackageNotFoundError:
             continue
+        found.append((name, f"{version} ({RANGES[name].status(version)})" if name in RANGES else version))
     if not found:
         return NOT_INSTALLED
     if len(found) == 1 and found[0][0] == names[0]:

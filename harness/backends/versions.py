@@ -1,0 +1,93 @@
+"""The releases of a kernel library that a backend's glue supports: a range, and the releases tested.
+
+A library installed at a version inside the range must work (a difference between releases in it
+is named in the library's versions module, flashinfer_versions.py or flash_attn_versions.py, and
+the glue handles it there); one outside it is installed but unusable, an error (BackendBroken), never
+a skip: a GPU runner with an untested release must not run green. `list` and the report show each
+library's version and whether it is in the range (`describe`).
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from importlib import metadata
+from types import ModuleType
+
+from packaging.version import InvalidVersion, Version
+
+
+@dataclass(frozen=True)
+class SupportedRange:
+    """`lowest` <= version < `below`; `tested`: the releases the GPU suite ran on; `why_lowest`: what
+    the releases before `lowest` lack that the glue needs."""
+
+    distribution: str  # the pip name, e.g. flashinfer-python
+    module: str  # the import name, e.g. flashinfer
+    lowest: str
+    below: str
+    tested: tuple[str, ...]
+    why_lowest: str
+
+    @property
+    def spec(self) -> str:
+        """The pip requirement of this range, e.g. 'flashinfer-python>=0.6.16,<0.8'."""
+        return f"{self.distribution}>={self.lowest},<{self.below}"
+
+    def contains(self, version: str) -> bool:
+        try:
+            v = Version(version)
+        except InvalidVersion:
+            return False
+        return Version(self.lowest) <= v < Version(self.below)
+
+    def why_unsupported(self, version: str) -> str | None:
+        """None inside the range; else the one-line message of the BackendBroken it raises."""
+        if self.contains(version):
+            return None
+        return (
+            f"{self.module} {version} is installed; this glue supports {self.spec} "
+            f"(tested on {', '.join(self.tested)}); before {self.lowest}: {self.why_lowest}"
+        )
+
+    def status(self, version: str) -> str:
+        """'tested', 'in range (untested)' or 'outside >=lo,<hi': what `list` and the report print."""
+        if version in self.tested:
+            return "tested"
+        if self.contains(version):
+            return "in range (untested)"
+        return f"outside >={self.lowest},<{self.below}"
+
+
+def distribution_version(name: str) -> str | None:
+    """The installed version of a pip distribution, from its metadata (imports nothing); None if absent."""
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def module_version(mod: ModuleType, distribution: str) -> str:
+    """The version an imported library reports: its `__version__`, or, where that is missing or the
+    placeholder '0.0.0' (flash-attn-4's `flash_attn.cute` asks metadata for 'fa4', which no
+    distribution is called), its distribution's metadata; 'unknown' when neither says."""
+    found = getattr(mod, "__version__", None)
+    if found and found != "0.0.0":
+        return str(found)
+    return distribution_version(distribution) or "unknown"
+
+
+def installed_version(rng: SupportedRange) -> str | None:
+    """The library's version without importing it: the imported module's, where it is imported (a
+    test's fake included), else its distribution's metadata; None where it is not installed."""
+    mod = sys.modules.get(rng.module)
+    if mod is not None:
+        return module_version(mod, rng.distribution)
+    return distribution_version(rng.distribution)
+
+
+def describe(rng: SupportedRange, version: str | None) -> str:
+    """'flashinfer-python 0.7.2.post1 (tested)', or '... not installed': a library's line in `list`."""
+    if version is None:
+        return f"{rng.distribution} not installed (supported: {rng.spec})"
+    return f"{rng.distribution} {version} ({rng.status(version)})"
