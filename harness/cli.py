@@ -94,11 +94,12 @@ def pytest_expression(option: str, text: str) -> None:
 
 class Suite(NamedTuple):
     """Where the suite's pytest runs: the test folder, pytest's options that pin its configuration,
-    and the directory it runs in."""
+    the directory it runs in, and environment variables it runs with."""
 
     path: Path
     options: list[str]
     cwd: Path
+    env: dict[str, str]
 
 
 def suite() -> Suite:
@@ -106,13 +107,16 @@ def suite() -> Suite:
     installed (setup.py ships cases/ as `harness.cases`), the package's copy: run from the current
     directory with no configuration file, so that a pytest configuration around the environment
     (a project's pyproject.toml above its venv) cannot change the run, and no conftest.py outside it
-    is loaded. `-p` loads the plugin even where plugin autoloading is off."""
+    is loaded, and without the current directory on sys.path (PYTHONSAFEPATH; `python -m` puts it
+    first), where a project's own `harness` package would shadow the installed one. `-p` loads the
+    plugin even where plugin autoloading is off."""
     installed = PACKAGE / "cases"
     plugin = ["-p", PLUGIN]
     if not installed.is_dir():
-        return Suite(ROOT / "cases", [*plugin, f"--rootdir={ROOT}"], ROOT)
+        return Suite(ROOT / "cases", [*plugin, f"--rootdir={ROOT}"], ROOT, {})
     options = [*plugin, "-c", os.devnull, f"--rootdir={installed}", f"--confcutdir={installed}"]
-    return Suite(installed, [*options, "-W", "ignore::DeprecationWarning:torch.*"], Path.cwd())
+    options += ["-W", "ignore::DeprecationWarning:torch.*"]
+    return Suite(installed, options, Path.cwd(), {"PYTHONSAFEPATH": "1"})
 
 
 def load_backend(name: str):  # noqa: ANN201 - returns a Backend
@@ -300,6 +304,7 @@ def cmd_check(args: argparse.Namespace) -> int:
         cmd.append("--harness-no-probe")
     env = {k: v for k, v in os.environ.items() if k != BACKENDS_ENV}
     env["ATTN_HARNESS_PROFILE"] = profile
+    env.update(where.env)
     if jobs > 1:
         code = _check_parallel(cmd, env, names, jobs, run_dir, profile, args.results, where.cwd)
     else:

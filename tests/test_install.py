@@ -22,7 +22,7 @@ def fake_pytest(seen: dict):
 
 def test_a_checkout_runs_its_cases_folder_with_its_configuration_and_the_plugin():
     where = cli.suite()
-    assert where.path == ROOT / "cases" and where.cwd == ROOT
+    assert where.path == ROOT / "cases" and where.cwd == ROOT and where.env == {}
     assert f"--rootdir={ROOT}" in where.options and "-c" not in where.options
     assert where.options[where.options.index("-p") + 1] == "harness.run.pytest_plugin"
 
@@ -41,6 +41,8 @@ def test_an_installed_harness_runs_its_packaged_suite_from_the_current_directory
     assert opts[opts.index("-c") + 1] == os.devnull
     assert f"--rootdir={package / 'cases'}" in opts and f"--confcutdir={package / 'cases'}" in opts
     assert opts[opts.index("-p") + 1] == "harness.run.pytest_plugin"
+    # `python -m pytest` in a project with a `harness` package of its own imports the installed one
+    assert where.env == {"PYTHONSAFEPATH": "1"}
 
 
 def test_check_writes_its_report_under_the_current_directory(monkeypatch, tmp_path):
