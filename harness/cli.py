@@ -18,8 +18,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple, NoReturn
 
-ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_REPORTS = ROOT / "reports"
+PACKAGE = Path(__file__).resolve().parent
+ROOT = PACKAGE.parent  # the repository, in a checkout; site-packages, installed
+DEFAULT_REPORTS = Path("reports")  # under the current directory, checkout or installed
+PLUGIN = "harness.run.pytest_plugin"
 REQUIRE_ENV = "ATTN_HARNESS_REQUIRE"  # comma-separated backends `check` requires, as --require (CI)
 NOTHING_CHECKED = 3  # repro's exit status when the case did not run (a SKIP: unsupported, no device)
 PYTEST_USAGE_ERROR = 4
@@ -89,6 +91,33 @@ def pytest_expression(option: str, text: str) -> None:
     except Exception as e:  # a SyntaxError in recent pytest; a ParseError ("at column N: ...") before
         why = f"at column {e.offset}: {e.msg}" if isinstance(e, SyntaxError) else str(e)
         raise UsageError(f"{option} {text!r} is not a valid pytest expression: {why}") from None
+
+
+class Suite(NamedTuple):
+    """Where the suite's pytest runs: the test folder, pytest's options that pin its configuration,
+    the directory it runs in, and environment variables it runs with."""
+
+    path: Path
+    options: list[str]
+    cwd: Path
+    env: dict[str, str]
+
+
+def suite() -> Suite:
+    """The checkout's cases/ with its pyproject.toml and conftest.py, or, where the harness is
+    installed (setup.py ships cases/ as `harness.cases`), the package's copy: run from the current
+    directory with no configuration file, so that a pytest configuration around the environment
+    (a project's pyproject.toml above its venv) cannot change the run, and no conftest.py outside it
+    is loaded, and without the current directory on sys.path (PYTHONSAFEPATH; `python -m` puts it
+    first), where a project's own `harness` package would shadow the installed one. `-p` loads the
+    plugin even where plugin autoloading is off."""
+    installed = PACKAGE / "cases"
+    plugin = ["-p", PLUGIN]
+    if not installed.is_dir():
+        return Suite(ROOT / "cases", [*plugin, f"--rootdir={ROOT}"], ROOT, {})
+    options = [*plugin, "-c", os.devnull, f"--rootdir={installed}", f"--confcutdir={installed}"]
+    options += ["-W", "ignore::DeprecationWarning:torch.*"]
+    return Suite(installed, options, Path.cwd(), {"PYTHONSAFEPATH": "1"})
 
 
 def load_backend(name: str):  # noqa: ANN201 - returns a Backend
@@ -182,7 +211,8 @@ def add_check(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--reports",
         default=str(DEFAULT_REPORTS),
-        help="write the report to REPORTS/<run-id>/ and point REPORTS/latest at it (default: reports/)",
+        help="write the report to REPORTS/<run-id>/ and point REPORTS/latest at it (default: reports/ in the "
+        "current directory)",
     )
     p.add_argument("--results", help="also write results.json here")
     p.add_argument("--no-progress", action="store_true", help="no progress line")
@@ -273,8 +303,8 @@ def cmd_check(args: argparse.Namespace) -> int:
         run_dir = report.new_run_dir(root, report.new_run_id())
     except OSError as e:
         raise UsageError(f"cannot create a report directory under {args.reports}: {e}") from None
-    cmd = [sys.executable, "-m", "pytest", str(ROOT / "cases"), "-q", "-p", "no:cacheprovider"]
-    cmd += [f"--rootdir={ROOT}"]
+    where = suite()
+    cmd = [sys.executable, "-m", "pytest", str(where.path), "-q", "-p", "no:cacheprovider", *where.options]
     if marks:
         cmd += ["-m", " and ".join(marks)]
     if args.k:
@@ -287,9 +317,12 @@ def cmd_check(args: argparse.Namespace) -> int:
     env["ATTN_HARNESS_PROFILE"] = profile
     if args.gpus:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
+    env.update(where.env)
     if jobs > 1:
         selection = f"profile {profile}; -m {' and '.join(marks)}; -k {args.k or ''}"
-        code = _check_parallel(cmd, env, names, jobs, gpus, run_dir, profile, args.results, selection)
+        code = _check_parallel(
+            cmd, env, names, jobs, gpus, run_dir, profile, args.results, selection, where.cwd
+        )
     else:
         cmd += ["--harness-report", str(run_dir), "--harness-run-id", run_dir.name]
         if args.results:
@@ -297,7 +330,7 @@ def cmd_check(args: argparse.Namespace) -> int:
         if args.backend:
             env[BACKENDS_ENV] = ",".join(args.backend)
         print(f"attn-harness check: profile {profile}; {' '.join(cmd[1:])}", flush=True)
-        code = subprocess.run(cmd, cwd=ROOT, env=env).returncode
+        code = subprocess.run(cmd, cwd=where.cwd, env=env).returncode
     if code == PYTEST_USAGE_ERROR:  # pytest refused the command line: its report is empty, keep latest
         print(f"pytest refused its command line (exit {code}): {root / report.LATEST} kept", file=sys.stderr)
         return 2
@@ -350,6 +383,7 @@ def _check_parallel(
     profile: str,
     results_path: str | None,
     selection: str,
+    cwd: Path,
 ) -> int:
     """The suite as pytest processes, one per backend or per shard of one, `jobs` at once over
     `gpus`, in the schedule's order (harness/run/schedule.py, costs from harness/run/costs.py),
@@ -372,7 +406,7 @@ def _check_parallel(
         flush=True,
     )
     print("\n".join(schedule.describe(plan, sources)), flush=True)
-    parts = parallel.run(cmd, env, BACKENDS_ENV, plan, run_dir / "parts", ROOT)
+    parts = parallel.run(cmd, env, BACKENDS_ENV, plan, run_dir / "parts", cwd)
     code = parallel.combined_code([p.code for p in parts])
     elapsed = time.monotonic() - t0
     costs.save(reports, selection, costs.measured([(p.backend, p.code, p.seconds) for p in parts]))
