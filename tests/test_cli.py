@@ -2,14 +2,16 @@
 
 import html
 import json
+import os
 import shlex
 import subprocess
+import sys
 
 import pytest
 
 from harness.cli import main
 from harness.report import results_json
-from tests.report_helpers import PINNED_QUERY_LINE, WINDOW_IGNORED, mutant_run
+from tests.report_helpers import PINNED_QUERY_LINE, ROOT, WINDOW_IGNORED, mutant_run
 
 SHORT = "harness.mutants.torch_native:_WindowShort"
 IGNORED = WINDOW_IGNORED
@@ -165,3 +167,21 @@ def test_check_on_a_cuda_machine_runs_the_cuda_backends_unless_told(
     args = ["check", "--reports", str(tmp_path)] + (["--device", device] if device else [])
     assert main(args) == 0
     assert seen["cmd"][seen["cmd"].index("-m", 3) + 1] == mark and seen["profile"] == profile
+
+
+def test_a_failing_search_prints_its_case_once_with_one_repro_and_no_hypothesis_noise(tmp_path):
+    """A failure found by generation (not an @example): the verdict and one repro command per failing
+    test; no traceback through the search, no hypothesis repr, explanation or @reproduce_failure blob."""
+    backend = "harness.mutants.torch_native:_EncoderCausal"
+    cmd = [sys.executable, "-m", "harness", "check", "--backend", backend, "--family", "encoder"]
+    cmd += ["--device", "cpu", "--profile", "ci", "--reports", str(tmp_path)]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ATTN_HARNESS")}
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    out = proc.stdout
+    assert proc.returncode == 1, out[-3000:] + proc.stderr[-3000:]
+    failing = out.count(f"{backend} on cpu: FAIL: ")
+    assert failing == 2  # the full and the swa test
+    assert out.count("python -m harness repro '") == failing
+    assert out.count('"mode": "ENCODER_ONLY"') == failing  # the Case only inside its repro command
+    for noise in ("Failing test case", "Explanation", "reproduce_failure", "Highest target score", "Case("):
+        assert noise not in out, noise

@@ -6,6 +6,7 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
+from harness.core.results import summary_table
 from harness.report import (
     environment,
     html,
@@ -190,3 +191,20 @@ def test_progress_line_counts_tests_cases_and_failing_tests():
     assert p.due(5.0) and not p.due(5.0)
     now[0] = 170.0
     assert p.due(5.0)
+
+
+def test_summary_columns_fit_long_names_and_a_skip_only_row_has_no_worst():
+    long = "harness.mutants.torch_native:_WindowIgnored"
+    rec = dict(device="cpu", reason="", verdict=None)
+    records = [
+        rec | {"status": "pass", "backend": long, "family": "prefix", "verdict": {"ratio": 0.25}},
+        rec | {"status": "skip", "backend": "b", "family": "draft_extend_v2"},
+    ]
+    head, rule, *rows = summary_table(records).splitlines()
+    assert len({len(head), len(rule), *map(len, rows)}) == 1  # every column ends where its header ends
+    start = head.index("family")  # left-aligned; the counts and worst are right-aligned
+    assert [row[start - 1 : start + 6] for row in rows] == [" draft_", " prefix"]
+    for name in ("pass", "checked", "worst"):
+        end = head.index(name) + len(name)
+        assert all(row[end - 1] != " " and row[end : end + 1] in ("", " ") for row in rows), name
+    assert rows[1].endswith(" 0.25") and rows[0].endswith(" -")

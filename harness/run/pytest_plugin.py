@@ -208,6 +208,17 @@ def _test_records(item: pytest.Item, report: pytest.TestReport, call: pytest.Cal
     return out
 
 
+def _case_failure_only(report: pytest.TestReport, call: pytest.CallInfo) -> None:
+    """A test that failed on a case prints that case's failure text (its verdict and one repro command)
+    instead of the traceback through the search and hypothesis's repr of the same case; a harness error
+    or a search that was mostly refused keeps its traceback."""
+    if call.excinfo is None:
+        return
+    excs = _exceptions(call.excinfo.value)
+    if all(type(e) is AssertionError for e in excs):
+        report.longrepr = "\n".join(str(e) for e in excs)
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):  # noqa: ANN201
     outcome = yield
@@ -220,6 +231,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):  # noqa
     t = item.callspec.params.get("target") if hasattr(item, "callspec") else None
     if report.failed and fails:
         kept.append(fails[-1])
+        _case_failure_only(report, call)
         probing = isinstance(t, Target) and not item.config.getoption("--harness-no-probe")
         if probing and fails[-1].status == "fail":
             fails[-1].probe = probe_failure(fails[-1], t)
