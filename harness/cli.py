@@ -262,8 +262,7 @@ def cmd_check(args: argparse.Namespace) -> int:
         run_dir = report.new_run_dir(root, report.new_run_id())
     except OSError as e:
         raise UsageError(f"cannot create a report directory under {args.reports}: {e}") from None
-    cmd = [sys.executable, "-m", "pytest", str(ROOT / "cases"), "-q", "-p", "no:cacheprovider"]
-    cmd += [f"--rootdir={ROOT}"]
+    cmd = [sys.executable, "-m", "pytest", str(ROOT / "cases"), "-q", f"--rootdir={ROOT}"]
     if marks:
         cmd += ["-m", " and ".join(marks)]
     if args.k:
@@ -274,7 +273,8 @@ def cmd_check(args: argparse.Namespace) -> int:
         cmd.append("--harness-no-probe")
     env = {k: v for k, v in os.environ.items() if k != BACKENDS_ENV}
     env["ATTN_HARNESS_PROFILE"] = profile
-    if jobs > 1:
+    if jobs > 1:  # no cache: processes at once would overwrite each other's last-failed set (--lf)
+        cmd += ["-p", "no:cacheprovider"]
         code = _check_parallel(cmd, env, names, jobs, run_dir, profile, args.results)
     else:
         cmd += ["--harness-report", str(run_dir), "--harness-run-id", run_dir.name]
