@@ -89,6 +89,9 @@ def test_check_runs_a_family_and_prints_the_summary(capfd, tmp_path):
     assert doc["run"]["id"] == run.name and doc["run"]["profile"] == "ci" and doc["run"]["exit_status"] == 0
     assert doc["results"] and {r["family"] for r in doc["results"]} == {"cross"}
     assert all(r["status"] == "pass" for r in doc["results"])
+    typed = f"python -m harness check --backend torch_native --family cross --device cpu --reports {tmp_path}"
+    assert doc["run"]["command"] == typed  # the user's command, not the pytest command it ran
+    assert f"command: <code>{html.escape(typed)}</code>" in (run / "index.html").read_text()
 
 
 def test_list_describes_a_module_factory_spec(capsys):
@@ -202,3 +205,20 @@ def test_pytest_last_failed_reruns_the_failures_of_a_check(tmp_path):
         again = [sys.executable, "-m", "pytest", "cases", "-q", flag, "-m", "(encoder or cross) and not gpu"]
         proc = subprocess.run(again, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
         assert proc.stdout.splitlines()[-1].startswith(last), proc.stdout[-2000:] + proc.stderr[-2000:]
+
+
+def test_every_subcommand_help_has_examples_that_parse():
+    from harness.cli import COMMANDS, parser
+
+    top = parser()
+    subs = next(a for a in top._actions if a.dest == "command").choices
+    assert set(subs) == set(COMMANDS)
+    for name, sub in [(None, top), *subs.items()]:
+        text = sub.format_help()
+        epilog = text.split("examples:\n", 1)[1].splitlines()
+        examples = [line for line in epilog if line.startswith("  python")]
+        assert len(examples) >= (len(COMMANDS) if name is None else 2), text
+        for line in examples:
+            argv = shlex.split(line, comments=True)
+            assert argv[:3] == ["python", "-m", "harness"] and (name is None or argv[3] == name), line
+            top.parse_args(argv[3:])  # a usage error would raise

@@ -44,6 +44,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--harness-report", default=None, help="write results.json, index.html, junit.xml here")
     group.addoption("--harness-run-id", default=None, help="the run id recorded in the report")
     group.addoption("--harness-progress", action="store_true", help="print a progress line as cases run")
+    group.addoption("--harness-command", default=None, help="the command the report's header shows")
     group.addoption(
         "--harness-no-probe", action="store_true", help="do not rerun failures through the mask probe"
     )
@@ -249,14 +250,15 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):  # noqa
 
 
 def run_info(config: pytest.Config, exitstatus: int) -> dict:
-    """The `run` object of results.json."""
+    """The `run` object of results.json; its command is the user's (`check` passes it), else pytest's."""
     start, started = config.stash[_STARTED_KEY]
+    command = config.getoption("--harness-command") or " ".join(["pytest", *config.invocation_params.args])
     return {
         "id": config.getoption("--harness-run-id") or time.strftime("%Y%m%d-%H%M%S", time.localtime(start)),
         "started": started,
         "elapsed_s": round(time.time() - start, 3),
         "profile": profiles.current(),
-        "command": " ".join(["pytest", *config.invocation_params.args]),
+        "command": command,
         "exit_status": int(exitstatus),
     }
 
