@@ -175,6 +175,18 @@ def test_environment_lists_versions_and_says_not_installed():
     assert environment.package_version(("no-such-distribution-xyz",)) == "not installed"
 
 
+def test_environment_names_the_harness_commit_and_each_plugin_with_its_version(tmp_path, monkeypatch):
+    info = tmp_path / "myattn_engine-2.3.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: myattn-engine\nVersion: 2.3.1\n")
+    (info / "entry_points.txt").write_text("[attn_harness.backends]\nmyattn = myattn_engine.glue:make\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    env = environment.collect()
+    assert "myattn = myattn_engine.glue:make (myattn-engine 2.3.1)" in env["backend plugins"]
+    version = env["attn-harness"]
+    assert version.startswith("0.1.0 (git ") and len(version.split()[2].rstrip(")")) == 12, version
+
+
 def test_progress_line_counts_tests_cases_and_failing_tests():
     now = [100.0]
     p = Progress(total_tests=4, clock=lambda: now[0])
