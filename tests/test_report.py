@@ -114,6 +114,47 @@ def test_html_has_the_matrix_failures_skips_and_environment():
     assert "<th>flashinfer</th><td>not installed</td>" in page
 
 
+def test_matrix_cells_link_to_their_first_failure():
+    doc = sample_document()
+    page = html.render(doc)
+    problems = [r for r in doc["results"] if r["status"] in ("fail", "error", "crash", "hang")]
+    rows = page[page.index('id="summary-matrix"') : page.index("</table>")].split("<tr>")[2:]
+    linked = 0
+    for i, rec in enumerate(problems, 1):
+        family = matrix.family_label(rec["family"])
+        head = f"<th>{rec['backend']}</th><td>{rec['device']}</td><td>{family}</td>"
+        (row,) = [r for r in rows if head in r]
+        first_cell = row.split('<td class="cell')[1]  # the "all" column
+        assert f'href="#failure-{i}" class="n-{rec["status"]}">1 {rec["status"]}</a>' in first_cell
+        linked += 1
+    assert linked == 3 and page.count('href="#failure-') >= 3
+
+
+def test_zero_counts_in_the_header_are_not_alarming():
+    doc = sample_document()
+    doc["results"] = [r for r in doc["results"] if r["status"] in ("pass", "skip")]
+    totals = html.render(doc).split('id="totals">')[1].split("</p>")[0]
+    for status in ("fail", "error", "crash", "hang"):
+        assert f'<span class="n-zero">0 {status}</span>' in totals and f'class="n-{status}"' not in totals
+    assert '<span class="n-pass">1 pass</span>' in totals
+
+
+def test_skip_only_rows_that_share_a_reason_collapse_into_one_line():
+    doc = sample_document()
+    skip = next(r for r in doc["results"] if r["status"] == "skip" and r["case"] is None)
+    others = [r for r in doc["results"] if r["device"] == "cpu"]
+    backends, families = ("fa3", "flashinfer_paged"), ("decode", "verify")
+    skips = [skip | {"backend": b, "family": f} for b in backends for f in families]
+    odd = skip | {"backend": "fa4", "reason": "flash-attn-4 not installed"}
+    doc["results"] = others + skips + [odd]
+    page = html.render(doc)
+    matrix_html = page[page.index('id="summary-matrix"') : page.index("</table>")]
+    assert matrix_html.count('<tr class="collapsed">') == 1
+    assert "4 rows on cuda skipped" in matrix_html and "(2 backends: fa3, flashinfer_paged)" in matrix_html
+    assert "<th>fa3</th>" not in matrix_html and "<th>fa4</th>" in matrix_html  # a lone reason stays a row
+    assert "<th>harness.mutants.torch_native:_WindowIgnored</th>" in matrix_html
+
+
 def test_html_of_a_clean_run_says_so():
     doc = sample_document()
     doc["results"] = [r for r in doc["results"] if r["status"] == "pass"]

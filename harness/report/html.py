@@ -27,7 +27,8 @@ th{background:#f3f3f3;text-align:left}
 td.bad{background:#f4b6b0} td.close{background:#fde9a9} td.ok{background:#c5e5c5}
 td.skipped{background:#e2e2e2;color:#555} td.empty{background:#fafafa;color:#aaa}
 .n-fail,.n-error,.n-crash,.n-hang{font-weight:bold;color:#900} .n-refused{color:#8a5a00}
-.n-xfail{color:#5a3a8a}
+.n-xfail{color:#5a3a8a} .n-zero{color:#777}
+tr.collapsed td{background:#f2f2f2;color:#555;font-size:12px}
 section.failure{border:2px solid #c0392b;border-radius:6px;padding:10px 14px;margin:14px 0;background:#fffafa}
 section.failure.crash,section.failure.hang,section.failure.error{border-color:#6c3483}
 pre{background:#f6f6f6;padding:6px 8px;overflow-x:auto;white-space:pre-wrap;word-break:break-all;margin:0}
@@ -54,7 +55,7 @@ def _num(x: object, digits: int = 3) -> str:
 def _header(data: dict) -> str:
     run = data["run"]
     tot = matrix.totals(data["results"])
-    counts = ", ".join(f'<span class="n-{s}">{tot[s]} {s}</span>' for s in STATUSES)
+    counts = ", ".join(f'<span class="{_count_class(s, tot[s])}">{tot[s]} {s}</span>' for s in STATUSES)
     problems = sum(tot[s] for s in PROBLEMS)
     verdict = "FAILED" if problems else ("NOTHING CHECKED" if not tot["pass"] else "PASSED")
     checked = tot["checked"]
@@ -74,12 +75,24 @@ def _header(data: dict) -> str:
     )
 
 
+def _count_class(status: str, n: int) -> str:
+    """A count's CSS class: its status colour (failures bold red) only when it is not zero."""
+    return f"n-{status}" if n else "n-zero"
+
+
 def _refused_share(checked: int, refused: int) -> str:
     return f" ({refused / (checked + refused):.0%} of the drawn cases)" if refused else ""
 
 
-def _cell(c: matrix.Cell) -> str:
-    parts = [f'<span class="n-{s}">{n} {s}</span>' for s, n in c.counts.items() if n]
+def _cell(c: matrix.Cell, failure: int | None) -> str:
+    """A matrix cell; its failures, harness errors, crashes and hangs link to the first of them."""
+    parts = [
+        f'<a href="#failure-{failure}" class="n-{s}">{n} {s}</a>'
+        if s in PROBLEMS and failure is not None
+        else f'<span class="n-{s}">{n} {s}</span>'
+        for s, n in c.counts.items()
+        if n
+    ]
     if c.worst is not None:
         parts.append(f"worst {_num(c.worst, 2)}")
     title = ", ".join(f"{n} {s}" for s, n in c.counts.items()) + f"; worst err/budget {_num(c.worst)}"
@@ -99,11 +112,20 @@ def _matrix(data: dict) -> str:
     out.append(
         f'<table id="summary-matrix"><tr><th>backend</th><th>device</th><th>family (mode)</th>{head}</tr>'
     )
-    for (backend, device, family), cells in rows.items():
-        tds = "".join(_cell(cells[c]) for c in matrix.COLUMNS)
+    first = _first_failures(data)
+    shown, collapsed = matrix.collapse_skipped(rows)
+    for (backend, device, family), cells in shown.items():
+        tds = "".join(_cell(cells[c], first.get((backend, device, family, c))) for c in matrix.COLUMNS)
         out.append(
             f"<tr><th>{escape(backend)}</th><td>{escape(device)}</td>"
             f"<td>{escape(matrix.family_label(family))}</td>{tds}</tr>"
+        )
+    for (device, reason), skipped in collapsed.items():
+        backends = sorted({b for b, _, _ in skipped})
+        out.append(
+            f'<tr class="collapsed"><th colspan="3">{len(skipped)} rows on {escape(device)} skipped</th>'
+            f'<td colspan="{len(matrix.COLUMNS)}">{escape(reason)} ({len(backends)} backends: '
+            f"{escape(', '.join(backends))})</td></tr>"
         )
     out.append("</table>")
     out.append(
@@ -117,6 +139,20 @@ def _matrix(data: dict) -> str:
         '<span class="swatch" style="background:#e2e2e2"></span>skipped only</p></section>'
     )
     return "\n".join(out)
+
+
+def _first_failures(data: dict) -> dict[tuple[str, str, str, str], int]:
+    """(backend, device, family, matrix column) -> the number of its first failure section."""
+    first: dict[tuple[str, str, str, str], int] = {}
+    for i, rec in enumerate(_problems(data), 1):
+        for col in matrix.columns_of(rec):
+            first.setdefault((rec["backend"], rec["device"], rec["family"], col), i)
+    return first
+
+
+def _problems(data: dict) -> list[dict]:
+    """The records the Failures section shows, in its order."""
+    return [r for r in data["results"] if r["status"] in PROBLEMS]
 
 
 def _location(rec: dict) -> str:
@@ -236,7 +272,7 @@ def _failure(i: int, rec: dict) -> str:
 
 
 def _failures(data: dict) -> str:
-    bad = [r for r in data["results"] if r["status"] in PROBLEMS]
+    bad = _problems(data)
     out = [f'<section id="failures"><h2>Failures ({len(bad)})</h2>']
     if not bad:
         out.append("<p>None.</p>")
