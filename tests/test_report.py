@@ -155,6 +155,28 @@ def test_skip_only_rows_that_share_a_reason_collapse_into_one_line():
     assert "<th>harness.mutants.torch_native:_WindowIgnored</th>" in matrix_html
 
 
+def test_a_one_token_heatmap_is_wide_has_axis_ticks_and_outlines_its_worst_cell():
+    doc = sample_document()
+    fail = next(r for r in doc["results"] if r["status"] == "fail")
+    em = {"quantity": "q", "budget": 0.01, "tokens": 1, "heads": 4, "token_bin": 1, "request_starts": [0]}
+    fail["error_map"] = em | {"values": [[0.001, 0.2, 0.05, 0.0]]}  # head 1: 20x its budget
+    doc["results"] = [fail]
+    page = html.render(doc)
+    figure = page[page.index('<div class="axes">') : page.index("</figure>")]
+    img = figure[figure.index("<img") : figure.index(">", figure.index("<img"))]
+    width, height = (int(img.split(f'{k}="')[1].split('"')[0]) for k in ("width", "height"))
+    assert width >= pictures.HEATMAP_MIN_WIDTH and height == 6 * 16  # 4 heads + the start strip, 16px rows
+    box = f"left:1px;top:17px;width:{width}px;height:16px"  # one column; head 1 is the second row
+    assert f'<span class="worst-cell" style="{box}"></span>' in figure
+    assert [f'class="ytick" style="top:{1 + 16 * y + 8}px">{y}<' in figure for y in range(4)] == [True] * 4
+    assert figure.count('class="xtick"') == 1 and '">0</span>' in figure  # token 0 (first and last)
+    assert "Outlined: the worst cell (token 0, head 1: 20× the budget)" in page
+    em["token_bin"], em["tokens"] = 2, 600
+    fail["error_map"] = em | {"values": [[0.0] * 4] * 299 + [[0.0, 0.0, None, 0.0]]}  # NaN at the end
+    page = html.render(doc)
+    assert "Outlined: the worst cell (tokens 598..599, head 2: NaN/Inf)" in page
+
+
 def test_html_of_a_clean_run_says_so():
     doc = sample_document()
     doc["results"] = [r for r in doc["results"] if r["status"] == "pass"]

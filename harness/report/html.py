@@ -16,6 +16,7 @@ from harness.core.compare import where
 from harness.core.vocab import PROBLEMS, STATUSES
 from harness.report import matrix, pictures
 
+HEATMAP_MAX_HEIGHT = 240  # display pixels
 CSS = """
 body{font:14px/1.4 system-ui,sans-serif;margin:24px;color:#222;max-width:1400px}
 h1{font-size:22px;margin:0 0 4px} h2{font-size:18px;border-bottom:1px solid #ccc;padding-bottom:2px}
@@ -38,6 +39,11 @@ figure{margin:6px 0 10px} figcaption{color:#555;font-size:12px}
   margin:0 3px 0 8px}
 ul.probe-lines{font-family:ui-monospace,monospace;font-size:12px;margin:4px 0;padding-left:18px}
 .legend{font-size:12px;color:#444}
+div.axes{position:relative;display:inline-block;margin:4px 0 20px 30px;font-size:11px;color:#444}
+div.axes img.picture{margin:0}
+.ytick{position:absolute;right:100%;padding-right:4px;transform:translateY(-50%)}
+.xtick{position:absolute;top:100%;transform:translateX(-50%)}
+.worst-cell{position:absolute;box-sizing:border-box;outline:2px solid #00a0ff;outline-offset:1px}
 """
 
 
@@ -187,9 +193,15 @@ def _heatmap(rec: dict) -> str:
     em = rec.get("error_map")
     if not em or not em.get("values"):
         return "<h4>Error over (token, head)</h4><p>No error map was recorded for this failure.</p>"
-    img = pictures.img_tag(
-        pictures.heatmap_pixels(em), "error heatmap over token and head", "picture heatmap", 240
-    )
+    pixels = pictures.heatmap_pixels(em)
+    cell = pictures.heatmap_cell(len(pixels[0]), len(pixels), HEATMAP_MAX_HEIGHT)
+    img = pictures.img_tag(pixels, "error heatmap over token and head", "picture heatmap", cell=cell)
+    wb, wh = pictures.worst_cell(em)
+    worst = em["values"][wb][wh]
+    ratio = math.inf if worst is None or not em["budget"] else worst / em["budget"]
+    worst_text = "NaN/Inf" if worst is None else f"{_num(ratio)}× the budget"
+    lo, hi = wb * int(em["token_bin"]), min(int(em["tokens"]), (wb + 1) * int(em["token_bin"])) - 1
+    tokens = f"token {lo}" if lo == hi else f"tokens {lo}..{hi}"
     starts = ", ".join(map(str, em.get("request_starts", [])))
     legend = (
         "".join(
@@ -199,13 +211,34 @@ def _heatmap(rec: dict) -> str:
         + f'<span class="swatch" style="background:rgb{pictures.NAN_COLOUR}"></span>NaN/Inf'
     )
     return (
-        "<h4>Error over (token, head)</h4><figure>"
-        f"{img}<figcaption>x: token, {em['tokens']} in request order ({em['token_bin']} per column; "
+        f"<h4>Error over (token, head)</h4><figure>{_axes(em, img, cell, (wb, wh))}"
+        f"<figcaption>x: token, {em['tokens']} in request order ({em['token_bin']} per column; "
         f"requests start at tokens {escape(starts)}, marked in the strip below); "
         f"y: query head 0 (top) to {em['heads'] - 1}. "
-        f"Colour: {escape(em.get('quantity', 'error'))} divided by the budget {_num(em['budget'])}."
+        f"Colour: {escape(em.get('quantity', 'error'))} divided by the budget {_num(em['budget'])}. "
+        f"Outlined: the worst cell ({tokens}, head {wh}: {worst_text})."
         f'</figcaption><div class="legend">{legend}</div></figure>'
     )
+
+
+def _axes(em: dict, img: str, cell: tuple[int, int], worst: tuple[int, int]) -> str:
+    """The heatmap with its axis ticks (heads on the left; request starts and the last token below) and
+    an outline on its worst cell, laid over the image in display pixels (the image has a 1px border)."""
+    w, h = cell
+    bin_ = int(em["token_bin"])
+    heads = int(em["heads"])
+    ys = range(heads) if h >= 12 else sorted({0, heads - 1})
+    ticks = [f'<span class="ytick" style="top:{1 + y * h + h // 2}px">{y}</span>' for y in ys]
+    last_x = -100
+    for t in [*em.get("request_starts", [0]), int(em["tokens"]) - 1]:
+        x = 1 + (int(t) // bin_) * w + w // 2
+        if x - last_x >= 28:  # labels closer than this would overlap
+            ticks.append(f'<span class="xtick" style="left:{x}px">{t}</span>')
+            last_x = x
+    b, hd = worst
+    box = f"left:{1 + b * w}px;top:{1 + hd * h}px;width:{w}px;height:{h}px"
+    mark = f'<span class="worst-cell" style="{box}"></span>'
+    return f'<div class="axes">{img}{mark}{"".join(ticks)}</div>'
 
 
 def _probe(rec: dict) -> str:
