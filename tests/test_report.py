@@ -250,22 +250,38 @@ def test_environment_names_the_harness_commit_and_each_plugin_with_its_version(t
     assert version.startswith("0.1.0 (git ") and len(version.split()[2].rstrip(")")) == 12, version
 
 
-def test_progress_line_counts_tests_cases_and_failing_tests():
+def test_progress_line_counts_examples_tests_and_failing_tests():
     now = [100.0]
-    p = Progress(total_tests=4, clock=lambda: now[0])
+    p = Progress(total_tests=4, clock=lambda: now[0], examples_per_test=10)
     p.case("pass", "t1")
     p.case("fail", "t1")
     p.case("fail", "t1")  # shrinking: still one failing test
+    p.test_done("t1", True)
     p.case("skip", "t2")
     p.case("refused", "t2")  # a drawn case the backend turned down: not a failure
-    p.test_done("t1", True)
     now[0] = 165.0
+    # expected: t1's 3 + 10 for each of the 3 tests left; done: 1 test + 2 of t2's 10 examples = 1.2 of 4
+    # tests, so 65 s for 30% leaves ~152 s
     assert p.line() == (
-        "[#####---------------] 1/4 tests | 5 cases (2 skipped or refused) | 1 failing | 1:05 elapsed | t2"
+        "[######--------------] 5/~33 examples (2 skipped or refused) | 1/4 tests | 1 failing | "
+        "1:05 elapsed, ~2:31 left | t2"
     )
     assert p.due(5.0) and not p.due(5.0)
     now[0] = 170.0
     assert p.due(5.0)
+
+
+def test_progress_estimate_caps_a_running_test_and_ends_at_zero_left():
+    now = [0.0]
+    p = Progress(total_tests=2, clock=lambda: now[0], examples_per_test=4)
+    for _ in range(9):  # past max_examples: shrinking
+        p.case("fail", "t1")
+    now[0] = 60.0
+    assert p.fraction() == pytest.approx(0.95 / 2) and "~1:06 left" in p.line()
+    assert p.line().startswith("[#########-----------] 9/~13 examples")  # t1's 9 so far + 4 for t2
+    p.test_done("t1", True)
+    p.test_done("t2", False)
+    assert p.fraction() == 1.0 and "left" not in p.line() and "[####################]" in p.line()
 
 
 def test_summary_columns_fit_long_names_and_a_skip_only_row_has_no_worst():

@@ -19,6 +19,7 @@ from __future__ import annotations
 import time
 
 import pytest
+from hypothesis import settings
 
 from harness.checks.probe import ProbeResult, probe
 from harness.core.results import REFUSALS_CHECK, CaseResult, summary_table, test_record
@@ -137,7 +138,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
-    session.config.stash[_PROGRESS_KEY].total_tests = len(session.items)
+    progress = session.config.stash[_PROGRESS_KEY]
+    progress.total_tests = len(session.items)
+    progress.examples_per_test = settings().max_examples  # of the loaded profile: the estimate's unit
 
 
 def probe_failure(result: CaseResult, target: Target) -> dict:
