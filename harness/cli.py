@@ -284,7 +284,7 @@ def cmd_check(args: argparse.Namespace) -> int:
             cmd += ["--harness-results", str(Path(args.results).resolve())]
         if args.backend:
             env[BACKENDS_ENV] = ",".join(args.backend)
-        print(f"attn-harness check: profile {profile}; {' '.join(cmd[1:])}", flush=True)
+        print(f"attn-harness check: profile {profile}; {shlex.join(cmd[1:])}", flush=True)
         code = subprocess.run(cmd, cwd=ROOT, env=env).returncode
     if code == PYTEST_USAGE_ERROR:  # pytest refused the command line: its report is empty, keep latest
         print(f"pytest refused its command line (exit {code}): {root / report.LATEST} kept", file=sys.stderr)
@@ -335,7 +335,7 @@ def _check_parallel(
     per = "one process per backend" if split == 1 else f"{split} shards per backend"
     print(
         f"attn-harness check: profile {profile}; {len(names)} backends, {per}, {jobs} pytest processes "
-        f"at once; each: {' '.join(cmd[1:])}",
+        f"at once; each: {shlex.join(cmd[1:])}",
         flush=True,
     )
     parts = parallel.run(cmd, env, BACKENDS_ENV, names, jobs, run_dir / "parts", ROOT)
