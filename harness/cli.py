@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import subprocess
 import sys
 from collections.abc import Callable
@@ -117,6 +118,7 @@ def suite() -> Suite:
         return Suite(ROOT / "cases", [*plugin, f"--rootdir={ROOT}"], ROOT, {})
     options = [*plugin, "-c", os.devnull, f"--rootdir={installed}", f"--confcutdir={installed}"]
     options += ["-W", "ignore::DeprecationWarning:torch.*"]
+    options += ["-o", f"cache_dir={Path.cwd() / '.pytest_cache'}"]  # --lf / --sw: never in site-packages
     return Suite(installed, options, Path.cwd(), {"PYTHONSAFEPATH": "1"})
 
 
@@ -304,11 +306,12 @@ def cmd_check(args: argparse.Namespace) -> int:
     except OSError as e:
         raise UsageError(f"cannot create a report directory under {args.reports}: {e}") from None
     where = suite()
-    cmd = [sys.executable, "-m", "pytest", str(where.path), "-q", "-p", "no:cacheprovider", *where.options]
+    cmd = [sys.executable, "-m", "pytest", str(where.path), "-q", *where.options]
     if marks:
         cmd += ["-m", " and ".join(marks)]
     if args.k:
         cmd += ["-k", args.k]
+    cmd += ["--harness-command", args.command_line]  # the report's header shows what the user typed
     if not args.no_progress:
         cmd.append("--harness-progress")
     if args.no_probe:
@@ -318,10 +321,12 @@ def cmd_check(args: argparse.Namespace) -> int:
     if args.gpus:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
     env.update(where.env)
-    if jobs > 1:
+    if jobs > 1:  # no cache: processes at once would overwrite each other's last-failed set (--lf)
+        cmd += ["-p", "no:cacheprovider"]
         selection = f"profile {profile}; -m {' and '.join(marks)}; -k {args.k or ''}"
         code = _check_parallel(
-            cmd, env, names, jobs, gpus, run_dir, profile, args.results, selection, where.cwd
+            cmd, env, names, jobs, gpus, run_dir, profile, args.results, selection, where.cwd,
+            args.command_line,
         )
     else:
         cmd += ["--harness-report", str(run_dir), "--harness-run-id", run_dir.name]
@@ -329,7 +334,7 @@ def cmd_check(args: argparse.Namespace) -> int:
             cmd += ["--harness-results", str(Path(args.results).resolve())]
         if args.backend:
             env[BACKENDS_ENV] = ",".join(args.backend)
-        print(f"attn-harness check: profile {profile}; {' '.join(cmd[1:])}", flush=True)
+        print(f"attn-harness check: profile {profile}; {shlex.join(cmd[1:])}", flush=True)
         code = subprocess.run(cmd, cwd=where.cwd, env=env).returncode
     if code == PYTEST_USAGE_ERROR:  # pytest refused the command line: its report is empty, keep latest
         print(f"pytest refused its command line (exit {code}): {root / report.LATEST} kept", file=sys.stderr)
@@ -384,6 +389,7 @@ def _check_parallel(
     results_path: str | None,
     selection: str,
     cwd: Path,
+    command_line: str,
 ) -> int:
     """The suite as pytest processes, one per backend or per shard of one, `jobs` at once over
     `gpus`, in the schedule's order (harness/run/schedule.py, costs from harness/run/costs.py),
@@ -401,7 +407,7 @@ def _check_parallel(
     expected, sources = costs.expected(names, selection, reports)
     plan = schedule.plan(expected, jobs, gpus)
     print(
-        f"attn-harness check: profile {profile}; {len(names)} backends; each process: {' '.join(cmd[1:])}\n"
+        f"attn-harness check: profile {profile}; {len(names)} backends; each process: {shlex.join(cmd[1:])}\n"
         f"plan (expected seconds: measured in {reports / costs.TIMINGS}, else the default table):",
         flush=True,
     )
@@ -417,7 +423,7 @@ def _check_parallel(
         "started": started,
         "elapsed_s": round(elapsed, 3),
         "profile": profile,
-        "command": f"pytest {' '.join(cmd[3:])} ({len(plan.parts)} processes, {plan.jobs} at once)",
+        "command": f"{command_line} ({len(plan.parts)} processes, {plan.jobs} at once)",
         "exit_status": code,
         "parts": parallel.part_records(parts),
     }
@@ -680,16 +686,56 @@ class Command(NamedTuple):
     help: str
     add: Callable[[argparse.ArgumentParser], None]
     run: Callable[[argparse.Namespace], int]
+    examples: str  # the epilog of its --help; tests/test_cli.py parses every example line
 
+
+LIST_EXAMPLES = """
+  python -m harness list                                  # every backend, and whether it runs here
+  python -m harness list --backend flashinfer_paged       # one backend's capabilities
+  python -m harness list --backend mypkg.attn:make_backend
+"""
+CHECK_EXAMPLES = """
+  python -m harness check                                 # the whole suite on this machine
+  python -m harness check --backend torch_native --family decode
+  python -m harness check --backend flashinfer_ragged -k swa --profile dev
+  python -m harness check --backend mypkg.attn:make_backend --device cpu
+  python -m harness check --require flashinfer_paged,fa4 --results results.json
+then `pytest cases --lf` reruns only the tests that failed (--sw: one at a time).
+"""
+REPRO_EXAMPLES = """
+  python -m harness repro case.json --backend flashinfer_ragged   # a Case saved as JSON
+  python -m harness repro '{"mode": "DECODE", "requests": [{"prefix_len": 40, "extend_len": 1}]}' --probe
+  python -m harness repro case.json --backend flashinfer_paged --device cuda --sanitize
+"""
+REPORT_EXAMPLES = """
+  python -m harness report reports/latest/results.json
+  python -m harness report results.json --out review/
+"""
+MUTANTS_EXAMPLES = """
+  python -m harness mutants --list --backend torch_native
+  python -m harness mutants --backend torch_native --first-family
+  python -m harness mutants --mutant window --max-examples 100 --json mutants.json
+"""
+BENCH_EXAMPLES = """
+  python -m harness bench --section throughput --cases 32
+  python -m harness bench --device cuda --section scale --scale-tokens 8192,32768
+"""
 
 COMMANDS: dict[str, Command] = {
-    "list": Command("backends, their capabilities, and availability here", add_list, cmd_list),
-    "check": Command("run the suite (cases/) and write a report", add_check, cmd_check),
-    "repro": Command("replay one case (a JSON file or a JSON literal)", add_repro, cmd_repro),
-    "report": Command("re-render index.html and junit.xml from a results.json", add_report, cmd_report),
-    "mutants": Command("hunt the mutation catalogue with the suite's strategies", add_mutants, cmd_mutants),
+    "list": Command("backends, their capabilities, and availability here", add_list, cmd_list, LIST_EXAMPLES),
+    "check": Command("run the suite (cases/) and write a report", add_check, cmd_check, CHECK_EXAMPLES),
+    "repro": Command("replay one case (a JSON file or a JSON literal)", add_repro, cmd_repro, REPRO_EXAMPLES),
+    "report": Command(
+        "re-render index.html and junit.xml from a results.json", add_report, cmd_report, REPORT_EXAMPLES
+    ),
+    "mutants": Command(
+        "hunt the mutation catalogue with the suite's strategies", add_mutants, cmd_mutants, MUTANTS_EXAMPLES
+    ),
     "bench": Command(
-        "benchmark the harness: throughput, phases, reference scale, detection", add_bench, cmd_bench
+        "benchmark the harness: throughput, phases, reference scale, detection",
+        add_bench,
+        cmd_bench,
+        BENCH_EXAMPLES,
     ),
 }
 
@@ -702,16 +748,38 @@ class Parser(argparse.ArgumentParser):
 
 
 def parser() -> argparse.ArgumentParser:
-    p = Parser(prog="python -m harness", description=__doc__.splitlines()[0])
+    first_examples = "".join(c.examples.splitlines(keepends=True)[1] for c in COMMANDS.values())
+    p = Parser(
+        prog="python -m harness",
+        description=__doc__.splitlines()[0],
+        epilog=f"examples:\n{first_examples}\nEach command's -h shows its options and more examples.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     sub = p.add_subparsers(dest="command", required=True)
     for name, command in COMMANDS.items():
-        command.add(sub.add_parser(name, help=command.help))
+        command.add(
+            sub.add_parser(
+                name,
+                help=command.help,
+                description=command.help,
+                epilog=f"examples:{command.examples}",
+                formatter_class=argparse.RawDescriptionHelpFormatter,
+            )
+        )
     return p
 
 
+def command_line(argv: list[str]) -> str:
+    """The command as the user typed it, for the report: `attn-harness ...` or `python -m harness ...`."""
+    prog = "attn-harness" if Path(sys.argv[0]).name == "attn-harness" else "python -m harness"
+    return f"{prog} {shlex.join(argv)}"
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
     try:
         args = parser().parse_args(argv)
+        args.command_line = command_line(argv)
         return COMMANDS[args.command].run(args)
     except UsageError as e:
         print(f"error: {e}", file=sys.stderr)

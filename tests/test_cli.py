@@ -2,14 +2,16 @@
 
 import html
 import json
+import os
 import shlex
 import subprocess
+import sys
 
 import pytest
 
 from harness.cli import main
 from harness.report import results_json
-from tests.report_helpers import PINNED_QUERY_LINE, WINDOW_IGNORED, mutant_run
+from tests.report_helpers import PINNED_QUERY_LINE, ROOT, WINDOW_IGNORED, mutant_run
 
 SHORT = "harness.mutants.torch_native:_WindowShort"
 IGNORED = WINDOW_IGNORED
@@ -87,6 +89,9 @@ def test_check_runs_a_family_and_prints_the_summary(capfd, tmp_path):
     assert doc["run"]["id"] == run.name and doc["run"]["profile"] == "ci" and doc["run"]["exit_status"] == 0
     assert doc["results"] and {r["family"] for r in doc["results"]} == {"cross"}
     assert all(r["status"] == "pass" for r in doc["results"])
+    typed = f"python -m harness check --backend torch_native --family cross --device cpu --reports {tmp_path}"
+    assert doc["run"]["command"] == typed  # the user's command, not the pytest command it ran
+    assert f"command: <code>{html.escape(typed)}</code>" in (run / "index.html").read_text()
 
 
 def test_list_describes_a_module_factory_spec(capsys):
@@ -165,3 +170,55 @@ def test_check_on_a_cuda_machine_runs_the_cuda_backends_unless_told(
     args = ["check", "--reports", str(tmp_path)] + (["--device", device] if device else [])
     assert main(args) == 0
     assert seen["cmd"][seen["cmd"].index("-m", 3) + 1] == mark and seen["profile"] == profile
+
+
+def test_a_failing_search_prints_its_case_once_with_one_repro_and_no_hypothesis_noise(tmp_path):
+    """A failure found by generation (not an @example): the verdict and one repro command per failing
+    test; no traceback through the search, no hypothesis repr, explanation or @reproduce_failure blob."""
+    backend = "harness.mutants.torch_native:_EncoderCausal"
+    cmd = [sys.executable, "-m", "harness", "check", "--backend", backend, "--family", "encoder"]
+    cmd += ["--device", "cpu", "--profile", "ci", "--reports", str(tmp_path)]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ATTN_HARNESS")}
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    out = proc.stdout
+    assert proc.returncode == 1, out[-3000:] + proc.stderr[-3000:]
+    failing = out.count(f"{backend} on cpu: FAIL: ")
+    assert failing == 2  # the full and the swa test
+    assert out.count("python -m harness repro '") == failing
+    assert out.count('"mode": "ENCODER_ONLY"') == failing  # the Case only inside its repro command
+    for noise in ("Failing test case", "Explanation", "reproduce_failure", "Highest target score", "Case("):
+        assert noise not in out, noise
+
+
+def test_pytest_last_failed_reruns_the_failures_of_a_check(tmp_path):
+    """`check` leaves pytest's cache (an ignored directory; here a temporary one), so `pytest --lf`
+    reruns exactly the tests it failed and `--sw` is accepted: the bisection flags work."""
+    backend = "harness.mutants.torch_native:_EncoderCausal"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ATTN_HARNESS")}
+    env["PYTEST_ADDOPTS"] = f"-o cache_dir={tmp_path / 'cache'}"
+    cmd = [sys.executable, "-m", "harness", "check", "--backend", backend, "--family", "encoder"]
+    cmd += ["--family", "cross", "--device", "cpu", "--profile", "ci", "--reports", str(tmp_path)]
+    first = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert first.returncode == 1 and "2 failed, 1 passed" in first.stdout, first.stdout[-2000:]
+    env["ATTN_HARNESS_BACKENDS"] = backend
+    for flag, last in (("--lf", "2 failed in"), ("--sw", "1 failed, 1 passed")):  # --sw: stops at the first
+        again = [sys.executable, "-m", "pytest", "cases", "-q", flag, "-m", "(encoder or cross) and not gpu"]
+        proc = subprocess.run(again, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+        assert proc.stdout.splitlines()[-1].startswith(last), proc.stdout[-2000:] + proc.stderr[-2000:]
+
+
+def test_every_subcommand_help_has_examples_that_parse():
+    from harness.cli import COMMANDS, parser
+
+    top = parser()
+    subs = next(a for a in top._actions if a.dest == "command").choices
+    assert set(subs) == set(COMMANDS)
+    for name, sub in [(None, top), *subs.items()]:
+        text = sub.format_help()
+        epilog = text.split("examples:\n", 1)[1].splitlines()
+        examples = [line for line in epilog if line.startswith("  python")]
+        assert len(examples) >= (len(COMMANDS) if name is None else 2), text
+        for line in examples:
+            argv = shlex.split(line, comments=True)
+            assert argv[:3] == ["python", "-m", "harness"] and (name is None or argv[3] == name), line
+            top.parse_args(argv[3:])  # a usage error would raise

@@ -6,6 +6,7 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
+from harness.core.results import summary_table
 from harness.report import (
     environment,
     html,
@@ -113,6 +114,69 @@ def test_html_has_the_matrix_failures_skips_and_environment():
     assert "<th>flashinfer</th><td>not installed</td>" in page
 
 
+def test_matrix_cells_link_to_their_first_failure():
+    doc = sample_document()
+    page = html.render(doc)
+    problems = [r for r in doc["results"] if r["status"] in ("fail", "error", "crash", "hang")]
+    rows = page[page.index('id="summary-matrix"') : page.index("</table>")].split("<tr>")[2:]
+    linked = 0
+    for i, rec in enumerate(problems, 1):
+        family = matrix.family_label(rec["family"])
+        head = f"<th>{rec['backend']}</th><td>{rec['device']}</td><td>{family}</td>"
+        (row,) = [r for r in rows if head in r]
+        first_cell = row.split('<td class="cell')[1]  # the "all" column
+        assert f'href="#failure-{i}" class="n-{rec["status"]}">1 {rec["status"]}</a>' in first_cell
+        linked += 1
+    assert linked == 3 and page.count('href="#failure-') >= 3
+
+
+def test_zero_counts_in_the_header_are_not_alarming():
+    doc = sample_document()
+    doc["results"] = [r for r in doc["results"] if r["status"] in ("pass", "skip")]
+    totals = html.render(doc).split('id="totals">')[1].split("</p>")[0]
+    for status in ("fail", "error", "crash", "hang"):
+        assert f'<span class="n-zero">0 {status}</span>' in totals and f'class="n-{status}"' not in totals
+    assert '<span class="n-pass">1 pass</span>' in totals
+
+
+def test_skip_only_rows_that_share_a_reason_collapse_into_one_line():
+    doc = sample_document()
+    skip = next(r for r in doc["results"] if r["status"] == "skip" and r["case"] is None)
+    others = [r for r in doc["results"] if r["device"] == "cpu"]
+    backends, families = ("fa3", "flashinfer_paged"), ("decode", "verify")
+    skips = [skip | {"backend": b, "family": f} for b in backends for f in families]
+    odd = skip | {"backend": "fa4", "reason": "flash-attn-4 not installed"}
+    doc["results"] = others + skips + [odd]
+    page = html.render(doc)
+    matrix_html = page[page.index('id="summary-matrix"') : page.index("</table>")]
+    assert matrix_html.count('<tr class="collapsed">') == 1
+    assert "4 rows on cuda skipped" in matrix_html and "(2 backends: fa3, flashinfer_paged)" in matrix_html
+    assert "<th>fa3</th>" not in matrix_html and "<th>fa4</th>" in matrix_html  # a lone reason stays a row
+    assert "<th>harness.mutants.torch_native:_WindowIgnored</th>" in matrix_html
+
+
+def test_a_one_token_heatmap_is_wide_has_axis_ticks_and_outlines_its_worst_cell():
+    doc = sample_document()
+    fail = next(r for r in doc["results"] if r["status"] == "fail")
+    em = {"quantity": "q", "budget": 0.01, "tokens": 1, "heads": 4, "token_bin": 1, "request_starts": [0]}
+    fail["error_map"] = em | {"values": [[0.001, 0.2, 0.05, 0.0]]}  # head 1: 20x its budget
+    doc["results"] = [fail]
+    page = html.render(doc)
+    figure = page[page.index('<div class="axes">') : page.index("</figure>")]
+    img = figure[figure.index("<img") : figure.index(">", figure.index("<img"))]
+    width, height = (int(img.split(f'{k}="')[1].split('"')[0]) for k in ("width", "height"))
+    assert width >= pictures.HEATMAP_MIN_WIDTH and height == 6 * 16  # 4 heads + the start strip, 16px rows
+    box = f"left:1px;top:17px;width:{width}px;height:16px"  # one column; head 1 is the second row
+    assert f'<span class="worst-cell" style="{box}"></span>' in figure
+    assert [f'class="ytick" style="top:{1 + 16 * y + 8}px">{y}<' in figure for y in range(4)] == [True] * 4
+    assert figure.count('class="xtick"') == 1 and '">0</span>' in figure  # token 0 (first and last)
+    assert "Outlined: the worst cell (token 0, head 1: 20× the budget)" in page
+    em["token_bin"], em["tokens"] = 2, 600
+    fail["error_map"] = em | {"values": [[0.0] * 4] * 299 + [[0.0, 0.0, None, 0.0]]}  # NaN at the end
+    page = html.render(doc)
+    assert "Outlined: the worst cell (tokens 598..599, head 2: NaN/Inf)" in page
+
+
 def test_html_of_a_clean_run_says_so():
     doc = sample_document()
     doc["results"] = [r for r in doc["results"] if r["status"] == "pass"]
@@ -174,19 +238,64 @@ def test_environment_lists_versions_and_says_not_installed():
     assert environment.package_version(("no-such-distribution-xyz",)) == "not installed"
 
 
-def test_progress_line_counts_tests_cases_and_failing_tests():
+def test_environment_names_the_harness_commit_and_each_plugin_with_its_version(tmp_path, monkeypatch):
+    info = tmp_path / "myattn_engine-2.3.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: myattn-engine\nVersion: 2.3.1\n")
+    (info / "entry_points.txt").write_text("[attn_harness.backends]\nmyattn = myattn_engine.glue:make\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    env = environment.collect()
+    assert "myattn = myattn_engine.glue:make (myattn-engine 2.3.1)" in env["backend plugins"]
+    version = env["attn-harness"]
+    assert version.startswith("0.1.0 (git ") and len(version.split()[2].rstrip(")")) == 12, version
+
+
+def test_progress_line_counts_examples_tests_and_failing_tests():
     now = [100.0]
-    p = Progress(total_tests=4, clock=lambda: now[0])
+    p = Progress(total_tests=4, clock=lambda: now[0], examples_per_test=10)
     p.case("pass", "t1")
     p.case("fail", "t1")
     p.case("fail", "t1")  # shrinking: still one failing test
+    p.test_done("t1", True)
     p.case("skip", "t2")
     p.case("refused", "t2")  # a drawn case the backend turned down: not a failure
-    p.test_done("t1", True)
     now[0] = 165.0
+    # expected: t1's 3 + 10 for each of the 3 tests left; done: 1 test + 2 of t2's 10 examples = 1.2 of 4
+    # tests, so 65 s for 30% leaves ~152 s
     assert p.line() == (
-        "[#####---------------] 1/4 tests | 5 cases (2 skipped or refused) | 1 failing | 1:05 elapsed | t2"
+        "[######--------------] 5/~33 examples (2 skipped or refused) | 1/4 tests | 1 failing | "
+        "1:05 elapsed, ~2:31 left | t2"
     )
     assert p.due(5.0) and not p.due(5.0)
     now[0] = 170.0
     assert p.due(5.0)
+
+
+def test_progress_estimate_caps_a_running_test_and_ends_at_zero_left():
+    now = [0.0]
+    p = Progress(total_tests=2, clock=lambda: now[0], examples_per_test=4)
+    for _ in range(9):  # past max_examples: shrinking
+        p.case("fail", "t1")
+    now[0] = 60.0
+    assert p.fraction() == pytest.approx(0.95 / 2) and "~1:06 left" in p.line()
+    assert p.line().startswith("[#########-----------] 9/~13 examples")  # t1's 9 so far + 4 for t2
+    p.test_done("t1", True)
+    p.test_done("t2", False)
+    assert p.fraction() == 1.0 and "left" not in p.line() and "[####################]" in p.line()
+
+
+def test_summary_columns_fit_long_names_and_a_skip_only_row_has_no_worst():
+    long = "harness.mutants.torch_native:_WindowIgnored"
+    rec = dict(device="cpu", reason="", verdict=None)
+    records = [
+        rec | {"status": "pass", "backend": long, "family": "prefix", "verdict": {"ratio": 0.25}},
+        rec | {"status": "skip", "backend": "b", "family": "draft_extend_v2"},
+    ]
+    head, rule, *rows = summary_table(records).splitlines()
+    assert len({len(head), len(rule), *map(len, rows)}) == 1  # every column ends where its header ends
+    start = head.index("family")  # left-aligned; the counts and worst are right-aligned
+    assert [row[start - 1 : start + 6] for row in rows] == [" draft_", " prefix"]
+    for name in ("pass", "checked", "worst"):
+        end = head.index(name) + len(name)
+        assert all(row[end - 1] != " " and row[end : end + 1] in ("", " ") for row in rows), name
+    assert rows[1].endswith(" 0.25") and rows[0].endswith(" -")

@@ -21,7 +21,14 @@ pytestmark = pytest.mark.skipif(
     reason="no Chromium found (set CHROMIUM, or `apt-get install -y chromium`; .ci/run installs it)",
 )
 
-ELEMENTS = ("#summary-matrix", "#failure-1", "#failure-1 img.probe", "#failure-1 img.heatmap")
+ELEMENTS = (
+    "#summary-matrix",
+    "#failure-1",
+    "#failure-1 img.probe",
+    "#failure-1 img.heatmap",
+    "#failure-1 div.axes",
+)
+WORST_OUTLINE = (0, 160, 255)  # harness/report/html.py's .worst-cell
 # For each element: scroll it into view, then ask what is painted at a point inside its top-left corner.
 LAYOUT = """JSON.stringify(Object.fromEntries(%s.map(sel => {
   const el = document.querySelector(sel);
@@ -91,6 +98,7 @@ def test_screenshots_show_the_matrix_colours_and_the_probe_picture(rendered):
     heat = clips["#failure-1 img.heatmap"]
     assert any(px[0] > 120 and px[1] < 80 and px[2] < 60 for row in heat for px in row)  # far over budget
     assert has_colour(clips["#failure-1"], (192, 57, 43))  # the failure section's border
+    assert has_colour(clips["#failure-1 div.axes"], WORST_OUTLINE)  # the worst cell, outlined
 
 
 def test_the_layout_check_catches_a_hidden_failure_section(tmp_path):

@@ -184,3 +184,12 @@ def test_a_window_at_least_as_long_as_the_context():
 
     each = {f: round(rate([f], covers), 3) for f in WITH_PREFIX}
     assert min(each.values()) >= 0.015 and rate(WITH_PREFIX + ["prefill"], covers) >= 0.015, each
+
+
+@pytest.mark.parametrize("profile", [*SIZES, "mutant"])
+def test_profiles_leave_the_repro_to_the_harness(profile):
+    """A failure prints its own repro command: no @reproduce_failure blob, and no explain phase (it
+    reruns the failing case many times to point at harness lines that only a failure runs)."""
+    chosen = settings.get_profile(profile)
+    assert chosen.print_blob is False and Phase.explain not in chosen.phases
+    assert Phase.generate in chosen.phases and Phase.shrink in chosen.phases

@@ -55,10 +55,10 @@ class CaseResult:
         }
 
     def failure_text(self) -> str:
-        """What a failing test prints: the verdict, the Case as JSON and the repro command."""
+        """What a failing test prints: the verdict and the repro command, which holds the Case (as JSON)
+        once; results.json and the report keep it indented."""
         return (
             f"{self.backend} on {self.device}: {self.status.upper()}: {self.reason}\n"
-            f"Case:\n{self.case.to_json(indent=1)}\n"
             f"Replay:\n  {repro_command(self.case, self.backend, self.device)}"
         )
 
@@ -108,10 +108,11 @@ SUMMARY_COLUMNS = ("pass", "xfail", "fail", "error", "crash", "hang", "checked",
 
 def summary_table(results: list[dict]) -> str:
     """Per (backend, family): the count of each status, the cases checked (run by the backend) and
-    refused (drawn, but turned down by its supports()), and the worst error/budget ratio, as a text
-    table; under it, the most frequent refusal reason of each row that has refusals."""
+    refused (drawn, but turned down by its supports()), and the worst error/budget ratio ("-" where no
+    case was compared), as a text table whose name columns fit the longest name; under it, the most
+    frequent refusal reason of each row that has refusals."""
     rows: dict[tuple[str, str], dict] = defaultdict(
-        lambda: dict.fromkeys(STATUSES, 0) | {"checked": 0, "worst": 0.0, "why": Counter()}
+        lambda: dict.fromkeys(STATUSES, 0) | {"checked": 0, "worst": None, "why": Counter()}
     )
     for res in results:
         row = rows[(f"{res['backend']}@{res['device']}", res["family"])]
@@ -121,14 +122,17 @@ def summary_table(results: list[dict]) -> str:
             row["why"][res.get("reason") or "(no reason given)"] += 1
         v = res.get("verdict")
         if v and v.get("ratio") is not None and res["status"] in ("pass", "xfail", "fail"):
-            row["worst"] = max(row["worst"], float(v["ratio"]))
+            row["worst"] = max(row["worst"] or 0.0, float(v["ratio"]))
+    name_width = max([len("backend"), *(len(b) for b, _ in rows)])
+    family_width = max([len("family"), *(len(f) for _, f in rows)])
     columns = " ".join(f"{c:>7}" for c in SUMMARY_COLUMNS)
-    head = f"{'backend':<28} {'family':<16} {columns} {'worst':>7}"
+    head = f"{'backend':<{name_width}} {'family':<{family_width}} {columns} {'worst':>7}"
     lines = [head, "-" * len(head)]
     notes = []
     for (b, fam), row in sorted(rows.items()):
         counts = " ".join(f"{row[c]:>7}" for c in SUMMARY_COLUMNS)
-        lines.append(f"{b:<28} {fam:<16} {counts} {row['worst']:>7.2f}")
+        worst = "-" if row["worst"] is None else f"{row['worst']:.2f}"  # no verdict: nothing was compared
+        lines.append(f"{b:<{name_width}} {fam:<{family_width}} {counts} {worst:>7}")
         if row["refused"]:
             why, n = row["why"].most_common(1)[0]
             drawn = row["checked"] + row["refused"]

@@ -11,7 +11,10 @@ import platform
 import shutil
 import subprocess
 from importlib import metadata
+from pathlib import Path
 
+import harness
+from harness.backends import ENTRY_POINT_GROUP
 from harness.backends.flash_attn_versions import FA4_RANGE
 from harness.backends.flashinfer_versions import RANGE as FLASHINFER_RANGE
 
@@ -63,6 +66,37 @@ def driver_version() -> str:
     )
 
 
+
+
+def harness_version() -> str:
+    """The harness's own version and, from a git checkout, its commit ('+ changes' if the tree differs)."""
+    root = Path(harness.__file__).resolve().parent.parent
+    git = shutil.which("git")
+    if git is None or not (root / ".git").exists():
+        return f"{harness.__version__} (not a git checkout)"
+    def run(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([git, "-C", str(root), *args], capture_output=True, text=True, timeout=20)
+
+    try:
+        head = run("rev-parse", "--short=12", "HEAD")
+        dirty = run("status", "--porcelain", "--untracked-files=no")
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return f"{harness.__version__} (git: {type(e).__name__})"
+    if head.returncode != 0:
+        return f"{harness.__version__} (git: {head.stderr.strip() or 'no commit'})"
+    changes = " + uncommitted changes" if dirty.stdout.strip() else ""
+    return f"{harness.__version__} (git {head.stdout.strip()}{changes})"
+
+
+def plugin_versions() -> str:
+    """The installed backend plugins: 'name = module:factory (distribution version)', '; '-separated."""
+    found = []
+    for ep in sorted(metadata.entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name):
+        dist = f"{ep.dist.name} {ep.dist.version}" if ep.dist is not None else "unknown distribution"
+        found.append(f"{ep.name} = {ep.value} ({dist})")
+    return "; ".join(found) or f"none (no entry points in {ENTRY_POINT_GROUP})"
+
+
 def collect() -> dict[str, str]:
     """label -> version or description, in the order the report shows them."""
     import torch
@@ -82,4 +116,6 @@ def collect() -> dict[str, str]:
     }
     for label, names in PACKAGES:
         env[label] = package_version(names)
+    env["attn-harness"] = harness_version()
+    env["backend plugins"] = plugin_versions()
     return env

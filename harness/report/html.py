@@ -16,6 +16,7 @@ from harness.core.compare import where
 from harness.core.vocab import PROBLEMS, STATUSES
 from harness.report import matrix, pictures
 
+HEATMAP_MAX_HEIGHT = 240  # display pixels
 CSS = """
 body{font:14px/1.4 system-ui,sans-serif;margin:24px;color:#222;max-width:1400px}
 h1{font-size:22px;margin:0 0 4px} h2{font-size:18px;border-bottom:1px solid #ccc;padding-bottom:2px}
@@ -27,7 +28,8 @@ th{background:#f3f3f3;text-align:left}
 td.bad{background:#f4b6b0} td.close{background:#fde9a9} td.ok{background:#c5e5c5}
 td.skipped{background:#e2e2e2;color:#555} td.empty{background:#fafafa;color:#aaa}
 .n-fail,.n-error,.n-crash,.n-hang{font-weight:bold;color:#900} .n-refused{color:#8a5a00}
-.n-xfail{color:#5a3a8a}
+.n-xfail{color:#5a3a8a} .n-zero{color:#777}
+tr.collapsed td{background:#f2f2f2;color:#555;font-size:12px}
 section.failure{border:2px solid #c0392b;border-radius:6px;padding:10px 14px;margin:14px 0;background:#fffafa}
 section.failure.crash,section.failure.hang,section.failure.error{border-color:#6c3483}
 pre{background:#f6f6f6;padding:6px 8px;overflow-x:auto;white-space:pre-wrap;word-break:break-all;margin:0}
@@ -37,6 +39,11 @@ figure{margin:6px 0 10px} figcaption{color:#555;font-size:12px}
   margin:0 3px 0 8px}
 ul.probe-lines{font-family:ui-monospace,monospace;font-size:12px;margin:4px 0;padding-left:18px}
 .legend{font-size:12px;color:#444}
+div.axes{position:relative;display:inline-block;margin:4px 0 20px 30px;font-size:11px;color:#444}
+div.axes img.picture{margin:0}
+.ytick{position:absolute;right:100%;padding-right:4px;transform:translateY(-50%)}
+.xtick{position:absolute;top:100%;transform:translateX(-50%)}
+.worst-cell{position:absolute;box-sizing:border-box;outline:2px solid #00a0ff;outline-offset:1px}
 """
 
 
@@ -54,7 +61,7 @@ def _num(x: object, digits: int = 3) -> str:
 def _header(data: dict) -> str:
     run = data["run"]
     tot = matrix.totals(data["results"])
-    counts = ", ".join(f'<span class="n-{s}">{tot[s]} {s}</span>' for s in STATUSES)
+    counts = ", ".join(f'<span class="{_count_class(s, tot[s])}">{tot[s]} {s}</span>' for s in STATUSES)
     problems = sum(tot[s] for s in PROBLEMS)
     verdict = "FAILED" if problems else ("NOTHING CHECKED" if not tot["pass"] else "PASSED")
     checked = tot["checked"]
@@ -74,12 +81,24 @@ def _header(data: dict) -> str:
     )
 
 
+def _count_class(status: str, n: int) -> str:
+    """A count's CSS class: its status colour (failures bold red) only when it is not zero."""
+    return f"n-{status}" if n else "n-zero"
+
+
 def _refused_share(checked: int, refused: int) -> str:
     return f" ({refused / (checked + refused):.0%} of the drawn cases)" if refused else ""
 
 
-def _cell(c: matrix.Cell) -> str:
-    parts = [f'<span class="n-{s}">{n} {s}</span>' for s, n in c.counts.items() if n]
+def _cell(c: matrix.Cell, failure: int | None) -> str:
+    """A matrix cell; its failures, harness errors, crashes and hangs link to the first of them."""
+    parts = [
+        f'<a href="#failure-{failure}" class="n-{s}">{n} {s}</a>'
+        if s in PROBLEMS and failure is not None
+        else f'<span class="n-{s}">{n} {s}</span>'
+        for s, n in c.counts.items()
+        if n
+    ]
     if c.worst is not None:
         parts.append(f"worst {_num(c.worst, 2)}")
     title = ", ".join(f"{n} {s}" for s, n in c.counts.items()) + f"; worst err/budget {_num(c.worst)}"
@@ -99,11 +118,20 @@ def _matrix(data: dict) -> str:
     out.append(
         f'<table id="summary-matrix"><tr><th>backend</th><th>device</th><th>family (mode)</th>{head}</tr>'
     )
-    for (backend, device, family), cells in rows.items():
-        tds = "".join(_cell(cells[c]) for c in matrix.COLUMNS)
+    first = _first_failures(data)
+    shown, collapsed = matrix.collapse_skipped(rows)
+    for (backend, device, family), cells in shown.items():
+        tds = "".join(_cell(cells[c], first.get((backend, device, family, c))) for c in matrix.COLUMNS)
         out.append(
             f"<tr><th>{escape(backend)}</th><td>{escape(device)}</td>"
             f"<td>{escape(matrix.family_label(family))}</td>{tds}</tr>"
+        )
+    for (device, reason), skipped in collapsed.items():
+        backends = sorted({b for b, _, _ in skipped})
+        out.append(
+            f'<tr class="collapsed"><th colspan="3">{len(skipped)} rows on {escape(device)} skipped</th>'
+            f'<td colspan="{len(matrix.COLUMNS)}">{escape(reason)} ({len(backends)} backends: '
+            f"{escape(', '.join(backends))})</td></tr>"
         )
     out.append("</table>")
     out.append(
@@ -117,6 +145,20 @@ def _matrix(data: dict) -> str:
         '<span class="swatch" style="background:#e2e2e2"></span>skipped only</p></section>'
     )
     return "\n".join(out)
+
+
+def _first_failures(data: dict) -> dict[tuple[str, str, str, str], int]:
+    """(backend, device, family, matrix column) -> the number of its first failure section."""
+    first: dict[tuple[str, str, str, str], int] = {}
+    for i, rec in enumerate(_problems(data), 1):
+        for col in matrix.columns_of(rec):
+            first.setdefault((rec["backend"], rec["device"], rec["family"], col), i)
+    return first
+
+
+def _problems(data: dict) -> list[dict]:
+    """The records the Failures section shows, in its order."""
+    return [r for r in data["results"] if r["status"] in PROBLEMS]
 
 
 def _location(rec: dict) -> str:
@@ -151,9 +193,15 @@ def _heatmap(rec: dict) -> str:
     em = rec.get("error_map")
     if not em or not em.get("values"):
         return "<h4>Error over (token, head)</h4><p>No error map was recorded for this failure.</p>"
-    img = pictures.img_tag(
-        pictures.heatmap_pixels(em), "error heatmap over token and head", "picture heatmap", 240
-    )
+    pixels = pictures.heatmap_pixels(em)
+    cell = pictures.heatmap_cell(len(pixels[0]), len(pixels), HEATMAP_MAX_HEIGHT)
+    img = pictures.img_tag(pixels, "error heatmap over token and head", "picture heatmap", cell=cell)
+    wb, wh = pictures.worst_cell(em)
+    worst = em["values"][wb][wh]
+    ratio = math.inf if worst is None or not em["budget"] else worst / em["budget"]
+    worst_text = "NaN/Inf" if worst is None else f"{_num(ratio)}× the budget"
+    lo, hi = wb * int(em["token_bin"]), min(int(em["tokens"]), (wb + 1) * int(em["token_bin"])) - 1
+    tokens = f"token {lo}" if lo == hi else f"tokens {lo}..{hi}"
     starts = ", ".join(map(str, em.get("request_starts", [])))
     legend = (
         "".join(
@@ -163,13 +211,34 @@ def _heatmap(rec: dict) -> str:
         + f'<span class="swatch" style="background:rgb{pictures.NAN_COLOUR}"></span>NaN/Inf'
     )
     return (
-        "<h4>Error over (token, head)</h4><figure>"
-        f"{img}<figcaption>x: token, {em['tokens']} in request order ({em['token_bin']} per column; "
+        f"<h4>Error over (token, head)</h4><figure>{_axes(em, img, cell, (wb, wh))}"
+        f"<figcaption>x: token, {em['tokens']} in request order ({em['token_bin']} per column; "
         f"requests start at tokens {escape(starts)}, marked in the strip below); "
         f"y: query head 0 (top) to {em['heads'] - 1}. "
-        f"Colour: {escape(em.get('quantity', 'error'))} divided by the budget {_num(em['budget'])}."
+        f"Colour: {escape(em.get('quantity', 'error'))} divided by the budget {_num(em['budget'])}. "
+        f"Outlined: the worst cell ({tokens}, head {wh}: {worst_text})."
         f'</figcaption><div class="legend">{legend}</div></figure>'
     )
+
+
+def _axes(em: dict, img: str, cell: tuple[int, int], worst: tuple[int, int]) -> str:
+    """The heatmap with its axis ticks (heads on the left; request starts and the last token below) and
+    an outline on its worst cell, laid over the image in display pixels (the image has a 1px border)."""
+    w, h = cell
+    bin_ = int(em["token_bin"])
+    heads = int(em["heads"])
+    ys = range(heads) if h >= 12 else sorted({0, heads - 1})
+    ticks = [f'<span class="ytick" style="top:{1 + y * h + h // 2}px">{y}</span>' for y in ys]
+    last_x = -100
+    for t in [*em.get("request_starts", [0]), int(em["tokens"]) - 1]:
+        x = 1 + (int(t) // bin_) * w + w // 2
+        if x - last_x >= 28:  # labels closer than this would overlap
+            ticks.append(f'<span class="xtick" style="left:{x}px">{t}</span>')
+            last_x = x
+    b, hd = worst
+    box = f"left:{1 + b * w}px;top:{1 + hd * h}px;width:{w}px;height:{h}px"
+    mark = f'<span class="worst-cell" style="{box}"></span>'
+    return f'<div class="axes">{img}{mark}{"".join(ticks)}</div>'
 
 
 def _probe(rec: dict) -> str:
@@ -236,7 +305,7 @@ def _failure(i: int, rec: dict) -> str:
 
 
 def _failures(data: dict) -> str:
-    bad = [r for r in data["results"] if r["status"] in PROBLEMS]
+    bad = _problems(data)
     out = [f'<section id="failures"><h2>Failures ({len(bad)})</h2>']
     if not bad:
         out.append("<p>None.</p>")

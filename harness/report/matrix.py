@@ -23,9 +23,12 @@ class Cell:
     counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(STATUSES, 0))
     worst: float | None = None  # worst err/budget of the checked cases (inf: NaN in an output)
     checked: int = 0  # cases (or models) the backend ran: results.is_checked
+    skip_reasons: set[str] = field(default_factory=set)  # of its skip records
 
     def add(self, record: dict) -> None:
         self.counts[record["status"]] += 1
+        if record["status"] == "skip":
+            self.skip_reasons.add(record.get("reason") or "(no reason given)")
         self.checked += is_checked(record)
         verdict = record.get("verdict")
         if record["status"] in ("pass", "fail") and verdict and verdict.get("ratio") is not None:
@@ -68,6 +71,22 @@ def build(results: list[dict]) -> dict[Row, dict[str, Cell]]:
             row[col].add(rec)
     order = {f: i for i, f in enumerate(FAMILIES)}
     return dict(sorted(rows.items(), key=lambda kv: (kv[0][0], kv[0][1], order.get(kv[0][2], 99), kv[0][2])))
+
+
+def collapse_skipped(
+    rows: dict[Row, dict[str, Cell]],
+) -> tuple[dict[Row, dict[str, Cell]], dict[tuple[str, str], list[Row]]]:
+    """Split off the rows that only skipped, for one reason shared with other rows on their device (on a
+    CPU machine: every CUDA row, "no CUDA device"): (rows shown as they are, (device, reason) -> rows)."""
+    groups: dict[tuple[str, str], list[Row]] = {}
+    for key, cells in rows.items():
+        reasons = cells["all"].skip_reasons
+        only_skips = cells["all"].counts["skip"] == sum(cells["all"].counts.values())
+        if only_skips and len(reasons) == 1:
+            groups.setdefault((key[1], next(iter(reasons))), []).append(key)
+    collapsed = {k: v for k, v in groups.items() if len(v) > 1}
+    gone = {key for keys in collapsed.values() for key in keys}
+    return {k: v for k, v in rows.items() if k not in gone}, collapsed
 
 
 def totals(results: list[dict]) -> dict[str, int]:

@@ -23,6 +23,7 @@ PROBE_COLOURS = {
     "?": (148, 103, 189),
     "!": (0, 0, 0),
 }
+HEATMAP_MIN_WIDTH = 240  # display pixels: a one-token map is a readable block, not a sliver
 # Ratio stops of the heatmap legend, with their colours (computed by ratio_colour).
 LEGEND_RATIOS = (0.0, 0.001, 0.01, 0.1, 1.0, 3.0, 10.0, 100.0)
 
@@ -66,16 +67,42 @@ def probe_pixels(grid: list[str]) -> list[list[tuple[int, int, int]]]:
     return [[PROBE_COLOURS[c] for c in row] for row in grid]
 
 
+def heatmap_cell(cols: int, rows: int, max_height: int) -> tuple[int, int]:
+    """Display (width, height) of one heatmap cell: square where the map is wide enough, stretched
+    sideways (to HEATMAP_MIN_WIDTH) where it is narrow, as a decode batch's few tokens are."""
+    side = scale(cols, rows, max_height=max_height)
+    return max(side, min(HEATMAP_MIN_WIDTH // max(cols, 1), 960 // max(cols, 1))), side
+
+
+def worst_cell(error_map: dict) -> tuple[int, int]:
+    """(token bin, head) of the worst cell: the first NaN/Inf one, else the largest error."""
+    best, where_ = -1.0, (0, 0)
+    for b, col in enumerate(error_map["values"]):
+        for h, v in enumerate(col):
+            if v is None:
+                return b, h
+            if v > best:
+                best, where_ = v, (b, h)
+    return where_
+
+
 def scale(cols: int, rows: int, max_width: int = 960, max_height: int = 480) -> int:
     """Display pixels per cell: as large as fits, between 1 and 16."""
     return max(1, min(16, max_width // max(cols, 1), max_height // max(rows, 1)))
 
 
-def img_tag(pixels: list[list[tuple[int, int, int]]], alt: str, css_class: str, max_height: int = 480) -> str:
-    """An <img> with the PNG inline, scaled up without smoothing."""
+def img_tag(
+    pixels: list[list[tuple[int, int, int]]],
+    alt: str,
+    css_class: str,
+    max_height: int = 480,
+    cell: tuple[int, int] | None = None,
+) -> str:
+    """An <img> with the PNG inline, scaled up without smoothing (square cells unless `cell` is given)."""
     rows, cols = len(pixels), len(pixels[0])
     s = scale(cols, rows, max_height=max_height)
+    w, h = cell or (s, s)
     return (
-        f'<img class="{css_class}" alt="{html.escape(alt)}" width="{cols * s}" height="{rows * s}" '
+        f'<img class="{css_class}" alt="{html.escape(alt)}" width="{cols * w}" height="{rows * h}" '
         f'src="{png.data_uri(pixels)}">'
     )

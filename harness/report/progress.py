@@ -1,7 +1,10 @@
-"""The progress line of a check run: tests done out of collected, cases checked, failures, time.
+"""The progress line of a check run: examples checked out of those expected, tests done, failures,
+time elapsed and an estimate of the time left.
 
 Pure bookkeeping and formatting; the pytest plugin decides when to print it (at most every few
-seconds while a test runs, and when a test ends).
+seconds while a test runs, and when a test ends). A test is expected to run its profile's
+max_examples; one that stops early (a failure, a small search space) counts as complete when it
+ends, so the estimate is of the work left, not a promise.
 """
 
 from __future__ import annotations
@@ -10,24 +13,32 @@ import time
 from collections.abc import Callable
 
 BAR = 20
+RUNNING_CAP = 0.95  # a running test counts as at most this much done: shrinking may run past max_examples
 
 
 class Progress:
-    def __init__(self, total_tests: int = 0, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, total_tests: int = 0, clock: Callable[[], float] = time.monotonic, examples_per_test: int = 0
+    ) -> None:
         self.clock = clock
         self.start = clock()
         self.last_print = -1e9
         self.total_tests = total_tests
+        self.examples_per_test = examples_per_test  # the profile's max_examples (0: unknown)
         self.tests_done = 0
         self.cases = 0
+        self.current_cases = 0  # examples of the running test
+        self.finished_cases = 0  # examples of the tests done
         self.skipped = 0
         self.failing: set[str] = set()  # test ids with a failing, crashing or hanging case
         self.current = ""
 
     def case(self, status: str, test_id: str) -> None:
         """One checked (or skipped) example of test `test_id`."""
-        self.current = test_id
+        if test_id != self.current:
+            self.current, self.current_cases = test_id, 0
         self.cases += 1
+        self.current_cases += 1
         if status in ("skip", "refused"):  # refused: a drawn case the backend's supports() turned down
             self.skipped += 1
         elif status != "pass":
@@ -35,6 +46,7 @@ class Progress:
 
     def test_done(self, test_id: str, failed: bool) -> None:
         self.tests_done += 1
+        self.finished_cases, self.current_cases = self.cases, 0
         if failed:
             self.failing.add(test_id)
 
@@ -46,13 +58,38 @@ class Progress:
         self.last_print = now
         return True
 
+    def fraction(self) -> float:
+        """The share of the run done: finished tests, and the running test's examples so far."""
+        total = max(self.total_tests, self.tests_done)
+        if not total:
+            return 0.0
+        running = 0.0
+        if self.examples_per_test and self.tests_done < total:
+            running = min(self.current_cases / self.examples_per_test, RUNNING_CAP)
+        return (self.tests_done + running) / total
+
+    def expected(self) -> int:
+        """Examples the run will have checked: those of the tests done, and max_examples for each test
+        still to run (or what the running one has already checked, if more: shrinking)."""
+        left = max(self.total_tests - self.tests_done, 0)
+        running = max(self.current_cases, self.examples_per_test) if left else 0
+        return self.finished_cases + running + max(left - 1, 0) * self.examples_per_test
+
     def line(self) -> str:
         total = max(self.total_tests, self.tests_done)
-        filled = BAR * self.tests_done // total if total else 0
-        secs = int(self.clock() - self.start)
+        done = self.fraction()
+        filled = int(BAR * done)
+        elapsed = self.clock() - self.start
+        left = f", ~{_clock(elapsed * (1 - done) / done)} left" if 0 < done < 1 else ""
+        expected = f"/~{self.expected()}" if self.examples_per_test else ""
         where = f" | {self.current}" if self.current else ""
         return (
-            f"[{'#' * filled}{'-' * (BAR - filled)}] {self.tests_done}/{total} tests | "
-            f"{self.cases} cases ({self.skipped} skipped or refused) | {len(self.failing)} failing | "
-            f"{secs // 60}:{secs % 60:02d} elapsed{where}"
+            f"[{'#' * filled}{'-' * (BAR - filled)}] {self.cases}{expected} examples "
+            f"({self.skipped} skipped or refused) | {self.tests_done}/{total} tests | "
+            f"{len(self.failing)} failing | {_clock(elapsed)} elapsed{left}{where}"
         )
+
+
+def _clock(seconds: float) -> str:
+    s = int(seconds)
+    return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}" if s >= 3600 else f"{s // 60}:{s % 60:02d}"

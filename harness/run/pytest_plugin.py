@@ -19,6 +19,7 @@ from __future__ import annotations
 import time
 
 import pytest
+from hypothesis import settings
 
 from harness.checks.probe import ProbeResult, probe
 from harness.core.results import REFUSALS_CHECK, CaseResult, summary_table, test_record
@@ -44,6 +45,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--harness-report", default=None, help="write results.json, index.html, junit.xml here")
     group.addoption("--harness-run-id", default=None, help="the run id recorded in the report")
     group.addoption("--harness-progress", action="store_true", help="print a progress line as cases run")
+    group.addoption("--harness-command", default=None, help="the command the report's header shows")
     group.addoption(
         "--harness-no-probe", action="store_true", help="do not rerun failures through the mask probe"
     )
@@ -136,7 +138,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
-    session.config.stash[_PROGRESS_KEY].total_tests = len(session.items)
+    progress = session.config.stash[_PROGRESS_KEY]
+    progress.total_tests = len(session.items)
+    progress.examples_per_test = settings().max_examples  # of the loaded profile: the estimate's unit
 
 
 def probe_failure(result: CaseResult, target: Target) -> dict:
@@ -208,6 +212,17 @@ def _test_records(item: pytest.Item, report: pytest.TestReport, call: pytest.Cal
     return out
 
 
+def _case_failure_only(report: pytest.TestReport, call: pytest.CallInfo) -> None:
+    """A test that failed on a case prints that case's failure text (its verdict and one repro command)
+    instead of the traceback through the search and hypothesis's repr of the same case; a harness error
+    or a search that was mostly refused keeps its traceback."""
+    if call.excinfo is None:
+        return
+    excs = _exceptions(call.excinfo.value)
+    if all(type(e) is AssertionError for e in excs):
+        report.longrepr = "\n".join(str(e) for e in excs)
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):  # noqa: ANN201
     outcome = yield
@@ -220,6 +235,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):  # noqa
     t = item.callspec.params.get("target") if hasattr(item, "callspec") else None
     if report.failed and fails:
         kept.append(fails[-1])
+        _case_failure_only(report, call)
         probing = isinstance(t, Target) and not item.config.getoption("--harness-no-probe")
         if probing and fails[-1].status == "fail":
             fails[-1].probe = probe_failure(fails[-1], t)
@@ -237,14 +253,15 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):  # noqa
 
 
 def run_info(config: pytest.Config, exitstatus: int) -> dict:
-    """The `run` object of results.json."""
+    """The `run` object of results.json; its command is the user's (`check` passes it), else pytest's."""
     start, started = config.stash[_STARTED_KEY]
+    command = config.getoption("--harness-command") or " ".join(["pytest", *config.invocation_params.args])
     return {
         "id": config.getoption("--harness-run-id") or time.strftime("%Y%m%d-%H%M%S", time.localtime(start)),
         "started": started,
         "elapsed_s": round(time.time() - start, 3),
         "profile": profiles.current(),
-        "command": " ".join(["pytest", *config.invocation_params.args]),
+        "command": command,
         "exit_status": int(exitstatus),
     }
 
