@@ -1,10 +1,11 @@
-"""python -m harness {list, check, repro, report, mutants, bench}: the command line.
+"""python -m harness {list, check, warmup, repro, report, mutants, bench}: the command line.
 
 Bad input (unknown backend, malformed JSON, an invalid or oversized Case, a bad results file, an
 unwritable output path, a bad option value) exits 2 with one line naming the problem, before anything
 runs or is written (docs/reports.md lists it); a failing check or repro exits 1. Each subcommand is
 a pair of functions, `add_<name>` (its arguments) and `cmd_<name>` (what it does), registered in
-COMMANDS.
+COMMANDS. The compile caches are pointed at one directory (harness/run/cache_dir.py) before any
+command runs, so every library and child process sees it.
 """
 
 from __future__ import annotations
@@ -121,7 +122,9 @@ def add_list(p: argparse.ArgumentParser) -> None:
 def cmd_list(args: argparse.Namespace) -> int:
     from harness import backends
     from harness.core.vocab import FEATURES
+    from harness.run import cache_dir
 
+    print("\n".join(cache_dir.describe()))
     broken = False
     for name in args.backend or backends.names():
         b = load_backend(name)
@@ -619,6 +622,25 @@ COMMANDS: dict[str, Command] = {
 }
 
 
+CACHE_DIR_COMMANDS = ("check", "warmup", "repro", "mutants", "bench")
+
+
+def add_cache_dir(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--cache-dir",
+        help="the compile caches' directory (default: $ATTN_HARNESS_CACHE, else ~/.cache/attn-harness)",
+    )
+
+
+def use_cache_dir(flag: str | None) -> None:
+    """Point the libraries' compile caches at the cache directory, before any of them is imported."""
+    from harness.run import cache_dir
+
+    if flag and Path(flag).exists() and not Path(flag).is_dir():
+        raise UsageError(f"--cache-dir {flag}: not a directory")
+    cache_dir.apply(flag)
+
+
 class Parser(argparse.ArgumentParser):
     """argparse with a usage error as a UsageError (one line, exit 2); its subcommands are Parsers too."""
 
@@ -630,13 +652,17 @@ def parser() -> argparse.ArgumentParser:
     p = Parser(prog="python -m harness", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True)
     for name, command in COMMANDS.items():
-        command.add(sub.add_parser(name, help=command.help))
+        sp = sub.add_parser(name, help=command.help)
+        command.add(sp)
+        if name in CACHE_DIR_COMMANDS:
+            add_cache_dir(sp)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     try:
         args = parser().parse_args(argv)
+        use_cache_dir(getattr(args, "cache_dir", None))
         return COMMANDS[args.command].run(args)
     except UsageError as e:
         print(f"error: {e}", file=sys.stderr)

@@ -56,6 +56,13 @@ def driver_version() -> str:
     )
 
 
+def cache_directory() -> str:
+    """Where the compile caches are (harness/run/cache_dir.py), and any a user variable moved."""
+    from harness.run import cache_dir
+
+    return cache_dir.summary()
+
+
 def collect() -> dict[str, str]:
     """label -> version or description, in the order the report shows them."""
     import torch
@@ -75,4 +82,5 @@ def collect() -> dict[str, str]:
     }
     for label, names in PACKAGES:
         env[label] = package_version(names)
+    env["compile cache"] = cache_directory()
     return env

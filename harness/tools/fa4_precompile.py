@@ -21,16 +21,17 @@ import torch
 from harness.backends.flash_attn_fa4 import FA4
 from harness.core.batch import build_batch, make_inputs
 from harness.core.case import Case, Request
+from harness.search.profiles import SIZES, Sizes
 
-HEADS = ((8, 8), (8, 2), (8, 1))  # the gpu profile's (q heads, kv heads)
 SOFT_CAPS = (0.0, 30.0, 5.0)  # strategies' soft cap values: each value is its own kernel
 TREE = (-1, 0, 0, 1, 2)
 # cases/test_model.py's Gemma2-like model: soft cap 4, 8 q / 2 kv heads, no sinks (checks/model/check.py).
 MODEL_SOFT_CAPS = {4.0: (8, 2)}
 
 
-def variant_cases() -> list[Case]:
-    """One Case per FA4 compile variant reachable under the gpu profile, then the pinned cases."""
+def variant_cases(sizes: Sizes = SIZES["gpu"]) -> list[Case]:
+    """One Case per FA4 compile variant reachable under a profile's sizes (heads, head dims, dtypes;
+    the gpu profile's by default), then the pinned cases."""
     out = []
     paths = {
         "causal": lambda e: dict(mode="EXTEND", requests=(Request(7, e),)),
@@ -44,33 +45,39 @@ def variant_cases() -> list[Case]:
         ),
     }
 
-    def variant(path: str, rows: int, heads: tuple[int, int], cap: float, page: int, sinks: bool) -> Case:
-        """The Case of one compile variant: a path's shape with the given heads, cap, sinks, page."""
+    def variant(
+        path: str, rows: int, heads: tuple[int, int], cap: float, page: int, sinks: bool, dim_dtype: tuple
+    ) -> Case:
+        """The Case of one compile variant: a path's shape with the given heads, cap, sinks, page,
+        head_dim and dtype."""
         return Case(
             **paths[path](rows),
             num_q_heads=heads[0],
             num_kv_heads=heads[1],
-            head_dim=128,
+            head_dim=dim_dtype[0],
+            dtype=dim_dtype[1],
             soft_cap=cap,
             sinks=sinks,
             page_size=page,
         )
 
-    for path, heads, cap, sinks, page, rows in itertools.product(
-        paths, HEADS, SOFT_CAPS, (False, True), (16, 128), (1, 200)
+    fa4 = FA4()
+    caps = fa4.capabilities
+    dims = [(d, t) for d in sizes.head_dims for t in sizes.dtypes if d in caps.head_dims and t in caps.dtypes]
+    for path, heads, cap, sinks, page, rows, dim in itertools.product(
+        paths, sizes.heads, SOFT_CAPS, (False, True), (16, 128), (1, 200), dims
     ):
         if path == "tree" and rows > 1:
             continue  # drafts never fill a query tile
-        out.append(variant(path, rows, heads, cap, page, sinks))
+        out.append(variant(path, rows, heads, cap, page, sinks, dim))
     from harness.search.pinned import PINNED
 
-    fa4 = FA4()
     pinned = [Case.from_dict(d) for family in PINNED.values() for d in family]
     for (cap, heads), path, page, rows in itertools.product(
         MODEL_SOFT_CAPS.items(), ("causal", "local", "tree"), (16, 128), (1, 200)
     ):
         if path != "tree" or rows == 1:
-            out.append(variant(path, rows, heads, cap, page, False))
+            out.append(variant(path, rows, heads, cap, page, False, (128, "bfloat16")))
     out.sort(key=lambda c: (c.soft_cap > 0) + c.sinks)  # the variants drawn most often first
     return out + [c for c in pinned if fa4.supports(c) is None]
 
