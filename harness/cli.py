@@ -360,6 +360,34 @@ def _check_parallel(
     return code
 
 
+# --- warmup -----------------------------------------------------------------------------------
+
+
+def add_warmup(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--profile", help="compile the variants this profile draws: ci, dev, gpu, thorough (gpu)")
+    p.add_argument("--backend", action="append", help="only what these backends compile (repeatable)")
+    p.add_argument("--jobs", type=int, help="cores to compile on (default: all of them)")
+
+
+def cmd_warmup(args: argparse.Namespace) -> int:
+    from harness.run import cache_dir
+    from harness.search import profiles
+    from harness.tools import warmup
+    from harness.tools.warmup.libraries import LIBRARIES
+
+    profile = args.profile or "gpu"
+    if profile not in profiles.SIZES:
+        raise UsageError(f"unknown profile {profile!r}; known: {', '.join(profiles.SIZES)}")
+    for name in args.backend or []:
+        load_backend(name)
+    if args.jobs is not None and args.jobs < 1:
+        raise UsageError(f"--jobs must be at least 1, got {args.jobs}")
+    jobs = args.jobs or warmup.default_jobs()
+    cuda = _default_device() == "cuda"
+    say = lambda line: print(line, flush=True)  # noqa: E731
+    return warmup.main(LIBRARIES, profile, args.backend, jobs, cuda, str(cache_dir.root()), say)
+
+
 # --- repro ------------------------------------------------------------------------------------
 
 
@@ -613,6 +641,7 @@ class Command(NamedTuple):
 COMMANDS: dict[str, Command] = {
     "list": Command("backends, their capabilities, and availability here", add_list, cmd_list),
     "check": Command("run the suite (cases/) and write a report", add_check, cmd_check),
+    "warmup": Command("compile every JIT variant a profile draws, into the cache", add_warmup, cmd_warmup),
     "repro": Command("replay one case (a JSON file or a JSON literal)", add_repro, cmd_repro),
     "report": Command("re-render index.html and junit.xml from a results.json", add_report, cmd_report),
     "mutants": Command("hunt the mutation catalogue with the suite's strategies", add_mutants, cmd_mutants),
