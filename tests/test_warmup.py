@@ -55,6 +55,8 @@ def test_fa4_plans_each_profiles_heads_and_head_dims():
     model = [c for c in ci if c.soft_cap == 4.0]  # the model check's Gemma2-like cap, at its own shape
     assert model and {c.head_dim for c in model} == {128}
     assert {c.head_dim for c in ci if c.soft_cap != 4.0} == {32, 64}
+    ci_heads = {(c.num_q_heads, c.num_kv_heads) for c in ci if c.head_dim == 32}
+    assert ci_heads == set(SIZES["ci"].heads)
     assert {c.dtype for c in ci} == {"bfloat16", "float16"}
     assert len({v.label for v in FA4.variants("gpu")}) == len(gpu)  # one label per variant
 
@@ -78,7 +80,8 @@ def test_flex_plans_one_variant_per_dtype_head_dim_and_heads_with_every_mode():
 def test_only_the_libraries_of_the_chosen_backends():
     assert warmup.select(LIBRARIES, None) == list(LIBRARIES)
     assert warmup.select(LIBRARIES, ["torch_native", "flex_eager"]) == []
-    assert [lib.name for lib in warmup.select(LIBRARIES, ["fa4", "flashinfer_dec_cc"])] == ["flashinfer", "fa4"]
+    chosen = warmup.select(LIBRARIES, ["fa4", "flashinfer_dec_cc"])
+    assert [lib.name for lib in chosen] == ["flashinfer", "fa4"]
 
 
 # --- running -----------------------------------------------------------------------------------
