@@ -542,7 +542,10 @@ def add_bench(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--backend", action="append", help="only this backend (repeatable; default: every one available here)"
     )
-    p.add_argument("--section", help="comma-separated: throughput,phases,scale,detection (default: all)")
+    p.add_argument(
+        "--section",
+        help="comma-separated: throughput,phases,scale,detection,coldstart (default: all but coldstart)",
+    )
     p.add_argument("--cases", type=int, default=64, help="cases in the throughput mix (default 64)")
     p.add_argument("--seed", type=int, default=0, help="seed of the throughput mix (default 0)")
     p.add_argument(
@@ -565,6 +568,9 @@ def add_bench(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--detection-budget", type=float, help="stop starting detection hunts after this many seconds"
     )
+    p.add_argument(
+        "--coldstart-timeout", type=float, default=1800.0, help="seconds per cold-start run (default 1800)"
+    )
     p.add_argument("--json", default=str(DEFAULT_REPORTS / "bench.json"), help="default: reports/bench.json")
 
 
@@ -574,7 +580,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from harness.tools.bench.table import render
 
     device = args.device or _default_device()
-    sections = tuple(s.strip() for s in (args.section or ",".join(bench.SECTIONS)).split(",") if s.strip())
+    picked = args.section or ",".join(bench.DEFAULT_SECTIONS)
+    sections = tuple(s.strip() for s in picked.split(",") if s.strip())
     bad = [s for s in sections if s not in bench.SECTIONS]
     if bad or not sections:
         raise UsageError(f"unknown section {bad[0] if bad else ''!r}; known: {', '.join(bench.SECTIONS)}")
@@ -597,6 +604,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         max_examples=args.max_examples,
         detection_budget=args.detection_budget,
         mutant_backends=args.backend,
+        coldstart_timeout=args.coldstart_timeout,
     )
     print(f"attn-harness bench on {device}: {', '.join(sections)}", flush=True)
     doc = bench.run(opts, lambda line: print(line, flush=True), lambda d: bench.write_json(args.json, d))
