@@ -4,9 +4,9 @@ Walks every variant the `gpu` profile can draw (and the pins and the model check
 the fa4 adapter on a CPU batch of each and hands its exact arguments, as fake CUDA tensors, to
 flash_attn.cute, which compiles each kernel into the cache; a GPU run with the same cache (same
 flash-attn-4, CuTe DSL and Python minor version) loads instead of compiling. docs/flash_attn.md.
-Needs Python 3.12, torch and flash-attn-4 importable:
+Needs Python 3.12, torch and flash-attn-4 importable; the disk cache defaults to the cache directory's
+fa4/ (harness/run/cache_dir.py; ATTN_HARNESS_CACHE=DIR moves it):
   FLASH_ATTENTION_ARCH=sm_90 CUTE_DSL_ARCH=sm_90a FLASH_ATTENTION_NUM_SMS=132 \
-  FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=1 FLASH_ATTENTION_CUTE_DSL_CACHE_DIR=DIR \
   python -m harness.tools.fa4_precompile [--part I/N]
 """
 
@@ -111,6 +111,9 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--part", default="0/1", help="I/N: compile every N-th variant from the I-th")
     args = p.parse_args(argv)
+    from harness.run import cache_dir
+
+    cache_dir.apply()  # the disk cache on, in the cache directory, unless FLASH_ATTENTION_CUTE_DSL_* are set
     part, parts = (int(x) for x in args.part.split("/"))
     fa4 = FA4()
     kernel = compile_only(fa4.kernel())

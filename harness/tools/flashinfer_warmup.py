@@ -305,6 +305,9 @@ def main(argv: list[str] | None = None) -> int:
         "--jobs", type=int, default=os.cpu_count() or 8, help="nvcc jobs at a time (each takes GBs)"
     )
     args = p.parse_args(argv)
+    from harness.run import cache_dir
+
+    cache_dir.apply()  # FlashInfer's JIT modules under the cache directory, as `python -m harness warmup`
     start = time.perf_counter()
     built = build(args.jobs)
     t_build = time.perf_counter() - start

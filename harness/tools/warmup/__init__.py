@@ -6,7 +6,7 @@ JIT library (libraries.py) lists its variants for the profile, and a pool of wor
 (harness/run/workers.py) runs each variant once, so the compiles spread over the machine's cores
 and land in the cache directory (harness/run/cache_dir.py) that the check then loads from. Each
 variant reports whether it compiled or found everything cached, so a second run says it compiled
-nothing. docs/flashinfer.md, docs/flash_attn.md, docs/flex.md: what a variant is per library.
+nothing. What a variant is per library: libraries.py, docs/flashinfer.md, docs/flash_attn.md.
 """
 
 from __future__ import annotations
@@ -98,7 +98,10 @@ def warm(
     lock, done = threading.Lock(), [0]
 
     def one(worker: workers.Worker, v: Variant) -> None:
-        out = worker.call(library.compile, (v.task,), VARIANT_TIMEOUT)
+        try:
+            out = worker.call(library.compile, (v.task,), VARIANT_TIMEOUT)
+        except workers.WorkerError as e:  # the worker could not start: this variant fails, the rest go on
+            out = workers.Outcome("raised", error=str(e).splitlines()[0])
         with lock:
             done[0] += 1
             if out.kind == "ok" and out.value in (COMPILED, CACHED):
