@@ -6,8 +6,10 @@ TORCH ?= torch==2.13.0
 EXTRAS ?= hf,dev
 PROFILE ?=
 ARGS ?=
-# `make check` compiles every JIT variant first (`make warmup`); WARMUP=no checks without it.
+# `make check` compiles every JIT variant first (`make warmup`); WARMUP=no checks without it, and
+# WARMUP_ARGS narrows it, e.g. WARMUP_ARGS="--backend fa4".
 WARMUP ?= yes
+WARMUP_ARGS ?=
 
 ifeq ($(INSTALL),yes)
 SETUP := .venv/.installed
@@ -27,7 +29,7 @@ endif
 # cache directory (ATTN_HARNESS_CACHE, default ~/.cache/attn-harness); a warm cache compiles nothing.
 # Without a GPU it says there is nothing to compile.
 warmup: $(SETUP)
-	$(PYTHON) -m harness warmup $(if $(PROFILE),--profile $(PROFILE))
+	$(PYTHON) -m harness warmup $(if $(PROFILE),--profile $(PROFILE)) $(WARMUP_ARGS)
 
 # The suite (cases/) over every backend available here, with the per-family summary table.
 # A runner that must test some backends: ARGS="--require fa4,flashinfer_paged" (or ATTN_HARNESS_REQUIRE)

@@ -223,3 +223,5 @@ def test_make_check_warms_up_first_with_the_same_profile():
     ]
     assert make_n("check", "WARMUP=no") == ["py -m harness check"]
     assert make_n("warmup") == ["py -m harness warmup"]
+    narrowed = make_n("check", "WARMUP_ARGS=--backend fa4")[0]
+    assert narrowed.split() == ["py", "-m", "harness", "warmup", "--backend", "fa4"]
