@@ -50,6 +50,13 @@ def test_xdg_then_the_variable_then_the_flag(tmp_path):
     assert {v: env[v] for v in VARS} == derived(tmp_path / "flag")
 
 
+def test_a_relative_root_is_made_absolute_for_the_children(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    env = {"HOME": str(tmp_path), cache_dir.ENV: "rel"}
+    cache_dir.apply(None, env)
+    assert env[cache_dir.ENV] == str(tmp_path / "rel")
+
+
 def test_a_library_variable_the_user_set_wins_and_list_says_so(tmp_path):
     env = {"HOME": str(tmp_path), "TORCHINDUCTOR_CACHE_DIR": "/mine/inductor", cache_dir.FA4_SWITCH: "0"}
     cache_dir.apply(str(tmp_path / "c"), env)

@@ -57,6 +57,8 @@ def apply(flag: str | None = None, environ: MutableMapping[str, str] | None = No
     if flag:
         env[ENV] = str(Path(flag).expanduser().resolve())
     top, owned = root(env), _owned(env)
+    if env.get(ENV):
+        env[ENV] = str(top)  # absolute: a child in another working directory finds the same root
     for _, var, sub in LIBRARIES:
         if var not in env or var in owned:
             env[var] = str(top / sub)
