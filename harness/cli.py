@@ -124,7 +124,6 @@ def cmd_list(args: argparse.Namespace) -> int:
     from harness.core.vocab import FEATURES
     from harness.run import cache_dir
 
-    print("\n".join(cache_dir.describe()))
     broken = False
     for name in args.backend or backends.names():
         b = load_backend(name)
@@ -145,6 +144,7 @@ def cmd_list(args: argparse.Namespace) -> int:
             print(f"  {device}: {state}" + (f": {why}" if why else ""))
         for feature, why in sorted(c.why_not.items()):
             print(f"  no {feature}: {why}")
+    print("\n".join(cache_dir.describe()))
     return 1 if broken else 0
 
 
