@@ -9,6 +9,10 @@ TORCH ?= torch==2.13.0
 EXTRAS ?= hf,dev
 PROFILE ?=
 ARGS ?=
+# `make check` compiles every JIT variant first (`make warmup`); WARMUP=no checks without it, and
+# WARMUP_ARGS narrows it, e.g. WARMUP_ARGS="--backend fa4".
+WARMUP ?= yes
+WARMUP_ARGS ?=
 
 ifeq ($(INSTALL),yes)
 SETUP := .venv/.installed
@@ -16,7 +20,7 @@ else
 SETUP :=
 endif
 
-.PHONY: check test lint clean mutants bench
+.PHONY: check warmup test lint clean mutants bench
 
 .venv/.installed: pyproject.toml
 	python3 -m venv .venv
@@ -25,10 +29,16 @@ endif
 	.venv/bin/python -m harness.tools.gpu_setup --gpu $(GPU)
 	touch $@
 
+# Compile every JIT variant the profile draws (FlashInfer, FA4, flex_compiled) over all cores into the
+# cache directory (ATTN_HARNESS_CACHE, default ~/.cache/attn-harness); a warm cache compiles nothing.
+# Without a GPU it says there is nothing to compile.
+warmup: $(SETUP)
+	$(PYTHON) -m harness warmup $(if $(PROFILE),--profile $(PROFILE)) $(WARMUP_ARGS)
+
 # The suite (cases/) over every backend available here, with the per-family summary table.
 # A runner that must test some backends: ARGS="--require fa4,flashinfer_paged" (or ATTN_HARNESS_REQUIRE)
 # exits 2 before running when one of them is unavailable or broken here.
-check: $(SETUP)
+check: $(SETUP) $(if $(filter yes,$(WARMUP)),warmup)
 	$(PYTHON) -m harness check $(if $(PROFILE),--profile $(PROFILE)) $(ARGS)
 
 # The project's tests: self-tests (tests/) and the suite under the ci profile. pytest's exit

@@ -1,10 +1,11 @@
-"""python -m harness {list, check, repro, report, mutants, bench}: the command line.
+"""python -m harness {list, check, warmup, repro, report, mutants, bench}: the command line.
 
 Bad input (unknown backend, malformed JSON, an invalid or oversized Case, a bad results file, an
 unwritable output path, a bad option value) exits 2 with one line naming the problem, before anything
 runs or is written (docs/reports.md lists it); a failing check or repro exits 1. Each subcommand is
 a pair of functions, `add_<name>` (its arguments) and `cmd_<name>` (what it does), registered in
-COMMANDS.
+COMMANDS. The compile caches are pointed at one directory (harness/run/cache_dir.py) before any
+command runs, so every library and child process sees it.
 """
 
 from __future__ import annotations
@@ -154,6 +155,7 @@ def cmd_list(args: argparse.Namespace) -> int:
     from harness import backends
     from harness.backends.versions import describe, installed_version
     from harness.core.vocab import FEATURES
+    from harness.run import cache_dir
 
     broken = False
     for name in args.backend or backends.names():
@@ -177,6 +179,7 @@ def cmd_list(args: argparse.Namespace) -> int:
             print(f"  {device}: {state}" + (f": {why}" if why else ""))
         for feature, why in sorted(c.why_not.items()):
             print(f"  no {feature}: {why}")
+    print("\n".join(cache_dir.describe()))
     return 1 if broken else 0
 
 
@@ -438,6 +441,34 @@ def _check_parallel(
     return code
 
 
+# --- warmup -----------------------------------------------------------------------------------
+
+
+def add_warmup(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--profile", help="compile the variants this profile draws: ci, dev, gpu, thorough (gpu)")
+    p.add_argument("--backend", action="append", help="only what these backends compile (repeatable)")
+    p.add_argument("--jobs", type=int, help="cores to compile on (default: all of them)")
+
+
+def cmd_warmup(args: argparse.Namespace) -> int:
+    from harness.run import cache_dir
+    from harness.search import profiles
+    from harness.tools import warmup
+    from harness.tools.warmup.libraries import LIBRARIES
+
+    profile = args.profile or "gpu"
+    if profile not in profiles.SIZES:
+        raise UsageError(f"unknown profile {profile!r}; known: {', '.join(profiles.SIZES)}")
+    for name in args.backend or []:
+        load_backend(name)
+    if args.jobs is not None and args.jobs < 1:
+        raise UsageError(f"--jobs must be at least 1, got {args.jobs}")
+    jobs = args.jobs or warmup.default_jobs()
+    cuda = _default_device() == "cuda"
+    say = lambda line: print(line, flush=True)  # noqa: E731
+    return warmup.main(LIBRARIES, profile, args.backend, jobs, cuda, str(cache_dir.root()), say)
+
+
 # --- repro ------------------------------------------------------------------------------------
 
 
@@ -592,7 +623,10 @@ def add_bench(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--backend", action="append", help="only this backend (repeatable; default: every one available here)"
     )
-    p.add_argument("--section", help="comma-separated: throughput,phases,scale,detection (default: all)")
+    p.add_argument(
+        "--section",
+        help="comma-separated: throughput,phases,scale,detection,coldstart (default: all but coldstart)",
+    )
     p.add_argument("--cases", type=int, default=64, help="cases in the throughput mix (default 64)")
     p.add_argument("--seed", type=int, default=0, help="seed of the throughput mix (default 0)")
     p.add_argument(
@@ -615,6 +649,9 @@ def add_bench(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--detection-budget", type=float, help="stop starting detection hunts after this many seconds"
     )
+    p.add_argument(
+        "--coldstart-timeout", type=float, default=1800.0, help="seconds per cold-start run (default 1800)"
+    )
     p.add_argument("--json", default=str(DEFAULT_REPORTS / "bench.json"), help="default: reports/bench.json")
 
 
@@ -624,7 +661,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from harness.tools.bench.table import render
 
     device = args.device or _default_device()
-    sections = tuple(s.strip() for s in (args.section or ",".join(bench.SECTIONS)).split(",") if s.strip())
+    picked = args.section or ",".join(bench.DEFAULT_SECTIONS)
+    sections = tuple(s.strip() for s in picked.split(",") if s.strip())
     bad = [s for s in sections if s not in bench.SECTIONS]
     if bad or not sections:
         raise UsageError(f"unknown section {bad[0] if bad else ''!r}; known: {', '.join(bench.SECTIONS)}")
@@ -647,6 +685,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         max_examples=args.max_examples,
         detection_budget=args.detection_budget,
         mutant_backends=args.backend,
+        coldstart_timeout=args.coldstart_timeout,
     )
     print(f"attn-harness bench on {device}: {', '.join(sections)}", flush=True)
     doc = bench.run(opts, lambda line: print(line, flush=True), lambda d: bench.write_json(args.json, d))
@@ -711,6 +750,10 @@ REPORT_EXAMPLES = """
   python -m harness report reports/latest/results.json
   python -m harness report results.json --out review/
 """
+WARMUP_EXAMPLES = """
+  python -m harness warmup
+  python -m harness warmup --backend fa4 --cache-dir /ci/cache/attn-harness
+"""
 MUTANTS_EXAMPLES = """
   python -m harness mutants --list --backend torch_native
   python -m harness mutants --backend torch_native --first-family
@@ -724,6 +767,9 @@ BENCH_EXAMPLES = """
 COMMANDS: dict[str, Command] = {
     "list": Command("backends, their capabilities, and availability here", add_list, cmd_list, LIST_EXAMPLES),
     "check": Command("run the suite (cases/) and write a report", add_check, cmd_check, CHECK_EXAMPLES),
+    "warmup": Command(
+        "compile every JIT variant a profile draws, into the cache", add_warmup, cmd_warmup, WARMUP_EXAMPLES
+    ),
     "repro": Command("replay one case (a JSON file or a JSON literal)", add_repro, cmd_repro, REPRO_EXAMPLES),
     "report": Command(
         "re-render index.html and junit.xml from a results.json", add_report, cmd_report, REPORT_EXAMPLES
@@ -738,6 +784,25 @@ COMMANDS: dict[str, Command] = {
         BENCH_EXAMPLES,
     ),
 }
+
+
+CACHE_DIR_COMMANDS = ("check", "warmup", "repro", "mutants", "bench")
+
+
+def add_cache_dir(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--cache-dir",
+        help="the compile caches' directory (default: $ATTN_HARNESS_CACHE, else ~/.cache/attn-harness)",
+    )
+
+
+def use_cache_dir(flag: str | None) -> None:
+    """Point the libraries' compile caches at the cache directory, before any of them is imported."""
+    from harness.run import cache_dir
+
+    if flag and Path(flag).exists() and not Path(flag).is_dir():
+        raise UsageError(f"--cache-dir {flag}: not a directory")
+    cache_dir.apply(flag)
 
 
 class Parser(argparse.ArgumentParser):
@@ -757,15 +822,16 @@ def parser() -> argparse.ArgumentParser:
     )
     sub = p.add_subparsers(dest="command", required=True)
     for name, command in COMMANDS.items():
-        command.add(
-            sub.add_parser(
-                name,
-                help=command.help,
-                description=command.help,
-                epilog=f"examples:{command.examples}",
-                formatter_class=argparse.RawDescriptionHelpFormatter,
-            )
+        sp = sub.add_parser(
+            name,
+            help=command.help,
+            description=command.help,
+            epilog=f"examples:{command.examples}",
+            formatter_class=argparse.RawDescriptionHelpFormatter,
         )
+        command.add(sp)
+        if name in CACHE_DIR_COMMANDS:
+            add_cache_dir(sp)
     return p
 
 
@@ -780,6 +846,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args = parser().parse_args(argv)
         args.command_line = command_line(argv)
+        use_cache_dir(getattr(args, "cache_dir", None))
         return COMMANDS[args.command].run(args)
     except UsageError as e:
         print(f"error: {e}", file=sys.stderr)

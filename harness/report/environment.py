@@ -66,8 +66,6 @@ def driver_version() -> str:
     )
 
 
-
-
 def harness_version() -> str:
     """The harness's own version and, from a git checkout, its commit ('+ changes' if the tree differs)."""
     root = Path(harness.__file__).resolve().parent.parent
@@ -97,6 +95,13 @@ def plugin_versions() -> str:
     return "; ".join(found) or f"none (no entry points in {ENTRY_POINT_GROUP})"
 
 
+def cache_directory() -> str:
+    """Where the compile caches are (harness/run/cache_dir.py), and any a user variable moved."""
+    from harness.run import cache_dir
+
+    return cache_dir.summary()
+
+
 def collect() -> dict[str, str]:
     """label -> version or description, in the order the report shows them."""
     import torch
@@ -118,4 +123,5 @@ def collect() -> dict[str, str]:
         env[label] = package_version(names)
     env["attn-harness"] = harness_version()
     env["backend plugins"] = plugin_versions()
+    env["compile cache"] = cache_directory()
     return env

@@ -4,9 +4,9 @@ Walks every variant the `gpu` profile can draw (and the pins and the model check
 the fa4 adapter on a CPU batch of each and hands its exact arguments, as fake CUDA tensors, to
 flash_attn.cute, which compiles each kernel into the cache; a GPU run with the same cache (same
 flash-attn-4, CuTe DSL and Python minor version) loads instead of compiling. docs/flash_attn.md.
-Needs Python 3.12, torch and flash-attn-4 importable:
+Needs Python 3.12, torch and flash-attn-4 importable; the disk cache defaults to the cache directory's
+fa4/ (harness/run/cache_dir.py; ATTN_HARNESS_CACHE=DIR moves it):
   FLASH_ATTENTION_ARCH=sm_90 CUTE_DSL_ARCH=sm_90a FLASH_ATTENTION_NUM_SMS=132 \
-  FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=1 FLASH_ATTENTION_CUTE_DSL_CACHE_DIR=DIR \
   python -m harness.tools.fa4_precompile [--part I/N]
 """
 
@@ -21,16 +21,17 @@ import torch
 from harness.backends.flash_attn_fa4 import FA4
 from harness.core.batch import build_batch, make_inputs
 from harness.core.case import Case, Request
+from harness.search.profiles import SIZES, Sizes
 
-HEADS = ((8, 8), (8, 2), (8, 1))  # the gpu profile's (q heads, kv heads)
 SOFT_CAPS = (0.0, 30.0, 5.0)  # strategies' soft cap values: each value is its own kernel
 TREE = (-1, 0, 0, 1, 2)
 # cases/test_model.py's Gemma2-like model: soft cap 4, 8 q / 2 kv heads, no sinks (checks/model/check.py).
 MODEL_SOFT_CAPS = {4.0: (8, 2)}
 
 
-def variant_cases() -> list[Case]:
-    """One Case per FA4 compile variant reachable under the gpu profile, then the pinned cases."""
+def variant_cases(sizes: Sizes = SIZES["gpu"]) -> list[Case]:
+    """One Case per FA4 compile variant reachable under a profile's sizes (heads, head dims, dtypes;
+    the gpu profile's by default), then the pinned cases."""
     out = []
     paths = {
         "causal": lambda e: dict(mode="EXTEND", requests=(Request(7, e),)),
@@ -44,33 +45,39 @@ def variant_cases() -> list[Case]:
         ),
     }
 
-    def variant(path: str, rows: int, heads: tuple[int, int], cap: float, page: int, sinks: bool) -> Case:
-        """The Case of one compile variant: a path's shape with the given heads, cap, sinks, page."""
+    def variant(
+        path: str, rows: int, heads: tuple[int, int], cap: float, page: int, sinks: bool, dim_dtype: tuple
+    ) -> Case:
+        """The Case of one compile variant: a path's shape with the given heads, cap, sinks, page,
+        head_dim and dtype."""
         return Case(
             **paths[path](rows),
             num_q_heads=heads[0],
             num_kv_heads=heads[1],
-            head_dim=128,
+            head_dim=dim_dtype[0],
+            dtype=dim_dtype[1],
             soft_cap=cap,
             sinks=sinks,
             page_size=page,
         )
 
-    for path, heads, cap, sinks, page, rows in itertools.product(
-        paths, HEADS, SOFT_CAPS, (False, True), (16, 128), (1, 200)
+    fa4 = FA4()
+    caps = fa4.capabilities
+    dims = [(d, t) for d in sizes.head_dims for t in sizes.dtypes if d in caps.head_dims and t in caps.dtypes]
+    for path, heads, cap, sinks, page, rows, dim in itertools.product(
+        paths, sizes.heads, SOFT_CAPS, (False, True), (16, 128), (1, 200), dims
     ):
         if path == "tree" and rows > 1:
             continue  # drafts never fill a query tile
-        out.append(variant(path, rows, heads, cap, page, sinks))
+        out.append(variant(path, rows, heads, cap, page, sinks, dim))
     from harness.search.pinned import PINNED
 
-    fa4 = FA4()
     pinned = [Case.from_dict(d) for family in PINNED.values() for d in family]
     for (cap, heads), path, page, rows in itertools.product(
         MODEL_SOFT_CAPS.items(), ("causal", "local", "tree"), (16, 128), (1, 200)
     ):
         if path != "tree" or rows == 1:
-            out.append(variant(path, rows, heads, cap, page, False))
+            out.append(variant(path, rows, heads, cap, page, False, (128, "bfloat16")))
     out.sort(key=lambda c: (c.soft_cap > 0) + c.sinks)  # the variants drawn most often first
     return out + [c for c in pinned if fa4.supports(c) is None]
 
@@ -104,6 +111,9 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--part", default="0/1", help="I/N: compile every N-th variant from the I-th")
     args = p.parse_args(argv)
+    from harness.run import cache_dir
+
+    cache_dir.apply()  # the disk cache on, in the cache directory, unless FLASH_ATTENTION_CUTE_DSL_* are set
     part, parts = (int(x) for x in args.part.split("/"))
     fa4 = FA4()
     kernel = compile_only(fa4.kernel())

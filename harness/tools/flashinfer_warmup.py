@@ -114,12 +114,21 @@ def pinned_cases() -> list[tuple[str, Case]]:
     return out
 
 
-def module_probes() -> list[Probe]:
-    """Every variant the gpu profile draws (each KV cache dtype), the variants the pinned cases need,
+def profile_variants(profile: str) -> list[tuple[str, int]]:
+    """(dtype, head_dim) of every FlashInfer module variant a profile draws."""
+    from harness import backends
+    from harness.search.profiles import SIZES
+
+    sizes, caps = SIZES[profile], backends.load("flashinfer_paged").capabilities
+    return [(t, d) for t in sizes.dtypes for d in sizes.head_dims if t in caps.dtypes and d in caps.head_dims]
+
+
+def module_probes(profile: str = "gpu") -> list[Probe]:
+    """Every variant the profile draws (each KV cache dtype), the variants the pinned cases need,
     and the two helper modules (merge_state's cascade, plan's custom-mask packer)."""
     out = []
-    for kv_dtype in KV_CACHES:
-        out += variant_probes(*GPU_VARIANT, {-1, 8}, {0.0, 30.0}, True, True, kv_dtype)
+    for (dtype, head_dim), kv_dtype in itertools.product(profile_variants(profile), KV_CACHES):
+        out += variant_probes(dtype, head_dim, {-1, 8}, {0.0, 30.0}, True, True, kv_dtype)
     for _, c in pinned_cases():
         windows = {-1, 8} if c.window_left >= 0 else {-1}
         decode = c.mode == "DECODE"
@@ -296,6 +305,9 @@ def main(argv: list[str] | None = None) -> int:
         "--jobs", type=int, default=os.cpu_count() or 8, help="nvcc jobs at a time (each takes GBs)"
     )
     args = p.parse_args(argv)
+    from harness.run import cache_dir
+
+    cache_dir.apply()  # FlashInfer's JIT modules under the cache directory, as `python -m harness warmup`
     start = time.perf_counter()
     built = build(args.jobs)
     t_build = time.perf_counter() - start

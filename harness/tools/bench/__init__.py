@@ -9,7 +9,9 @@ and writes JSON (docs/bench.md documents every field). Sections:
 - phases: fractions of each check's wall time spent building, planning, in the kernel, in the
   references, comparing, and (CPU) in the Hugging Face cross-check (harness/core/timing.py);
 - scale: time and peak memory of the reference on one long request, in a subprocess per run;
-- detection: examples and seconds until each mutant of the catalogue first fails (harness/run/mutation.py).
+- detection: examples and seconds until each mutant of the catalogue first fails (harness/run/mutation.py);
+- coldstart (only when asked for: it runs the whole check twice): warm-up and check in a fresh cache
+  directory, then again with that cache warm (coldstart.py).
 One module per section (cases.py makes the mix; table.py prints the report); this one runs them.
 """
 
@@ -26,9 +28,10 @@ import torch
 
 from harness.backends.base import Backend
 from harness.run import mutation
-from harness.tools.bench import cases, detection, scale, throughput
+from harness.tools.bench import cases, coldstart, detection, scale, throughput
 
-SECTIONS = ("throughput", "phases", "scale", "detection")
+SECTIONS = ("throughput", "phases", "scale", "detection", "coldstart")
+DEFAULT_SECTIONS = SECTIONS[:-1]  # coldstart runs make check twice: only when asked for
 
 
 @dataclass
@@ -45,6 +48,7 @@ class Options:
     max_examples: int = 200
     detection_budget: float | None = None
     mutant_backends: list[str] | None = None  # detection: only these backends' mutants (None: all)
+    coldstart_timeout: float = 1800.0  # seconds for one run's warm-up + check
 
 
 def run(
@@ -110,17 +114,25 @@ def run(
         detection.detection(
             opts.device, opts.mutant_backends, opts.max_examples, opts.detection_budget, progress
         )
+    if "coldstart" in opts.sections:
+
+        def ran(row: coldstart.ColdStartRow) -> None:
+            say(f"  coldstart: {row.run}: warmup {row.warmup_seconds:.0f} s, check {row.check_seconds:.0f} s")
+            keep("coldstart", dataclasses.asdict(row))
+
+        coldstart.coldstart(opts.device, opts.mutant_backends, opts.coldstart_timeout, ran)
     doc["passed"] = passed(doc)
     return doc
 
 
 def passed(doc: dict) -> bool:
-    """False when a mix case failed, crashed or hung, a parallel measurement failed, or a mutant
-    survived or its hunt errored."""
+    """False when a mix case failed, crashed or hung, a parallel measurement failed, a mutant
+    survived or its hunt errored, or a cold-start warm-up or check did not exit 0."""
     bad_case = any(r["failed"] or r["crashed"] for r in doc.get("throughput", []))
     bad_workers = any(r["workers"] > 1 and r["reason"] for r in doc.get("throughput", []))
     bad_hunt = any(r["outcome"] in ("survived", "error") for r in doc.get("detection", []))
-    return not (bad_case or bad_workers or bad_hunt)
+    bad_cold = any(r["warmup_exit"] != 0 or r["check_exit"] != 0 for r in doc.get("coldstart", []))
+    return not (bad_case or bad_workers or bad_hunt or bad_cold)
 
 
 def write_json(path: str | Path, doc: dict) -> None:

@@ -168,7 +168,42 @@ def _detection(doc: dict) -> list[str]:
     return out
 
 
-BLOCKS = {"throughput": _throughput, "phases": _phases, "scale": _scale, "detection": _detection}
+def _coldstart(doc: dict) -> list[str]:
+    """The cold-start table: warm-up and check seconds in an empty cache directory, then warm."""
+    rows = doc["coldstart"]
+    if not rows:
+        return []
+    r0 = rows[0]
+    which = ", ".join(r0["backends"]) or "every backend"
+    out = [f"coldstart: warmup + check --profile {r0['profile']} ({which}); cold: an empty cache directory"]
+    head = ("run", "warmup s", "check s", "total s", "compiled", "cache", "exit")
+    cells = [
+        (
+            r["run"],
+            _s(r["warmup_seconds"]),
+            _s(r["check_seconds"]),
+            _s(r["total_seconds"]),
+            str(r["compiled"]),
+            _mib(sum(r["cache_bytes"].values())),
+            f"{r['warmup_exit']}/{r['check_exit']}",
+        )
+        for r in rows
+    ]
+    out += _grid(head, cells)
+    last = rows[-1]["cache_bytes"]
+    out.append("  cache by library: " + (", ".join(f"{k} {_mib(v)}" for k, v in last.items()) or "empty"))
+    out += [f"  {r['run']}: {r['reason'].splitlines()[0]}" for r in rows if r["reason"]]
+    out.append("")
+    return out
+
+
+BLOCKS = {
+    "throughput": _throughput,
+    "phases": _phases,
+    "scale": _scale,
+    "detection": _detection,
+    "coldstart": _coldstart,
+}
 
 
 def render(doc: dict) -> str:

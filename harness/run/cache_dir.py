@@ -1,0 +1,105 @@
+"""One cache directory for everything the harness compiles, so a CI job saves and restores one folder.
+
+FlashInfer's JIT modules, FA4's CuTe DSL kernels, inductor's graphs and Triton's kernels each go to a
+subdirectory of the root: `--cache-dir`, else $ATTN_HARNESS_CACHE, else $XDG_CACHE_HOME/attn-harness,
+else ~/.cache/attn-harness. `apply` writes the libraries' own variables into the environment before
+any of them is imported (each reads its variable at import), and every worker and pytest process
+inherits them. A library variable the user set wins; ATTN_HARNESS_CACHE_VARS lists the ones the
+harness set, so a child given another root (the bench's cold start) re-derives them.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import MutableMapping
+from dataclasses import dataclass
+from pathlib import Path
+
+ENV = "ATTN_HARNESS_CACHE"
+OWNED_ENV = "ATTN_HARNESS_CACHE_VARS"  # comma-separated: the library variables the harness set
+FA4_SWITCH = "FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED"  # FA4's disk cache is off unless this is 1
+# (what is cached, the library's variable, its subdirectory of the root)
+LIBRARIES = (
+    ("FlashInfer JIT modules", "FLASHINFER_WORKSPACE_BASE", "flashinfer"),
+    ("FA4 CuTe DSL kernels", "FLASH_ATTENTION_CUTE_DSL_CACHE_DIR", "fa4"),
+    ("inductor (flex_compiled)", "TORCHINDUCTOR_CACHE_DIR", "inductor"),
+    ("Triton kernels", "TRITON_CACHE_DIR", "triton"),
+)
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One library's cache: where it is and who chose it (`user`: the variable was set outside)."""
+
+    what: str
+    var: str
+    path: str
+    user: bool
+
+
+def root(environ: MutableMapping[str, str] | None = None) -> Path:
+    """The cache root: $ATTN_HARNESS_CACHE, else $XDG_CACHE_HOME/attn-harness, else ~/.cache/attn-harness."""
+    env = os.environ if environ is None else environ
+    if env.get(ENV):
+        return Path(env[ENV]).expanduser().resolve()
+    base = env.get("XDG_CACHE_HOME") or str(Path(env.get("HOME") or Path.home()) / ".cache")
+    return Path(base).expanduser().resolve() / "attn-harness"
+
+
+def _owned(env: MutableMapping[str, str]) -> set[str]:
+    return {v for v in env.get(OWNED_ENV, "").split(",") if v}
+
+
+def apply(flag: str | None = None, environ: MutableMapping[str, str] | None = None) -> list[Entry]:
+    """Point every library's cache under the root (`flag` first: it sets $ATTN_HARNESS_CACHE for the
+    children too), except where the user set the library's own variable; returns the entries."""
+    env = os.environ if environ is None else environ
+    if flag:
+        env[ENV] = str(Path(flag).expanduser().resolve())
+    top, owned = root(env), _owned(env)
+    if env.get(ENV):
+        env[ENV] = str(top)  # absolute: a child in another working directory finds the same root
+    for _, var, sub in LIBRARIES:
+        if var not in env or var in owned:
+            env[var] = str(top / sub)
+            owned.add(var)
+    if FA4_SWITCH not in env or FA4_SWITCH in owned:
+        env[FA4_SWITCH] = "1"
+        owned.add(FA4_SWITCH)
+    env[OWNED_ENV] = ",".join(sorted(owned))
+    return entries(env)
+
+
+def entries(environ: MutableMapping[str, str] | None = None) -> list[Entry]:
+    """Each library's cache as the environment has it now (after `apply`)."""
+    env = os.environ if environ is None else environ
+    owned, top = _owned(env), root(env)
+    out = []
+    for what, var, sub in LIBRARIES:
+        out.append(Entry(what, var, env.get(var, str(top / sub)), var in env and var not in owned))
+    return out
+
+
+def fa4_enabled(environ: MutableMapping[str, str] | None = None) -> bool:
+    env = os.environ if environ is None else environ
+    return env.get(FA4_SWITCH, "0") == "1"
+
+
+def describe(environ: MutableMapping[str, str] | None = None) -> list[str]:
+    """Lines for `list`: the root, then each library's directory and who set it."""
+    env = os.environ if environ is None else environ
+    lines = [f"cache directory: {root(env)}  (--cache-dir, ${ENV}; a library's own variable wins)"]
+    for e in entries(env):
+        who = f"set by the user (${e.var}), not under the cache directory" if e.user else f"${e.var}"
+        lines.append(f"  {e.what}: {e.path}  ({who})")
+    if not fa4_enabled(env):
+        lines.append(f"  FA4's disk cache is off: ${FA4_SWITCH} is {env.get(FA4_SWITCH)!r}, not 1")
+    return lines
+
+
+def summary(environ: MutableMapping[str, str] | None = None) -> str:
+    """One line for the report's environment: the root, and any library cache the user moved."""
+    env = os.environ if environ is None else environ
+    moved = [f"{e.var}={e.path}" for e in entries(env) if e.user]
+    off = [] if fa4_enabled(env) else [f"{FA4_SWITCH}={env.get(FA4_SWITCH)}"]
+    return " ".join([str(root(env)), *(f"({x})" for x in moved + off)])

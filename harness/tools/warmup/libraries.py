@@ -1,0 +1,235 @@
+"""The JIT libraries the warm-up compiles for, and how each compiles one variant in a worker.
+
+- FlashInfer: one small probe per module (harness/tools/flashinfer_warmup.py's `module_probes`), run
+  through its adapter: FlashInfer builds the module with its own ninja in the module's directory,
+  so a later process finds ninja's dependency log there and only loads it. Compiled: the module's
+  library file was (re)linked. Each worker's ninja gets NVCC_JOBS jobs (MAX_JOBS).
+- FA4: one case per compile variant (harness/tools/fa4_precompile.py's `variant_cases`), run through
+  the adapter on the GPU, into FA4's disk cache. Compiled: `cute.compile` was called.
+- flex_compiled: per dtype x head_dim x heads, one case per mode, through the adapter. Compiled:
+  inductor's FX graph cache missed.
+Each worker function returns COMPILED or CACHED and raises when the variant cannot run.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+from functools import cache
+from pathlib import Path
+
+from harness.run import cache_dir
+from harness.tools.warmup import CACHED, COMPILED, Library, Variant
+
+NVCC_JOBS = 2  # ninja jobs per FlashInfer worker: a module has up to ten translation units
+# One request shape per mode for flex_compiled's variants (CROSS: 30 encoder keys).
+FLEX_REQUESTS = {
+    "EXTEND": ((40, 24, 0, None), (0, 24, 0, None)),
+    "DECODE": ((40, 1, 0, None), (20, 1, 0, None)),
+    "DRAFT_EXTEND_V2": ((40, 4, 0, None),),
+    "TARGET_VERIFY": ((40, 4, 0, (-1, 0, 0, 1)),),
+    "CROSS": ((0, 12, 30, None), (5, 1, 30, None)),
+    "ENCODER_ONLY": ((0, 24, 0, None),),
+}
+
+
+def _available(backend: str) -> Callable[[], str | None]:
+    """Why `backend` cannot run on CUDA here (None: it can); raises BackendBroken when broken."""
+
+    def why() -> str | None:
+        from harness import backends
+
+        return backends.load(backend).available("cuda")
+
+    return why
+
+
+def _run_on_gpu(backend, case) -> None:  # noqa: ANN001 - a Backend and a Case
+    """One forward of `backend` on `case` on the GPU: what compiles its variant."""
+    import torch
+
+    from harness.core.batch import build_batch, make_inputs
+
+    batch = build_batch(case, make_inputs(case, "cuda"), "cuda", backend.capabilities.whole_page_loads)
+    backend.run(batch)
+    torch.cuda.synchronize()
+
+
+@cache
+def _backend(name: str):  # noqa: ANN202 - a Backend, loaded once per worker
+    from harness import backends
+
+    return backends.load(name)
+
+
+# --- FlashInfer -------------------------------------------------------------------------------
+
+
+def flashinfer_variants(profile: str) -> list[Variant]:
+    from harness.tools.flashinfer_warmup import module_probes
+
+    return [Variant("flashinfer", p.label, p) for p in module_probes(profile)]
+
+
+def _mtime(path: Path) -> float | None:
+    return path.stat().st_mtime_ns if path.exists() else None
+
+
+def compile_flashinfer(probe) -> str:  # noqa: ANN001 - a flashinfer_warmup.Probe
+    """Run one probe; COMPILED if a module's library was built or rebuilt on the way."""
+    from flashinfer.jit import core
+
+    from harness.tools import flashinfer_warmup
+
+    spec_class = getattr(core, "JitSpecNvcc", core.JitSpec)
+    original = spec_class.build
+    built: list[str] = []
+
+    def build(self, *args, **kwargs):  # noqa: ANN001, ANN202 - FlashInfer's signature
+        before = _mtime(Path(self.jit_library_path))
+        original(self, *args, **kwargs)
+        if _mtime(Path(self.jit_library_path)) != before:
+            built.append(self.name)
+
+    spec_class.build = build
+    try:
+        if probe.call:
+            flashinfer_warmup._call(probe.call)
+        else:
+            _run_on_gpu(_backend(probe.backend), probe.case)
+    finally:
+        spec_class.build = original
+    return COMPILED if built else CACHED
+
+
+FLASHINFER = Library(
+    name="flashinfer",
+    backends=tuple(f"flashinfer_{path}" for path in ("paged", "ragged", "dec_tc", "dec_cc", "enc")),
+    unavailable=_available("flashinfer_paged"),
+    variants=flashinfer_variants,
+    compile=compile_flashinfer,
+    processes=lambda jobs: max(1, jobs // NVCC_JOBS),
+    env=lambda jobs: {"MAX_JOBS": str(NVCC_JOBS)},
+)
+
+
+# --- FA4 --------------------------------------------------------------------------------------
+
+
+def _describe(case) -> str:  # noqa: ANN001 - a Case
+    rows = sum(r.extend_len for r in case.requests)
+    window = f",w={case.window_left}" + (f"/{case.window_right}" if case.window_right >= 0 else "")
+    return (
+        f"{case.mode},{case.dtype},d={case.head_dim},heads={case.num_q_heads}/{case.num_kv_heads},"
+        f"rows={rows},cap={case.soft_cap:g},sinks={int(case.sinks)},page={case.page_size}"
+        + (window if case.window_left >= 0 else "")
+    )
+
+
+def fa4_variants(profile: str) -> list[Variant]:
+    from harness.search.profiles import SIZES
+    from harness.tools.fa4_precompile import variant_cases
+
+    fa4 = _backend("fa4")
+    cases = [c for c in variant_cases(SIZES[profile]) if fa4.supports(c) is None]
+    return [Variant("fa4", _describe(c), c) for c in dict.fromkeys(cases)]
+
+
+def fa4_unavailable() -> str | None:
+    why = _available("fa4")()
+    if why is None and not cache_dir.fa4_enabled():
+        why = f"FA4's disk cache is off (${cache_dir.FA4_SWITCH} is not 1): nothing compiled would be kept"
+    return why
+
+
+def compile_fa4(case) -> str:  # noqa: ANN001 - a Case
+    """Run the fa4 adapter on one variant's case; COMPILED if CuTe DSL compiled a kernel for it."""
+    import cutlass.cute as cute
+
+    original = cute.compile
+    calls: list[int] = []
+
+    def counting(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        calls.append(1)
+        return original(*args, **kwargs)
+
+    cute.compile = counting
+    try:
+        _run_on_gpu(_backend("fa4"), case)
+    finally:
+        cute.compile = original
+    return COMPILED if calls else CACHED
+
+
+FA4 = Library(
+    name="fa4",
+    backends=("fa4",),
+    unavailable=fa4_unavailable,
+    variants=fa4_variants,
+    compile=compile_fa4,
+)
+
+
+# --- flex_compiled ----------------------------------------------------------------------------
+
+
+def flex_cases(dtype: str, head_dim: int, heads: tuple[int, int], modes: set[str]) -> tuple:
+    """One case per mode (and a deterministic one: a launch per request) of one dtype, head_dim and
+    heads; the compiled mask and score functions hold every term, so their values do not matter."""
+    from harness.core.case import Case, Request
+
+    out = []
+    for mode in sorted(modes):
+        reqs = tuple(Request(p, e, enc, tree=t) for p, e, enc, t in FLEX_REQUESTS[mode])
+        window = 8 if mode == "EXTEND" else -1
+        base = Case(mode=mode, requests=reqs, dtype=dtype, head_dim=head_dim, window_left=window)
+        base = base.replace(num_q_heads=heads[0], num_kv_heads=heads[1], soft_cap=30.0, sinks=True)
+        out.append(base)
+        if mode == "EXTEND":
+            out.append(base.replace(deterministic=True, sinks=False, soft_cap=0.0))
+    return tuple(out)
+
+
+def flex_variants(profile: str) -> list[Variant]:
+    from harness.core.modes import FAMILIES
+    from harness.search.profiles import SIZES
+    from harness.search.suite import pinned_examples
+
+    flex = _backend("flex_compiled")
+    caps, sizes = flex.capabilities, SIZES[profile]
+    modes = {str(m) for m in caps.modes}
+    groups = {
+        (t, d, h)
+        for t, d, h in itertools.product(sizes.dtypes, sizes.head_dims, sizes.heads)
+        if t in caps.dtypes and d in caps.head_dims
+    }
+    for family in FAMILIES:  # the pinned cases run in every profile at their own shapes
+        for c in pinned_examples(family):
+            if flex.supports(c) is None:
+                groups.add((c.dtype, c.head_dim, (c.num_q_heads, c.num_kv_heads)))
+    out = []
+    for t, d, h in sorted(groups):
+        cases = tuple(c for c in flex_cases(t, d, h, modes) if flex.supports(c) is None)
+        out.append(Variant("flex_compiled", f"{t},d={d},heads={h[0]}/{h[1]}", cases))
+    return out
+
+
+def compile_flex(cases) -> str:  # noqa: ANN001 - a tuple of Cases
+    """Run flex_compiled on each case; COMPILED if inductor compiled a graph its cache lacked."""
+    from torch._dynamo.utils import counters
+
+    before = counters["inductor"]["fxgraph_cache_miss"]
+    for case in cases:
+        _run_on_gpu(_backend("flex_compiled"), case)
+    return COMPILED if counters["inductor"]["fxgraph_cache_miss"] > before else CACHED
+
+
+FLEX = Library(
+    name="flex_compiled",
+    backends=("flex_compiled",),
+    unavailable=_available("flex_compiled"),
+    variants=flex_variants,
+    compile=compile_flex,
+)
+
+LIBRARIES = (FLASHINFER, FA4, FLEX)
