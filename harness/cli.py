@@ -402,23 +402,24 @@ def _check_parallel(
     from harness import report
     from harness.core.results import summary_table
     from harness.report import results_json
-    from harness.run import costs, parallel, schedule
+    from harness.run import cache_dir, costs, parallel, schedule
     from harness.search.suite import BACKENDS_ENV
 
     started, t0 = time.strftime("%Y-%m-%dT%H:%M:%S%z"), time.monotonic()
-    reports = run_dir.parent
-    expected, sources = costs.expected(names, selection, reports)
+    kept = cache_dir.root()  # the costs travel with the compile caches a CI job restores
+    kept.mkdir(parents=True, exist_ok=True)
+    expected, sources = costs.expected(names, selection, kept)
     plan = schedule.plan(expected, jobs, gpus)
     print(
         f"attn-harness check: profile {profile}; {len(names)} backends; each process: {shlex.join(cmd[1:])}\n"
-        f"plan (expected seconds: measured in {reports / costs.TIMINGS}, else the default table):",
+        f"plan (expected seconds: measured in {kept / costs.TIMINGS}, else the default table):",
         flush=True,
     )
     print("\n".join(schedule.describe(plan, sources)), flush=True)
     parts = parallel.run(cmd, env, BACKENDS_ENV, plan, run_dir / "parts", cwd)
     code = parallel.combined_code([p.code for p in parts])
     elapsed = time.monotonic() - t0
-    costs.save(reports, selection, costs.measured([(p.backend, p.code, p.seconds) for p in parts]))
+    costs.save(kept, selection, costs.measured([(p.backend, p.code, p.seconds) for p in parts]))
     records = [r for p in parts for r in p.records]
     environment = next((p.environment for p in parts if p.environment), {})
     run = {

@@ -1,6 +1,7 @@
 """`check --jobs N`: one pytest process per backend, merged into one report."""
 
 import json
+import os
 import subprocess
 import sys
 
@@ -51,7 +52,8 @@ def test_a_parallel_run_merges_every_backend_and_a_failure_fails_it(tmp_path):
         str(tmp_path),
     ]
     argv += ["--no-probe"]
-    proc = subprocess.run(argv, capture_output=True, text=True, cwd=cli.ROOT, timeout=600)
+    env = {**os.environ, "ATTN_HARNESS_CACHE": str(tmp_path / "cache")}
+    proc = subprocess.run(argv, capture_output=True, text=True, cwd=cli.ROOT, env=env, timeout=600)
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "2 processes, 2 at once" in proc.stdout and "[2/2]" in proc.stdout
     run = (tmp_path / "latest").resolve()
@@ -81,7 +83,8 @@ def _check(tmp_path, jobs: int) -> tuple[subprocess.CompletedProcess, list[dict]
     argv = [sys.executable, "-m", "harness", "check", "--device", "cpu", "--family", "decode"]
     argv += ["--backend", "torch_native", "--no-probe", "--jobs", str(jobs)]
     argv += ["--reports", str(tmp_path / "reports"), "--results", str(tmp_path / "results.json")]
-    proc = subprocess.run(argv, capture_output=True, text=True, cwd=cli.ROOT, timeout=600)
+    env = {**os.environ, "ATTN_HARNESS_CACHE": str(tmp_path / "cache")}
+    proc = subprocess.run(argv, capture_output=True, text=True, cwd=cli.ROOT, env=env, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc, results_json.load(tmp_path / "results.json")["results"]
 
@@ -101,7 +104,7 @@ def test_one_backend_with_two_jobs_runs_as_two_shards_that_together_check_what_o
     assert all(shard_ids) and not shard_ids[0] & shard_ids[1]
     assert sorted(r["test_id"] for r in sharded) == sorted(r["test_id"] for r in whole)
     assert len({r["test_id"] for r in whole}) == 2 and len(whole) > 2
-    timings = json.loads((tmp_path / "two" / "reports" / "timings.json").read_text())["selections"]
+    timings = json.loads((tmp_path / "two" / "cache" / "timings.json").read_text())["selections"]
     assert list(timings) == ["profile ci; -m (decode) and not gpu; -k "]  # the next run's costs
     assert set(timings["profile ci; -m (decode) and not gpu; -k "]) == {"torch_native"}
 

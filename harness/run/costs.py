@@ -1,10 +1,11 @@
 """Each backend's expected cost for the check's schedule (harness/run/schedule.py), in seconds as one
 pytest process: measured by the last `check --jobs` run of the same selection, else a default.
 
-Every parallel check saves what each backend's parts took into `timings.json` in its reports
-directory, under a key naming the selection (profile, markers, -k), so a `--family decode` run does
-not set the costs of a full one. A backend never measured for the selection gets DEFAULT_SECONDS
-(the H100, gpu profile, warm caches) or, when not in that table, UNKNOWN_SECONDS.
+Every parallel check saves what each backend's parts took into `timings.json` in the cache
+directory (harness/run/cache_dir.py: a CI job that restores its compile caches restores these),
+under a key naming the selection (profile, markers, -k), so a `--family decode` run does not set
+the costs of a full one. A backend never measured for the selection gets DEFAULT_SECONDS (the H100,
+gpu profile, warm caches) or, when not in that table, UNKNOWN_SECONDS.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from pathlib import Path
 
 from harness.run.schedule import STARTUP_S
 
-TIMINGS = "timings.json"  # in the reports directory
+TIMINGS = "timings.json"  # in the cache directory (harness/run/cache_dir.py)
 FORMAT = "attn-harness-timings"
 # `make check` on the H100, gpu profile, caches warm (issue 24's table; the rest: the parts of a
 # 10-process run on 2026-11-24, which ran slower than 4 at once would). fa2/fa3: not installed there,
@@ -50,9 +51,9 @@ def _read(path: Path) -> dict[str, dict[str, float]]:
     return {k: v for k, v in doc["selections"].items() if isinstance(v, dict)}
 
 
-def expected(names: list[str], selection: str, reports: Path) -> tuple[dict[str, float], dict[str, str]]:
+def expected(names: list[str], selection: str, where: Path) -> tuple[dict[str, float], dict[str, str]]:
     """Each backend's expected seconds, and where it came from (`measured`, `default`, `unknown`)."""
-    measured = _read(reports / TIMINGS).get(selection, {})
+    measured = _read(where / TIMINGS).get(selection, {})
     costs, sources = {}, {}
     for name in names:
         value = measured.get(name)
@@ -79,12 +80,12 @@ def measured(parts: list[tuple[str, int, float]], startup: float = STARTUP_S) ->
     return {b: round(max(sum(s) - (len(s) - 1) * startup, 0.0), 1) for b, s in kept.items()}
 
 
-def save(reports: Path, selection: str, costs: dict[str, float]) -> None:
+def save(where: Path, selection: str, costs: dict[str, float]) -> None:
     """Merge `costs` into the selection's entry of the timings file (written whole, then renamed)."""
     if not costs:
         return
-    selections = _read(reports / TIMINGS)
+    selections = _read(where / TIMINGS)
     selections[selection] = {**selections.get(selection, {}), **costs}
-    tmp = reports / f".{TIMINGS}.{os.getpid()}"
+    tmp = where / f".{TIMINGS}.{os.getpid()}"
     tmp.write_text(json.dumps({"format": FORMAT, "selections": selections}, indent=1, sort_keys=True) + "\n")
-    tmp.replace(reports / TIMINGS)
+    tmp.replace(where / TIMINGS)
