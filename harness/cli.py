@@ -136,6 +136,8 @@ def cmd_list(args: argparse.Namespace) -> int:
         )
         fp8 = ", ".join(sorted(c.kv_dtypes)) or "-"
         print(f"  features: {', '.join(feats) or '-'}; FP8 KV caches: {fp8}")
+        graph = ", ".join(sorted(str(m) for m in c.graph_modes))
+        print(f"  CUDA graph: {graph}" if graph else f"  CUDA graph: none: {c.graph_reason()}")
         for device in sorted(c.devices):
             state, why = availability(b, device)
             broken |= state == "broken"
