@@ -31,6 +31,7 @@ import sys
 
 import torch
 
+from harness.run import graphs
 from tests.fake_attention import attend
 
 __version__ = "0.7.2.post1"
@@ -306,6 +307,47 @@ class BatchPrefillWithRaggedKVCacheWrapper(_Variant):
         return (out, lse) if return_lse else out
 
 
+def _split_attend(q, keys, vals, visible, scale, cap, chunk):
+    """_attend over the keys in chunks of `chunk` (0: one pass), each chunk's output rounded to the
+    output dtype and merged by its LSE: split-KV, whose rounding follows the split size."""
+    n = keys.shape[0]
+    if chunk <= 0 or n <= chunk:
+        return _attend(q, keys, vals, visible, scale, cap, None)
+    spans = [(lo, lo + chunk) for lo in range(0, n, chunk)]
+    parts = [attend(q, keys[a:b], vals[a:b], visible[:, a:b], scale, cap, None) for a, b in spans]
+    lses = torch.stack([lse for _, lse in parts])  # [splits, Hq, E], natural log
+    top = lses.amax(0)
+    top = torch.where(torch.isinf(top), torch.zeros_like(top), top)
+    w = torch.exp(lses - top)  # [splits, Hq, E]
+    outs = torch.stack([o.float() for o, _ in parts])  # [splits, E, Hq, D]
+    wt = w.transpose(1, 2)[..., None]  # [splits, E, Hq, 1]
+    total = wt.sum(0)
+    out = (outs * wt).sum(0) / torch.where(total > 0, total, torch.ones_like(total))
+    lse = torch.where(w.sum(0) > 0, top + torch.log(w.sum(0)), torch.tensor(-math.inf))
+    return out.to(q.dtype), (lse / math.log(2.0)).transpose(0, 1)
+
+
+@graphs.kernel
+def decode_kernel(q, k_cache, v_cache, indptr, indices, last_page_len, plan_info, page_size, q_len, window,
+                  scale, cap, layout):
+    """The decode kernel: reads the page table and plan()'s split decision from (device) memory, when it
+    runs; every other argument was fixed when it was launched (captured)."""
+    ptr, last = [int(x) for x in indptr.tolist()], [int(x) for x in last_page_len.tolist()]
+    chunk = int(plan_info[0]) * page_size
+    outs, lses = [], []
+    for b in range(len(last)):
+        pages = [int(p) for p in indices[ptr[b] : ptr[b + 1]].tolist()]
+        n = _kv_len(len(pages), last[b], page_size)
+        qb = q[b * q_len : (b + 1) * q_len]
+        kb = _gather_pages(k_cache, pages, n, layout)
+        vb = _gather_pages(v_cache, pages, n, layout)
+        vis = _bottom_right(q_len, n, q_len > 1, window)
+        o, lse = _split_attend(qb, kb, vb, vis, scale, cap, chunk)
+        outs.append(o)
+        lses.append(lse)
+    return torch.cat(outs), torch.cat(lses)
+
+
 class BatchDecodeWithPagedKVCacheWrapper(_Variant):
     def __init__(
         self,
@@ -313,6 +355,9 @@ class BatchDecodeWithPagedKVCacheWrapper(_Variant):
         kv_layout="NHD",
         use_cuda_graph=False,
         use_tensor_cores=False,
+        paged_kv_indptr_buffer=None,
+        paged_kv_indices_buffer=None,
+        paged_kv_last_page_len_buffer=None,
         backend="auto",
         **kw,
     ) -> None:
@@ -321,9 +366,34 @@ class BatchDecodeWithPagedKVCacheWrapper(_Variant):
         CALLS.append(
             (
                 "decode.init",
-                {"kv_layout": kv_layout, "use_tensor_cores": use_tensor_cores, "backend": backend},
+                {
+                    "kv_layout": kv_layout,
+                    "use_tensor_cores": use_tensor_cores,
+                    "backend": backend,
+                    "use_cuda_graph": use_cuda_graph,
+                },
             )
         )
+        if use_cuda_graph:  # as the real constructor checks
+            for name, buf in (
+                ("paged_kv_indptr_buffer", paged_kv_indptr_buffer),
+                ("paged_kv_indices_buffer", paged_kv_indices_buffer),
+                ("paged_kv_last_page_len_buffer", paged_kv_last_page_len_buffer),
+            ):
+                if not torch.is_tensor(buf):
+                    raise ValueError(f"{name} should be a torch.Tensor in cudagraph mode")
+            self._fixed_batch_size = len(paged_kv_last_page_len_buffer)
+            if len(paged_kv_indptr_buffer) != self._fixed_batch_size + 1:
+                raise ValueError("The size of paged_kv_indptr_buffer should be batch_size + 1")
+        else:
+            self._fixed_batch_size = 0
+        self._use_cuda_graph = use_cuda_graph
+        self._indptr_buf = paged_kv_indptr_buffer
+        self._indices_buf = paged_kv_indices_buffer
+        self._last_buf = paged_kv_last_page_len_buffer
+        # plan()'s work partition lives in the wrapper's int workspace (device memory): the kernel
+        # reads it when it runs, so a replay sees what the last plan() wrote.
+        self._plan_info = torch.zeros(1, dtype=torch.int64, device=float_workspace_buffer.device)
 
     def plan(
         self,
@@ -363,10 +433,26 @@ class BatchDecodeWithPagedKVCacheWrapper(_Variant):
             raise ValueError("fixed_split_size is only supported by tensor core decode for now.")
         ptr = [int(x) for x in indptr.tolist()]
         last = [int(x) for x in last_page_len.tolist()]
-        self._pages = [[int(p) for p in indices[ptr[b] : ptr[b + 1]].tolist()] for b in range(len(last))]
-        self._lens = [_kv_len(len(p), last[b], page_size) for b, p in enumerate(self._pages)]
-        if q_len_per_req > 1 and min(self._lens) < q_len_per_req:
+        lens = [_kv_len(ptr[b + 1] - ptr[b], last[b], page_size) for b in range(len(last))]
+        if q_len_per_req > 1 and min(lens) < q_len_per_req:
             raise ValueError("q_len_per_req requires kv_len >= q_len_per_req for every request")
+        if self._use_cuda_graph:
+            if len(last) != self._fixed_batch_size:
+                raise ValueError(
+                    f"The batch size should be fixed in cudagraph mode, the runtime batch size {len(last)} "
+                    f" mismatches the batch size set during initialization {self._fixed_batch_size}"
+                )
+            if len(indices) > len(self._indices_buf):
+                raise ValueError("The size of indices should be less than or equal to the allocated buffer")
+            self._indptr_buf.copy_(indptr)
+            self._last_buf.copy_(last_page_len)
+            self._indices_buf[: len(indices)].copy_(indices)
+        else:
+            self._indptr_buf = indptr.clone()
+            self._indices_buf = indices.clone()
+            self._last_buf = last_page_len.clone()
+        self._plan_info.fill_(fixed_split_size or 0)
+        self._page_size = page_size
         self._q_len = q_len_per_req
         q_data_type = q_data_type if data_type is None else data_type  # the deprecated spelling
         self._plan_common(window_left, logits_soft_cap, sm_scale, head_dim, q_data_type, kv_data_type)
@@ -386,18 +472,23 @@ class BatchDecodeWithPagedKVCacheWrapper(_Variant):
         k_cache, v_cache, window = self._start_paged_run(
             "decode.run", q, paged_kv_cache, args, rest, window_left, sinks, k_scale, v_scale
         )
-        assert q.shape[0] == len(self._pages) * self._q_len, "q rows must be batch * q_len_per_req"
-        outs, lses = [], []
-        for b, pages in enumerate(self._pages):
-            qb = q[b * self._q_len : (b + 1) * self._q_len]
-            n = self._lens[b]
-            kb = _gather_pages(k_cache, pages, n, self._kv_layout)
-            vb = _gather_pages(v_cache, pages, n, self._kv_layout)
-            vis = _bottom_right(self._q_len, n, self._q_len > 1, window)
-            o, lse = _attend(qb, kb, vb, vis, self._scaled(k_scale), self._run_cap(), None)
-            outs.append(o)
-            lses.append(lse)
-        out, lse = self._v_scaled(torch.cat(outs), v_scale), torch.cat(lses)
+        assert q.shape[0] == len(self._last_buf) * self._q_len, "q rows must be batch * q_len_per_req"
+        out, lse = decode_kernel(
+            q,
+            k_cache,
+            v_cache,
+            self._indptr_buf,
+            self._indices_buf,
+            self._last_buf,
+            self._plan_info,
+            self._page_size,
+            self._q_len,
+            window,
+            self._scaled(k_scale),
+            self._run_cap(),
+            self._kv_layout,
+        )
+        out = self._v_scaled(out, v_scale)
         return (out, lse) if return_lse else out
 
 

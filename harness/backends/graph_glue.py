@@ -32,14 +32,12 @@ from typing import Any
 import torch
 
 from harness.backends.glue import EngineGlue
-from harness.core import modes
+from harness.core import graph_case
 from harness.core.batch import Batch
 from harness.core.modes import Mode
 from harness.core.pool import PagedPool, translate_slots
 
-SEQ_LEN_FILL = 1  # seq_lens of a padding request (sglang's get_cuda_graph_seq_len_fill_value)
 RESERVED_SLOT = 0  # out_cache_loc of a padding request: slot 0 of the reserved page 0
-GRAPH_MODES = frozenset({Mode.DECODE, Mode.TARGET_VERIFY, Mode.DRAFT_EXTEND_V2})  # engines capture these
 
 
 def capture_sizes(max_batch: int) -> list[int]:
@@ -78,15 +76,23 @@ class GraphLimits:
 
 @dataclass
 class GraphState:
-    """What `graph_buffers` allocates: the limits, the layer's fixed shape (mode, heads, ...: the
-    Case of the batch it was made for), the metadata buffers by name (allocated once, never
-    replaced), and per captured size whatever the backend builds over views of them (wrappers)."""
+    """What `graph_buffers` allocates: the limits, the layer it was made for (`layer`: a Batch whose
+    Case gives the fixed shape and options: mode, heads, window, soft cap, dtypes; its metadata is
+    never read), the metadata buffers by name (allocated once, never replaced), and per captured
+    size whatever the backend builds over views of them (wrappers)."""
 
     limits: GraphLimits
-    mode: Mode
-    device: torch.device
+    layer: Batch
     buffers: dict[str, torch.Tensor] = field(default_factory=dict)
     per_size: dict[int, Any] = field(default_factory=dict)
+
+    @property
+    def mode(self) -> Mode:
+        return self.layer.mode
+
+    @property
+    def device(self) -> torch.device:
+        return self.layer.device
 
 
 @dataclass
@@ -114,7 +120,7 @@ class GraphGlue(EngineGlue):
     def graph_buffers(self, limits: GraphLimits, batch: Batch) -> GraphState:
         """Allocate every metadata buffer once for `limits` (the layer's shape from `batch`). The base
         allocates out_cache_loc; an adapter adds its own and calls this."""
-        state = GraphState(limits, batch.mode, batch.device)
+        state = GraphState(limits, batch)
         rows = limits.max_batch * limits.queries
         state.buffers["out_cache_loc"] = torch.zeros(rows, dtype=torch.int32, device=batch.device)
         return state
@@ -146,11 +152,9 @@ class GraphGlue(EngineGlue):
         static.pool.write(translate_slots(slots, static.full_to_swa), static.k_new, static.v_new)
 
     def padding_extent(self, state: GraphState) -> int:
-        """The KV extent of a padding request: the mode's extent of seq_len SEQ_LEN_FILL (bumped by
-        num_draft in DRAFT_EXTEND_V2, as every request of that batch is)."""
-        e = state.limits.queries
-        seq = SEQ_LEN_FILL + (e if state.mode == Mode.DRAFT_EXTEND_V2 else 0)
-        return modes.kv_extent(state.mode, seq, e if state.mode != Mode.DECODE else 0, 0)
+        """The KV extent of a padding request (and of every dummy request at capture): seq_lens at
+        the engine's fill value (graph_case.padding_extent)."""
+        return graph_case.padding_extent(state.mode, state.limits.queries)
 
     def replay_kv_extents(self, state: GraphState, batch: Batch) -> list[int]:
         """The real requests' KV extents as the replay path computes them: from seq_lens by the mode's
