@@ -33,7 +33,6 @@ from harness.run.graphs import GraphFactory
 from references.torch_ref import references
 
 
-
 class GraphRunner:
     """One layer's captured graphs and their static inputs (module doc)."""
 
