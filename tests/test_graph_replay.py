@@ -137,6 +137,34 @@ GOOD = [
         ),
     ),
     (
+        "flashinfer_paged",  # trees: the custom mask through its packed buffer
+        GraphCase(
+            (
+                Case("TARGET_VERIFY", (Request(50, 5, tree=(-1, 0, 0, 1, 2)),), window_left=9, **H),
+                Case(
+                    "TARGET_VERIFY",
+                    (Request(7, 5, tree=(-1, 0, 1, 1, 0)), Request(30, 5, tree=(-1, 0, 0, 1, 2))),
+                    window_left=9,
+                    seed=5,
+                    **H,
+                ),
+            ),
+            2,
+            60,
+        ),
+    ),
+    (
+        "flashinfer_paged",
+        GraphCase(
+            (
+                Case("DRAFT_EXTEND_V2", (Request(33, 4), Request(16, 4)), page_size=1, soft_cap=5.0, **H),
+                Case("DRAFT_EXTEND_V2", (Request(60, 4),), page_size=1, soft_cap=5.0, seed=3, **H),
+            ),
+            3,
+            64,
+        ),
+    ),
+    (
         "flashinfer_dec_cc",
         GraphCase((decode(50, 3, window_left=9), decode(8, 20, 31, window_left=9, seed=9)), 3, 60),
     ),
@@ -148,9 +176,11 @@ def test_the_graph_path_passes_the_replay_check_under_the_fake(name, g):
     res = replay_result(backend(name), g, "cpu")
     assert res.status == "pass", res.failure_text() + res.extra.get("traceback", "")
     assert res.family == "graph" and res.extra["check"] == "graph"
-    inits = [a for a in fake.calls("decode.init") if a["use_cuda_graph"]]
+    what = "paged" if name == "flashinfer_paged" else "decode"
+    inits = [a for a in fake.calls(f"{what}.init") if a.get("use_cuda_graph")]
     assert len(inits) == len(capture_sizes(g.max_batch))  # one wrapper per captured size
-    plans = [len(a["last_page_len"]) for a in fake.calls("decode.plan") if a["cuda_graph"]]
+    key = "paged_kv_last_page_len" if what == "paged" else "last_page_len"
+    plans = [len(a[key]) for a in fake.calls(f"{what}.plan") if a["cuda_graph"]]
     sizes = sorted(capture_sizes(g.max_batch), reverse=True)
     assert plans[: len(sizes)] == sizes  # captured largest first, each planned at its fixed batch size
     assert plans[len(sizes) :][: len(g.batches)] == [padded_size(sizes, c.batch_size) for c in g.batches]
