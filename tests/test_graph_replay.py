@@ -268,3 +268,56 @@ def test_each_replay_gets_its_own_pool_and_poison_in_the_static_pool():
     small = batches[1].pool.k
     assert torch.equal(runner.pool.k[: small.shape[0]].nan_to_num(7.0), small.nan_to_num(7.0))
     assert runner.pool.k.shape[0] > small.shape[0] and runner.pool.k[small.shape[0] :].isnan().all()
+
+
+def test_a_replay_record_is_its_own_check_with_the_graph_case_as_repro(monkeypatch, capsys):
+    import json
+
+    from harness.cli import NOTHING_CHECKED, main
+    from harness.core.results import summary_table
+
+    g = GraphCase((decode(40, 3, seed=1), decode(70, seed=2)), 2, 80)
+    res = replay_result(backend(), g, "cpu")
+    d = res.to_dict()
+    assert d["family"] == "graph" and d["extra"]["check"] == "graph" and d["mode"] == "DECODE"
+    assert GraphCase.from_json(d["repro"].split("'")[1]) == g  # the repro replays the whole sequence
+    assert "graph" in summary_table([d]).splitlines()[2]
+    load = backends.load
+    monkeypatch.setattr(backends, "load", lambda name: fake.on_cpu(load(name)))
+    assert main(["repro", g.to_json(), "--backend", "flashinfer_dec_tc", "--device", "cpu", "--json"]) == 0
+    out = capsys.readouterr().out
+    assert "PASS: 2 replays within budget" in out and json.loads(out[out.index("{") :])["family"] == "graph"
+    assert main(["repro", g.to_json(), "--backend", "torch_native", "--device", "cpu"]) == NOTHING_CHECKED
+    assert "not capturable" in capsys.readouterr().out
+
+
+GRAPH_SHAPES = {
+    "a smaller batch after a larger one": lambda g: any(
+        a.batch_size > b.batch_size for a, b in zip(g.batches, g.batches[1:])
+    ),
+    "fewer real requests than the captured size": lambda g: any(
+        padded_size(capture_sizes(g.max_batch), c.batch_size) > c.batch_size for c in g.batches
+    ),
+    "five batches": lambda g: len(g.batches) == 5,
+    "a tree in verify": lambda g: any(
+        r.tree and any(p != j - 1 for j, p in enumerate(r.tree)) for r in g.requests
+    ),
+    "a captured size past 8": lambda g: capture_sizes(g.max_batch)[-1] > 8,
+}
+
+
+@pytest.mark.parametrize("shape", GRAPH_SHAPES)
+def test_graph_cases_reach_the_replay_shapes(shape):
+    from hypothesis import Phase, find, settings
+
+    from harness.search.profiles import SIZES
+    from harness.search.strategies import graph_cases
+
+    caps = backends.load("flashinfer_paged").capabilities
+    family = "verify" if "verify" in shape else "draft_extend_v2"
+    found = find(
+        graph_cases(family, False, caps, SIZES["ci"]),
+        GRAPH_SHAPES[shape],
+        settings=settings(max_examples=500, database=None, deadline=None, phases=[Phase.generate]),
+    )
+    assert GRAPH_SHAPES[shape](found)
