@@ -38,6 +38,7 @@ import sys
 import torch
 from packaging.version import Version
 
+from harness.run import graphs
 from tests.fake_attention import attend
 
 __version__ = "0.7.2.post1"
@@ -158,12 +159,121 @@ class _Variant:
         return self._logits_soft_cap if self._cap_module and not self.sink_variant else 0.0
 
 
+def _packbits(bits: torch.Tensor) -> torch.Tensor:
+    """Flat bool -> uint8, little bit order (flashinfer.quantization.packbits), padded to a byte."""
+    bits = bits.flatten().to(torch.uint8).cpu()
+    bits = torch.cat([bits, bits.new_zeros(-len(bits) % 8)]).view(-1, 8)
+    return (bits << torch.arange(8, dtype=torch.uint8)).sum(1, dtype=torch.uint8)
+
+
+def _unpackbits(packed: torch.Tensor, n: int) -> torch.Tensor:
+    return ((packed.cpu()[:, None] >> torch.arange(8, dtype=torch.uint8)) & 1).flatten()[:n].bool()
+
+
+@graphs.kernel
+def paged_graph_kernel(q, k_cache, v_cache, qo_indptr, indptr, indices, last_page_len, mask, mask_indptr,
+                       causal, page_size, window, scale, cap, layout):
+    """The paged prefill kernel of a use_cuda_graph wrapper: reads qo_indptr, the page table and the
+    packed custom mask (None: no mask, a launch-time choice) from (device) memory when it runs."""
+    qo, ptr = [int(x) for x in qo_indptr.tolist()], [int(x) for x in indptr.tolist()]
+    last = [int(x) for x in last_page_len.tolist()]
+    outs, lses = [], []
+    for b in range(len(last)):
+        pages = [int(p) for p in indices[ptr[b] : ptr[b + 1]].tolist()]
+        n = _kv_len(len(pages), last[b], page_size)
+        qb = q[qo[b] : qo[b + 1]]
+        kb = _gather_pages(k_cache, pages, n, layout)
+        vb = _gather_pages(v_cache, pages, n, layout)
+        if mask is None:
+            vis = _bottom_right(len(qb), n, causal, window)
+        else:
+            m0, m1 = int(mask_indptr[b]), int(mask_indptr[b + 1])
+            tree = _unpackbits(mask[m0:m1], len(qb) * n).view(len(qb), n)
+            vis = tree & _bottom_right(len(qb), n, False, window)
+        o, lse = _attend(qb, kb, vb, vis, scale, cap, None)
+        outs.append(o)
+        lses.append(lse)
+    return torch.cat(outs), torch.cat(lses)
+
+
 class BatchPrefillWithPagedKVCacheWrapper(_Variant):
-    def __init__(self, float_workspace_buffer, kv_layout="NHD", use_cuda_graph=False, backend="auto", **kw):
+    def __init__(
+        self,
+        float_workspace_buffer,
+        kv_layout="NHD",
+        use_cuda_graph=False,
+        qo_indptr_buf=None,
+        paged_kv_indptr_buf=None,
+        paged_kv_indices_buf=None,
+        paged_kv_last_page_len_buf=None,
+        custom_mask_buf=None,
+        mask_indptr_buf=None,
+        backend="auto",
+        **kw,
+    ):
         assert kv_layout in ("NHD", "HND")
         _takes("BatchPrefillWithPagedKVCacheWrapper.__init__", kw)
         self._kv_layout = kv_layout
-        CALLS.append(("paged.init", {"kv_layout": kv_layout, "backend": backend, **kw}))
+        graph = {"use_cuda_graph": True} if use_cuda_graph else {}
+        CALLS.append(("paged.init", {"kv_layout": kv_layout, "backend": backend, **graph, **kw}))
+        self._use_cuda_graph = use_cuda_graph
+        if use_cuda_graph:  # as the real constructor checks
+            for name, buf in (
+                ("qo_indptr_buf", qo_indptr_buf),
+                ("paged_kv_indptr_buf", paged_kv_indptr_buf),
+                ("paged_kv_indices_buf", paged_kv_indices_buf),
+                ("paged_kv_last_page_len_buf", paged_kv_last_page_len_buf),
+            ):
+                if not torch.is_tensor(buf):
+                    raise ValueError(f"{name} should be a torch.Tensor in CUDA graph mode")
+            self._fixed_batch_size = len(qo_indptr_buf) - 1
+            if len(paged_kv_indptr_buf) != self._fixed_batch_size + 1:
+                raise ValueError("The length of paged_kv_indptr_buf should be batch_size + 1.")
+            if len(paged_kv_last_page_len_buf) != self._fixed_batch_size:
+                raise ValueError("The length of paged_kv_last_page_len_buf should be batch_size.")
+        self._bufs = (qo_indptr_buf, paged_kv_indptr_buf, paged_kv_indices_buf, paged_kv_last_page_len_buf)
+        self._mask_bufs = (custom_mask_buf, mask_indptr_buf)
+        self._max_total_num_rows = None
+
+    def _plan_graph_buffers(self, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, mask, lens):
+        """What plan() does in CUDA graph mode: the real checks, then copies into the caller's buffers."""
+        batch_size = len(qo_indptr) - 1
+        rows = int(qo_indptr[-1])
+        if self._max_total_num_rows is None:
+            self._max_total_num_rows = rows
+        elif rows > self._max_total_num_rows:
+            raise ValueError(f"The total number of rows in qo_indptr {rows} in cuda graph mode cannot exceed "
+                             f"the number of rows set during initialization {self._max_total_num_rows}.")
+        if batch_size != self._fixed_batch_size:
+            raise ValueError(
+                "The batch size should be fixed during the lifecycle of the wrapper in cuda graph mode, the "
+                f"runtime batch size {batch_size} mismatches the batch size {self._fixed_batch_size}  set "
+                "during initialization."
+            )
+        qo_buf, indptr_buf, indices_buf, last_buf = self._bufs
+        if len(kv_indices) > len(indices_buf):
+            raise ValueError("The length of paged_kv_indices exceeds the allocated buffer size.")
+        qo_buf.copy_(qo_indptr)
+        indptr_buf.copy_(kv_indptr)
+        last_buf.copy_(kv_last_page_len)
+        indices_buf[: len(kv_indices)].copy_(kv_indices)
+        if mask is not None:
+            mask_buf, mask_indptr_buf = self._mask_bufs
+            if not torch.is_tensor(mask_buf) or not torch.is_tensor(mask_indptr_buf):
+                raise ValueError("custom_mask_buf must be initialized with a torch.Tensor in cuda graph mode "
+                                 "if we use custom mask in attention computation.")
+            qo = [int(x) for x in qo_indptr.tolist()]
+            flat, at, packed, offsets = mask.flatten().bool(), 0, [], [0]
+            for b, n in enumerate(lens):  # segment_packbits: each request's bits start on a byte
+                seg = _packbits(flat[at : at + (qo[b + 1] - qo[b]) * n])
+                at += (qo[b + 1] - qo[b]) * n
+                packed.append(seg)
+                offsets.append(offsets[-1] + len(seg))
+            packed = torch.cat(packed)
+            if len(packed) > len(mask_buf):
+                raise ValueError("the packed custom mask exceeds custom_mask_buf")
+            mask_buf[: len(packed)].copy_(packed)
+            mask_indptr_buf.copy_(torch.tensor(offsets, dtype=torch.int32))
 
     def plan(
         self,
@@ -199,7 +309,7 @@ class BatchPrefillWithPagedKVCacheWrapper(_Variant):
         args.pop("self")
         args.update(args.pop("rest"))
         _takes("BatchPrefillWithPagedKVCacheWrapper.plan", rest)
-        CALLS.append(("paged.plan", args))
+        CALLS.append(("paged.plan", {**args, "cuda_graph": self._use_cuda_graph}))
         qo = [int(x) for x in qo_indptr.tolist()]
         indptr = [int(x) for x in paged_kv_indptr.tolist()]
         last = [int(x) for x in paged_kv_last_page_len.tolist()]
@@ -225,6 +335,10 @@ class BatchPrefillWithPagedKVCacheWrapper(_Variant):
             self._mask = [flat[offs[b] : offs[b + 1]].view(qo[b + 1] - qo[b], -1) for b in range(len(seg))]
         self._causal = causal
         self._plan_common(window_left, logits_soft_cap, sm_scale, head_dim_qk, q_data_type, kv_data_type)
+        if self._use_cuda_graph:
+            self._plan_graph_buffers(
+                qo_indptr, paged_kv_indptr, paged_kv_indices, paged_kv_last_page_len, custom_mask, self._lens
+            )
 
     def run(
         self,
@@ -241,6 +355,15 @@ class BatchPrefillWithPagedKVCacheWrapper(_Variant):
         k_cache, v_cache, window = self._start_paged_run(
             "paged.run", q, paged_kv_cache, args, rest, window_left, sinks, k_scale, v_scale
         )
+        if self._use_cuda_graph:
+            assert not self.sink_variant, "the adapters capture no sink wrapper"
+            mask_buf, mask_indptr = self._mask_bufs if self._mask is not None else (None, None)
+            out, lse = paged_graph_kernel(
+                q, k_cache, v_cache, *self._bufs, mask_buf, mask_indptr, self._causal, self._page_size,
+                window, self._scaled(k_scale), self._run_cap(), self._kv_layout,
+            )
+            out = self._v_scaled(out, v_scale)
+            return (out, lse) if return_lse else out
         sink = args[0] if self.sink_variant else None  # plain fa2 wrappers drop `sinks`
         outs, lses = [], []
         for b, pages in enumerate(self._pages):
@@ -264,7 +387,7 @@ class BatchAttentionWithAttentionSinkWrapper(BatchPrefillWithPagedKVCacheWrapper
     sink_variant = True
 
     def __init__(self, float_workspace_buffer, kv_layout="NHD", use_cuda_graph=False, backend="auto", **kw):
-        super().__init__(float_workspace_buffer, kv_layout, use_cuda_graph, backend, **kw)
+        super().__init__(float_workspace_buffer, kv_layout, use_cuda_graph, backend=backend, **kw)
         self._ctor_swa = kw.get("window_left", -1) >= 0
         self._ctor_dtypes = (kw.get("q_data_type", torch.bfloat16), kw.get("kv_data_type", torch.bfloat16))
 
@@ -336,6 +459,47 @@ class BatchPrefillWithRaggedKVCacheWrapper(_Variant):
         return (out, lse) if return_lse else out
 
 
+def _split_attend(q, keys, vals, visible, scale, cap, chunk):
+    """_attend over the keys in chunks of `chunk` (0: one pass), each chunk's output rounded to the
+    output dtype and merged by its LSE: split-KV, whose rounding follows the split size."""
+    n = keys.shape[0]
+    if chunk <= 0 or n <= chunk:
+        return _attend(q, keys, vals, visible, scale, cap, None)
+    spans = [(lo, lo + chunk) for lo in range(0, n, chunk)]
+    parts = [attend(q, keys[a:b], vals[a:b], visible[:, a:b], scale, cap, None) for a, b in spans]
+    lses = torch.stack([lse for _, lse in parts])  # [splits, Hq, E], natural log
+    top = lses.amax(0)
+    top = torch.where(torch.isinf(top), torch.zeros_like(top), top)
+    w = torch.exp(lses - top)  # [splits, Hq, E]
+    outs = torch.stack([o.float() for o, _ in parts])  # [splits, E, Hq, D]
+    wt = w.transpose(1, 2)[..., None]  # [splits, E, Hq, 1]
+    total = wt.sum(0)
+    out = (outs * wt).sum(0) / torch.where(total > 0, total, torch.ones_like(total))
+    lse = torch.where(w.sum(0) > 0, top + torch.log(w.sum(0)), torch.tensor(-math.inf))
+    return out.to(q.dtype), (lse / math.log(2.0)).transpose(0, 1)
+
+
+@graphs.kernel
+def decode_kernel(q, k_cache, v_cache, indptr, indices, last_page_len, plan_info, page_size, q_len, window,
+                  scale, cap, layout):
+    """The decode kernel: reads the page table and plan()'s split decision from (device) memory, when it
+    runs; every other argument was fixed when it was launched (captured)."""
+    ptr, last = [int(x) for x in indptr.tolist()], [int(x) for x in last_page_len.tolist()]
+    chunk = int(plan_info[0]) * page_size
+    outs, lses = [], []
+    for b in range(len(last)):
+        pages = [int(p) for p in indices[ptr[b] : ptr[b + 1]].tolist()]
+        n = _kv_len(len(pages), last[b], page_size)
+        qb = q[b * q_len : (b + 1) * q_len]
+        kb = _gather_pages(k_cache, pages, n, layout)
+        vb = _gather_pages(v_cache, pages, n, layout)
+        vis = _bottom_right(q_len, n, q_len > 1, window)
+        o, lse = _split_attend(qb, kb, vb, vis, scale, cap, chunk)
+        outs.append(o)
+        lses.append(lse)
+    return torch.cat(outs), torch.cat(lses)
+
+
 class BatchDecodeWithPagedKVCacheWrapper(_Variant):
     def __init__(
         self,
@@ -343,6 +507,9 @@ class BatchDecodeWithPagedKVCacheWrapper(_Variant):
         kv_layout="NHD",
         use_cuda_graph=False,
         use_tensor_cores=False,
+        paged_kv_indptr_buffer=None,
+        paged_kv_indices_buffer=None,
+        paged_kv_last_page_len_buffer=None,
         backend="auto",
         **kw,
     ) -> None:
@@ -351,9 +518,34 @@ class BatchDecodeWithPagedKVCacheWrapper(_Variant):
         CALLS.append(
             (
                 "decode.init",
-                {"kv_layout": kv_layout, "use_tensor_cores": use_tensor_cores, "backend": backend},
+                {
+                    "kv_layout": kv_layout,
+                    "use_tensor_cores": use_tensor_cores,
+                    "backend": backend,
+                    "use_cuda_graph": use_cuda_graph,
+                },
             )
         )
+        if use_cuda_graph:  # as the real constructor checks
+            for name, buf in (
+                ("paged_kv_indptr_buffer", paged_kv_indptr_buffer),
+                ("paged_kv_indices_buffer", paged_kv_indices_buffer),
+                ("paged_kv_last_page_len_buffer", paged_kv_last_page_len_buffer),
+            ):
+                if not torch.is_tensor(buf):
+                    raise ValueError(f"{name} should be a torch.Tensor in cudagraph mode")
+            self._fixed_batch_size = len(paged_kv_last_page_len_buffer)
+            if len(paged_kv_indptr_buffer) != self._fixed_batch_size + 1:
+                raise ValueError("The size of paged_kv_indptr_buffer should be batch_size + 1")
+        else:
+            self._fixed_batch_size = 0
+        self._use_cuda_graph = use_cuda_graph
+        self._indptr_buf = paged_kv_indptr_buffer
+        self._indices_buf = paged_kv_indices_buffer
+        self._last_buf = paged_kv_last_page_len_buffer
+        # plan()'s work partition lives in the wrapper's int workspace (device memory): the kernel
+        # reads it when it runs, so a replay sees what the last plan() wrote.
+        self._plan_info = torch.zeros(1, dtype=torch.int64, device=float_workspace_buffer.device)
 
     def plan(
         self,
@@ -390,17 +582,33 @@ class BatchDecodeWithPagedKVCacheWrapper(_Variant):
         _takes("BatchDecodeWithPagedKVCacheWrapper.plan", rest)
         if set(rest) - {"is_causal"}:
             raise TypeError(f"plan() got unexpected keyword arguments {sorted(set(rest) - {'is_causal'})}")
-        CALLS.append(("decode.plan", {**args, "tensor_cores": self._tc}))
+        CALLS.append(("decode.plan", {**args, "tensor_cores": self._tc, "cuda_graph": self._use_cuda_graph}))
         if q_len_per_req > 1 and not self._tc:
             raise ValueError("q_len_per_req > 1 requires tensor-core decode")
         if fixed_split_size is not None and not self._tc:
             raise ValueError("fixed_split_size is only supported by tensor core decode for now.")
         ptr = [int(x) for x in indptr.tolist()]
         last = [int(x) for x in last_page_len.tolist()]
-        self._pages = [[int(p) for p in indices[ptr[b] : ptr[b + 1]].tolist()] for b in range(len(last))]
-        self._lens = [_kv_len(len(p), last[b], page_size) for b, p in enumerate(self._pages)]
-        if q_len_per_req > 1 and min(self._lens) < q_len_per_req:
+        lens = [_kv_len(ptr[b + 1] - ptr[b], last[b], page_size) for b in range(len(last))]
+        if q_len_per_req > 1 and min(lens) < q_len_per_req:
             raise ValueError("q_len_per_req requires kv_len >= q_len_per_req for every request")
+        if self._use_cuda_graph:
+            if len(last) != self._fixed_batch_size:
+                raise ValueError(
+                    f"The batch size should be fixed in cudagraph mode, the runtime batch size {len(last)} "
+                    f" mismatches the batch size set during initialization {self._fixed_batch_size}"
+                )
+            if len(indices) > len(self._indices_buf):
+                raise ValueError("The size of indices should be less than or equal to the allocated buffer")
+            self._indptr_buf.copy_(indptr)
+            self._last_buf.copy_(last_page_len)
+            self._indices_buf[: len(indices)].copy_(indices)
+        else:
+            self._indptr_buf = indptr.clone()
+            self._indices_buf = indices.clone()
+            self._last_buf = last_page_len.clone()
+        self._plan_info.fill_(fixed_split_size or 0)
+        self._page_size = page_size
         self._q_len = q_len_per_req
         q_data_type = q_data_type if data_type is None else data_type  # the deprecated spelling
         self._plan_common(window_left, logits_soft_cap, sm_scale, head_dim, q_data_type, kv_data_type)
@@ -420,18 +628,23 @@ class BatchDecodeWithPagedKVCacheWrapper(_Variant):
         k_cache, v_cache, window = self._start_paged_run(
             "decode.run", q, paged_kv_cache, args, rest, window_left, sinks, k_scale, v_scale
         )
-        assert q.shape[0] == len(self._pages) * self._q_len, "q rows must be batch * q_len_per_req"
-        outs, lses = [], []
-        for b, pages in enumerate(self._pages):
-            qb = q[b * self._q_len : (b + 1) * self._q_len]
-            n = self._lens[b]
-            kb = _gather_pages(k_cache, pages, n, self._kv_layout)
-            vb = _gather_pages(v_cache, pages, n, self._kv_layout)
-            vis = _bottom_right(self._q_len, n, self._q_len > 1, window)
-            o, lse = _attend(qb, kb, vb, vis, self._scaled(k_scale), self._run_cap(), None)
-            outs.append(o)
-            lses.append(lse)
-        out, lse = self._v_scaled(torch.cat(outs), v_scale), torch.cat(lses)
+        assert q.shape[0] == len(self._last_buf) * self._q_len, "q rows must be batch * q_len_per_req"
+        out, lse = decode_kernel(
+            q,
+            k_cache,
+            v_cache,
+            self._indptr_buf,
+            self._indices_buf,
+            self._last_buf,
+            self._plan_info,
+            self._page_size,
+            self._q_len,
+            window,
+            self._scaled(k_scale),
+            self._run_cap(),
+            self._kv_layout,
+        )
+        out = self._v_scaled(out, v_scale)
         return (out, lse) if return_lse else out
 
 

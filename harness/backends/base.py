@@ -51,6 +51,9 @@ class Capabilities:
     # case and the suite's searches never draw one, so a refusal in a search is a surprise, counted.
     exclusive: frozenset[tuple[str, str]] = frozenset()
     kv_dtypes: frozenset[str] = frozenset()  # FP8 KV-cache dtypes it reads (a Case's kv_dtype)
+    # Modes it can run under a CUDA graph (harness/backends/graph_glue.py); empty: not capturable,
+    # why_not["graph"] says why (the replay tests skip with it).
+    graph_modes: frozenset[Mode] = frozenset()
     why_not: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -73,6 +76,14 @@ class Capabilities:
     def excludes(self, a: str, b: str) -> bool:
         """Whether the backend declares traits `a` and `b` exclusive (in either order)."""
         return (a, b) in self.exclusive or (b, a) in self.exclusive
+
+    def graph_reason(self, mode: Mode | None = None) -> str | None:
+        """None when the backend captures `mode` (any mode when None) under a CUDA graph, else why not."""
+        if not self.graph_modes:
+            return self.reason("graph", "no CUDA-graph path in its glue (not capturable yet)")
+        if mode is not None and mode not in self.graph_modes:
+            return self.reason(f"graph {mode}", f"no CUDA-graph path for {mode}")
+        return None
 
     def conflict(self, case: Case) -> tuple[str, str] | None:
         """The first declared `exclusive` pair this case has both sides of, or None."""

@@ -14,8 +14,18 @@ What FlashInfer (0.6.16 to 0.7.2.post1) does not do, declared as skips: the CUDA
 
 from __future__ import annotations
 
+from typing import Any
+
 from harness.backends.base import BackendOutput
-from harness.backends.flashinfer_glue import FlashInferGlue, capabilities
+from harness.backends.flashinfer_glue import (
+    KERNEL_BACKEND,
+    FlashInferGlue,
+    PageTable,
+    capabilities,
+    flashinfer,
+    workspace,
+)
+from harness.backends.graph_glue import GraphState
 from harness.core.batch import Batch
 from harness.core.case import Case
 from harness.core.modes import Mode
@@ -43,6 +53,25 @@ class _FlashInferDecode(FlashInferGlue):
         out, lse = wrapper.run(batch.q, self.kv_cache(batch), return_lse=True, **self.run_scales(batch))
         return BackendOutput(out=out, lse=self.natural_lse(lse))
 
+    def graph_wrapper(self, state: GraphState, bs: int) -> Any:
+        """The decode wrapper with use_cuda_graph=True over the first bs + 1 / bs entries of the
+        indptr / last-page buffers (its fixed batch size) and the whole indices buffer."""
+        b = state.buffers
+        return flashinfer().BatchDecodeWithPagedKVCacheWrapper(
+            workspace(state.device),
+            state.layer.case.kv_layout,
+            use_cuda_graph=True,
+            use_tensor_cores=self.kind == "decode_tc",
+            paged_kv_indptr_buffer=b["kv_indptr"][: bs + 1],
+            paged_kv_indices_buffer=b["kv_indices"],
+            paged_kv_last_page_len_buffer=b["kv_last_page_len"][:bs],
+            backend=KERNEL_BACKEND,
+        )
+
+    def plan_graph(self, state: GraphState, bs: int, table: PageTable, options: dict) -> None:
+        args, kwargs = self.plan_arguments(state.layer, table, options["options"], options["split"])
+        state.per_size[bs].plan(*args, q_len_per_req=state.limits.queries, **kwargs)
+
 
 class FlashInferDecCC(_FlashInferDecode):
     name = "flashinfer_dec_cc"
@@ -50,6 +79,7 @@ class FlashInferDecCC(_FlashInferDecode):
     capabilities = capabilities(
         {Mode.DECODE},
         ("window", "soft_cap", "hybrid_pool", "returns_lse"),
+        graph_modes=frozenset({Mode.DECODE}),
         why_not={
             "deterministic": "FlashInfer's CUDA-core decode plan rejects fixed_split_size "
             "and ignores disable_split_kv, so its split-KV follows the batch (flashinfer_dec_tc pins it)",
@@ -75,6 +105,7 @@ class FlashInferDecTC(_FlashInferDecode):
     capabilities = capabilities(
         {Mode.DECODE, Mode.DRAFT_EXTEND_V2, Mode.TARGET_VERIFY},
         ("window", "soft_cap", "hybrid_pool", "deterministic", "returns_lse"),
+        graph_modes=frozenset({Mode.DECODE, Mode.DRAFT_EXTEND_V2, Mode.TARGET_VERIFY}),
         why_not={
             "sinks": SINKS_DROPPED,
             "tree": "the decode wrapper masks q_len_per_req rows causally and takes no custom mask "

@@ -18,10 +18,11 @@ import torch
 
 from harness.backends.base import Capabilities
 from harness.backends.flashinfer_versions import RANGE
-from harness.backends.glue import EngineGlue
+from harness.backends.graph_glue import GraphGlue, GraphLimits, GraphState, StaticInputs
 from harness.backends.library import import_library
 from harness.core.batch import Batch
 from harness.core.modes import Mode
+from harness.core.pool import RESERVED_PAGE
 from harness.core.vocab import KV_DTYPES, TORCH_DTYPES
 
 KERNEL_BACKEND = "fa2"
@@ -143,8 +144,9 @@ def paged_kv_table(indices: torch.Tensor, pages: list[int], lengths: list[int], 
     )
 
 
-class FlashInferGlue(EngineGlue):
-    """Base adapter for every FlashInfer path. Subclasses set name, capabilities, run()."""
+class FlashInferGlue(GraphGlue):
+    """Base adapter for every FlashInfer path. Subclasses set name, capabilities, run(); a capturable
+    one declares graph_modes and `graph_wrapper` (the CUDA-graph path below)."""
 
     library = "flashinfer"
     supported = RANGE  # the releases this glue supports; `list` shows the installed one against it
@@ -219,13 +221,17 @@ class FlashInferGlue(EngineGlue):
             return {}
         return {"fixed_split_size": max(1, self.split_tokens // page_size), "disable_split_kv": False}
 
-    def plan_arguments(self, batch: Batch, table: PageTable, options: dict) -> tuple[tuple, dict]:
+    def plan_arguments(
+        self, batch: Batch, table: PageTable, options: dict, split: dict | None = None
+    ) -> tuple[tuple, dict]:
         """What every paged plan() takes: the page table and the head shape (positional), the true key
-        counts, the kernel options and the split parameters (keywords)."""
+        counts, the kernel options and the split parameters (keywords; `split`: these instead of the
+        batch's split_options)."""
         c = batch.case
         args = (table.indptr, table.indices, table.last_page_len)
         args += (c.num_q_heads, c.num_kv_heads, c.head_dim, c.page_size)
-        return args, {"seq_lens": table.kv_lens, **options, **self.split_options(batch, c.page_size)}
+        split = self.split_options(batch, c.page_size) if split is None else split
+        return args, {"seq_lens": table.kv_lens, **options, **split}
 
     def plan_paged(
         self, wrapper: Any, batch: Batch, table: PageTable, causal: bool, options: dict, mask: CustomMask
@@ -282,6 +288,82 @@ class FlashInferGlue(EngineGlue):
                 ws, c.kv_layout, use_tensor_cores=kind == "decode_tc", backend=KERNEL_BACKEND
             )
         raise ValueError(f"unknown FlashInfer wrapper kind {kind!r}")
+
+    # --- the CUDA-graph path (harness/backends/graph_glue.py) ----------------------------------
+    # As sglang's FlashInfer backend: the page-table buffers allocated once at the limits; per
+    # captured size a wrapper made with use_cuda_graph=True over views of them; plan() before the
+    # capture (a dummy batch) and before every replay (the real batch, padded) writes into them.
+
+    def graph_buffers(self, limits: GraphLimits, batch: Batch) -> GraphState:
+        """kv_indptr [n + 1], kv_indices [n * max_pages], kv_last_page_len [n] for n = max_batch."""
+        state = super().graph_buffers(limits, batch)
+        n, dev = limits.max_batch, batch.device
+        state.buffers["kv_indptr"] = torch.zeros(n + 1, dtype=torch.int32, device=dev)
+        state.buffers["kv_indices"] = torch.zeros(n * limits.max_pages, dtype=torch.int32, device=dev)
+        state.buffers["kv_last_page_len"] = torch.zeros(n, dtype=torch.int32, device=dev)
+        return state
+
+    def graph_wrapper(self, state: GraphState, bs: int) -> Any:
+        """A use_cuda_graph=True wrapper of `bs` requests over views of the state's buffers."""
+        raise NotImplementedError
+
+    def padding_table(self, state: GraphState, real: PageTable, bs: int) -> PageTable:
+        """The real requests' table, then bs - real requests of padding_extent keys on the reserved
+        page (the engine's fill values)."""
+        ps = state.layer.case.page_size
+        n = self.padding_extent(state)
+        pad = bs - real.kv_lens.numel()
+        pages = -(-n // ps)
+        real_pages = (real.indptr[1:] - real.indptr[:-1]).tolist()  # a host tensor: no device read
+        indices = torch.cat([real.indices, torch.full((pad * pages,), RESERVED_PAGE, dtype=torch.int32,
+                                                      device=real.indices.device)])
+        return paged_kv_table(indices, real_pages + [pages] * pad, real.kv_lens.tolist() + [n] * pad, ps)
+
+    def capture_table(self, state: GraphState, bs: int) -> PageTable:
+        """The dummy batch's table: bs padding requests."""
+        empty = torch.zeros(0, dtype=torch.int32, device=state.device)
+        none = PageTable(torch.zeros(1, dtype=torch.int32), empty, empty.cpu(), empty.cpu())
+        return self.padding_table(state, none, bs)
+
+    def replay_table(self, state: GraphState, batch: Batch, bs: int) -> PageTable:
+        """The real batch's table over its replay key ranges, padded to bs."""
+        return self.padding_table(state, self.page_table(batch, self.replay_key_ranges(state, batch)), bs)
+
+    def graph_options(self, state: GraphState) -> dict:
+        """The layer's plan options (kernel options: window, soft cap, scale, dtypes) and its split
+        parameters (deterministic mode pins them), as the eager path plans them."""
+        layer = state.layer
+        split = self.split_options(layer, layer.case.page_size)
+        return {"options": self.kernel_options(layer, self.window_left(layer)), "split": split}
+
+    def capture_options(self, state: GraphState) -> dict:
+        """What plan() gets before a capture. The kernel's scalar arguments (window, soft cap, scale)
+        are fixed by the launch the capture records: what this plan set."""
+        return self.graph_options(state)
+
+    def replay_options(self, state: GraphState, batch: Batch) -> dict:
+        """What plan() gets before a replay: the same (its work partition, the split, is in the
+        wrapper's int workspace, which the kernel reads at replay)."""
+        return self.graph_options(state)
+
+    def plan_graph(self, state: GraphState, bs: int, table: PageTable, options: dict) -> None:
+        """plan() the size-bs wrapper with `options` (of graph_options' shape): it writes the table
+        into the state's buffers."""
+        raise NotImplementedError
+
+    def capture_metadata(self, state: GraphState, bs: int) -> None:
+        self.capture_out_cache_loc(state, bs)
+        state.per_size[bs] = self.graph_wrapper(state, bs)
+        self.plan_graph(state, bs, self.capture_table(state, bs), self.capture_options(state))
+
+    def replay_metadata(self, state: GraphState, batch: Batch, bs: int) -> None:
+        self.replay_out_cache_loc(state, batch, bs)
+        self.plan_graph(state, bs, self.replay_table(state, batch, bs), self.replay_options(state, batch))
+
+    def graph_kernel(self, state: GraphState, static: StaticInputs) -> torch.Tensor:
+        """run() of the size-bs wrapper over the static queries and pool (the scales of the layer)."""
+        scales = self.run_scales(state.layer)
+        return state.per_size[static.bs].run(static.q, (static.pool.k, static.pool.v), **scales)
 
     def natural_lse(self, lse: torch.Tensor) -> torch.Tensor:
         """FlashInfer's kernels return log2(sum 2^x) of log2-scaled logits; the harness wants ln."""

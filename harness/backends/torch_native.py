@@ -26,7 +26,13 @@ class TorchNative(EngineGlue):
     name = "torch_native"
     library = "torch"
     capabilities = dataclasses.replace(
-        ALL_CAPABILITIES, returns_lse=False, why_not={"returns_lse": "SDPA does not return the log-sum-exp"}
+        ALL_CAPABILITIES,
+        returns_lse=False,
+        why_not={
+            "returns_lse": "SDPA does not return the log-sum-exp",
+            "graph": "not capturable: SDPA over each request's keys, sliced by its seq_lens in Python, "
+            "which a CUDA graph would freeze at capture",
+        },
     )
 
     # --- engine glue: the shared reads (glue.py), and this fallback's masks -------------------
