@@ -35,9 +35,11 @@ def _default_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def read_case(text: str):  # noqa: ANN201 - returns a Case
-    """A Case from a path to a JSON file or from a JSON literal."""
+def read_case(text: str):  # noqa: ANN201 - returns a Case or a GraphCase
+    """A Case from a path to a JSON file or from a JSON literal; a GraphCase (a CUDA-graph replay
+    sequence: an object with `batches`) likewise."""
     from harness.core.case import Case, CaseError
+    from harness.core.graph_case import GraphCase
 
     src = text
     if not text.lstrip().startswith("{"):
@@ -51,9 +53,14 @@ def read_case(text: str):  # noqa: ANN201 - returns a Case
         except OSError as e:
             raise UsageError(f"cannot read case file {text}: {e.strerror}") from None
     try:
-        return Case.from_json(src)
+        parsed = json.loads(src)
+    except (ValueError, RecursionError):
+        parsed = None  # Case.from_json says what is wrong with it
+    graph = isinstance(parsed, dict) and "batches" in parsed
+    try:
+        return GraphCase.from_json(src) if graph else Case.from_json(src)
     except (CaseError, TypeError) as e:
-        raise UsageError(f"invalid case: {e}") from None
+        raise UsageError(f"invalid {'graph case' if graph else 'case'}: {e}") from None
 
 
 def check_size(case, device: str) -> None:  # noqa: ANN001 - a Case
@@ -375,7 +382,8 @@ def cmd_repro_sanitized(args: argparse.Namespace) -> int:
     """The repro under compute-sanitizer memcheck; exit 2 saying so where the tool is not installed."""
     from harness.tools import sanitizer
 
-    read_case(args.case)
+    if not hasattr(read_case(args.case), "seed"):
+        raise UsageError("--sanitize takes a Case, not a GraphCase")
     load_backend(args.backend)
     if args.device == "cpu":
         raise UsageError("--sanitize checks CUDA memory accesses: use it with --device cuda")
@@ -390,15 +398,21 @@ def cmd_repro(args: argparse.Namespace) -> int:
     from harness.backends import BackendBroken
     from harness.checks.numeric import check_case
     from harness.checks.probe import THRESHOLD_RULE, picture_text, probe
+    from harness.checks.replay import replay_result
+    from harness.core.graph_case import GraphCase
 
     if args.sanitize:
         return cmd_repro_sanitized(args)
     case = read_case(args.case)
     backend = load_backend(args.backend)
     device = args.device or _default_device()
-    check_size(case, device)
+    graph = isinstance(case, GraphCase)
+    if graph and args.probe:
+        raise UsageError("--probe takes a Case, not a GraphCase")
+    for batch in case.batches if graph else (case,):
+        check_size(batch, device)
     try:
-        res = check_case(backend, case, device)
+        res = replay_result(backend, case, device) if graph else check_case(backend, case, device)
     except BackendBroken as e:
         print(f"{backend.name} on {device}: BROKEN: {e}")
         return 1

@@ -67,10 +67,8 @@ class _FlashInferDecode(FlashInferGlue):
             backend=KERNEL_BACKEND,
         )
 
-    def plan_graph(self, state: GraphState, bs: int, table: PageTable, split: dict) -> None:
-        layer = state.layer
-        options = self.kernel_options(layer, self.window_left(layer))
-        args, kwargs = self.plan_arguments(layer, table, options, split)
+    def plan_graph(self, state: GraphState, bs: int, table: PageTable, options: dict) -> None:
+        args, kwargs = self.plan_arguments(state.layer, table, options["options"], options["split"])
         state.per_size[bs].plan(*args, q_len_per_req=state.limits.queries, **kwargs)
 
 

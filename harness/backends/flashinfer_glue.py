@@ -327,26 +327,36 @@ class FlashInferGlue(GraphGlue):
         """The real batch's table over its replay key ranges, padded to bs."""
         return self.padding_table(state, self.page_table(batch, self.replay_key_ranges(state, batch)), bs)
 
-    def graph_split(self, state: GraphState) -> dict:
-        """The split parameters planned at capture: the layer's (deterministic mode pins them)."""
-        return self.split_options(state.layer, state.layer.case.page_size)
+    def graph_options(self, state: GraphState) -> dict:
+        """The layer's plan options (kernel options: window, soft cap, scale, dtypes) and its split
+        parameters (deterministic mode pins them), as the eager path plans them."""
+        layer = state.layer
+        split = self.split_options(layer, layer.case.page_size)
+        return {"options": self.kernel_options(layer, self.window_left(layer)), "split": split}
 
-    def replay_split(self, state: GraphState, batch: Batch) -> dict:
-        """The split parameters planned before a replay: the layer's, as at capture and in eager."""
-        return self.split_options(state.layer, state.layer.case.page_size)
+    def capture_options(self, state: GraphState) -> dict:
+        """What plan() gets before a capture. The kernel's scalar arguments (window, soft cap, scale)
+        are fixed by the launch the capture records: what this plan set."""
+        return self.graph_options(state)
 
-    def plan_graph(self, state: GraphState, bs: int, table: PageTable, split: dict) -> None:
-        """plan() the size-bs wrapper: it writes the table into the state's buffers."""
+    def replay_options(self, state: GraphState, batch: Batch) -> dict:
+        """What plan() gets before a replay: the same (its work partition, the split, is in the
+        wrapper's int workspace, which the kernel reads at replay)."""
+        return self.graph_options(state)
+
+    def plan_graph(self, state: GraphState, bs: int, table: PageTable, options: dict) -> None:
+        """plan() the size-bs wrapper with `options` (of graph_options' shape): it writes the table
+        into the state's buffers."""
         raise NotImplementedError
 
     def capture_metadata(self, state: GraphState, bs: int) -> None:
         self.capture_out_cache_loc(state, bs)
         state.per_size[bs] = self.graph_wrapper(state, bs)
-        self.plan_graph(state, bs, self.capture_table(state, bs), self.graph_split(state))
+        self.plan_graph(state, bs, self.capture_table(state, bs), self.capture_options(state))
 
     def replay_metadata(self, state: GraphState, batch: Batch, bs: int) -> None:
         self.replay_out_cache_loc(state, batch, bs)
-        self.plan_graph(state, bs, self.replay_table(state, batch, bs), self.replay_split(state, batch))
+        self.plan_graph(state, bs, self.replay_table(state, batch, bs), self.replay_options(state, batch))
 
     def graph_kernel(self, state: GraphState, static: StaticInputs) -> torch.Tensor:
         """run() of the size-bs wrapper over the static queries and pool (the scales of the layer)."""

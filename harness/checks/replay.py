@@ -28,11 +28,9 @@ from harness.core.batch import Batch, build_batch, make_inputs
 from harness.core.compare import compare
 from harness.core.graph_case import GraphCase
 from harness.core.pool import POISON, empty_pool, storage_dtype, stored
-from harness.core.results import CaseResult
+from harness.core.results import GRAPH_CHECK, CaseResult
 from harness.run.graphs import GraphFactory
 from references.torch_ref import references
-
-GRAPH_CHECK = "graph"  # extra.check of a replay result
 
 
 class GraphRunner:

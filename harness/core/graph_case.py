@@ -45,6 +45,15 @@ class GraphCase:
         return self.batches[0]
 
     @property
+    def mode(self) -> Mode:
+        return self.layer.mode
+
+    @property
+    def requests(self) -> tuple:
+        """Every replayed request, batch after batch (what a hunt's family and size read)."""
+        return tuple(r for c in self.batches for r in c.requests)
+
+    @property
     def queries(self) -> int:
         """Queries per request: 1 in DECODE, num_draft otherwise (the captured shape)."""
         return self.layer.requests[0].extend_len

@@ -8,13 +8,17 @@ from dataclasses import dataclass, field
 
 from harness.core.case import Case
 from harness.core.compare import Verdict
+from harness.core.graph_case import GraphCase
 from harness.core.modes import family_of
 from harness.core.vocab import CHECKED, STATUSES, case_features
 
 
-def repro_command(case: Case, backend: str, device: str) -> str:
-    """A shell command that replays the case exactly (the Case JSON is inline)."""
+def repro_command(case: Case | GraphCase, backend: str, device: str) -> str:
+    """A shell command that replays the case exactly (the Case JSON is inline; a GraphCase's too)."""
     return f"python -m harness repro {shlex.quote(case.to_json())} --backend {backend} --device {device}"
+
+
+GRAPH_CHECK = "graph"  # extra.check of a CUDA-graph replay result (harness/checks/replay.py); its family
 
 
 @dataclass
@@ -33,7 +37,17 @@ class CaseResult:
 
     @property
     def family(self) -> str:
+        """The case's suite family; a replay result's is GRAPH_CHECK, so replays get their own rows."""
+        if self.extra.get("check") == GRAPH_CHECK:
+            return GRAPH_CHECK
         return family_of(self.case.mode, [r.prefix_len for r in self.case.requests])
+
+    @property
+    def repro_target(self) -> Case | GraphCase:
+        """What the repro command replays: a replay result's whole GraphCase, else the case."""
+        if self.extra.get("check") == GRAPH_CHECK:
+            return GraphCase.from_dict(self.extra["graph_case"])
+        return self.case
 
     def to_dict(self) -> dict:
         return {
@@ -48,7 +62,7 @@ class CaseResult:
             "reason": self.reason,
             "seconds": round(self.seconds, 6),
             "test_id": self.test_id,
-            "repro": repro_command(self.case, self.backend, self.device),
+            "repro": repro_command(self.repro_target, self.backend, self.device),
             "error_map": self.error_map,
             "probe": self.probe,
             **({"extra": self.extra} if self.extra else {}),
@@ -58,8 +72,8 @@ class CaseResult:
         """What a failing test prints: the verdict, the Case as JSON and the repro command."""
         return (
             f"{self.backend} on {self.device}: {self.status.upper()}: {self.reason}\n"
-            f"Case:\n{self.case.to_json(indent=1)}\n"
-            f"Replay:\n  {repro_command(self.case, self.backend, self.device)}"
+            f"{type(self.repro_target).__name__}:\n{self.repro_target.to_json(indent=1)}\n"
+            f"Replay:\n  {repro_command(self.repro_target, self.backend, self.device)}"
         )
 
 

@@ -24,7 +24,9 @@ from collections.abc import Callable
 from harness.backends.base import Backend
 from harness.checks.invariance import invariance_result
 from harness.checks.numeric import check_case
+from harness.checks.replay import replay_result
 from harness.core.case import Case
+from harness.core.graph_case import GraphCase
 from harness.core.results import CaseResult
 from harness.run.workers import Outcome, Worker, WorkerError, describe_exit, spread
 
@@ -32,7 +34,8 @@ ISOLATE_ENV = "ATTN_HARNESS_ISOLATE"
 TIMEOUT_ENV = "ATTN_HARNESS_CASE_TIMEOUT"
 DEFAULT_TIMEOUT = 120.0  # seconds per case
 FIRST_CASE_TIMEOUT = 600.0  # a backend's first case in a worker may compile kernels (JIT)
-PRELOAD = ("harness.checks.numeric",)  # a worker imports the checks before its first case
+# A worker imports the checks before its first case.
+PRELOAD = ("harness.checks.numeric", "harness.checks.replay")
 
 
 def enabled(device: str) -> bool:
@@ -192,11 +195,21 @@ def check(backend: Backend, case: Case, device: str) -> CaseResult:
     return check_case(backend, case, device)
 
 
+def check_replay(backend: Backend, case: GraphCase, device: str) -> CaseResult:
+    """The CUDA-graph replay check of one GraphCase, isolated like `check`."""
+    if enabled(device):
+        return runner_for(device).run(replay_result, backend, case, device)
+    return replay_result(backend, case, device)
+
+
 def check_invariant(backend: Backend, case: Case, device: str, long_kv: int, long_q: int) -> CaseResult:
     """Batch invariance of one deterministic case, isolated like `check`."""
     if enabled(device):
         return runner_for(device).run(invariance_result, backend, case, device, long_kv, long_q)
     return invariance_result(backend, case, device, long_kv, long_q)
+
+
+CHECK_KINDS = ("numeric", "invariance", "graph")
 
 
 class Search:
@@ -215,8 +228,8 @@ class Search:
         check_kind: str = "numeric",
         neighbours: tuple[int, int] = (4096, 512),
     ) -> None:
-        if check_kind not in ("numeric", "invariance"):
-            raise ValueError(f"unknown check {check_kind!r}: numeric or invariance")
+        if check_kind not in CHECK_KINDS:
+            raise ValueError(f"unknown check {check_kind!r}: {', '.join(CHECK_KINDS)}")
         self.backend = backend
         self.device = device
         self.kind = check_kind
@@ -226,11 +239,11 @@ class Search:
         self.stopped: CaseResult | None = None
         self.ran_last = False  # whether the last call ran its case (False: memo or stopped)
 
-    def known(self, case: Case) -> bool:
+    def known(self, case: Case | GraphCase) -> bool:
         """Whether the case was already run (its result is memoised)."""
         return case.to_json() in self.seen
 
-    def __call__(self, case: Case) -> CaseResult | None:
+    def __call__(self, case: Case | GraphCase) -> CaseResult | None:
         key = case.to_json()
         self.ran_last = False
         if key in self.seen:
@@ -239,6 +252,8 @@ class Search:
             return None
         if self.kind == "numeric":
             res = check(self.backend, case, self.device)
+        elif self.kind == "graph":  # the case is a GraphCase
+            res = check_replay(self.backend, case, self.device)
         else:
             res = check_invariant(self.backend, case, self.device, *self.neighbours)
         self.ran_last = True

@@ -85,6 +85,7 @@ def pytest_configure(config: pytest.Config) -> None:
         "cross: cross-attention",
         "encoder: ENCODER_ONLY, bidirectional self-attention over each request's own tokens",
         "deterministic: determinism checks",
+        "graph: CUDA-graph capture and replay checks",
         "gpu: needs a CUDA device",
     ):
         config.addinivalue_line("markers", line)

@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 
 from harness.backends.base import ALL_CAPABILITIES, Capabilities
 from harness.core.case import PAGE_LAYOUTS, Case, Request
+from harness.core.graph_case import PER_BATCH_FIELDS, GraphCase, kv_extents, padding_extent
 from harness.core.modes import FAMILIES, FAMILY_MODE, Mode
 from harness.search.profiles import Sizes
 
@@ -181,3 +182,42 @@ def cases(draw: st.DrawFn, family: str, windowed: bool, caps: Capabilities, size
         v_scale=v_scale,
         seed=seed,
     )
+
+
+# The graph families: the suite families whose modes engines capture under a CUDA graph.
+GRAPH_FAMILIES = ("decode", "verify", "draft_extend_v2")
+
+
+@st.composite
+def graph_cases(draw: st.DrawFn, family: str, windowed: bool, caps: Capabilities, sizes: Sizes) -> GraphCase:
+    """A replay sequence (harness/core/graph_case.py): two to five batches of one layer, each drawn as
+    `cases` draws a batch of the family, then given the first batch's layer and queries per request;
+    half the time ordered largest first (a smaller batch after a larger one, its page-table rows and
+    slots left behind). The limits hold every batch, with room to spare: a batch runs padded to a
+    larger captured size than its own, and contexts are longer than the dummy batch's at capture."""
+    if family not in GRAPH_FAMILIES:
+        raise ValueError(f"{family!r} is not captured; graph families: {', '.join(GRAPH_FAMILIES)}")
+    first = draw(cases(family, windowed, caps, sizes))
+    layer = {k: v for k, v in first.to_dict().items() if k not in PER_BATCH_FIELDS}
+    queries = first.requests[0].extend_len
+    branching = caps.tree and any(p != j - 1 for r in first.requests if r.tree for j, p in enumerate(r.tree))
+    batches = [first]
+    for _ in range(draw(st.integers(1, 4))):
+        c = draw(cases(family, windowed, caps, sizes))
+        reqs = tuple(
+            Request(
+                r.prefix_len,
+                queries,
+                tree=random_tree(draw, queries, branching) if first.mode == Mode.TARGET_VERIFY else None,
+            )
+            for r in c.requests
+        )
+        per_batch = {k: v for k, v in c.to_dict().items() if k in PER_BATCH_FIELDS and k != "requests"}
+        batches.append(Case(**{**layer, **per_batch, "requests": reqs}))
+    if draw(st.booleans()):
+        batches.sort(key=lambda b: -b.batch_size)
+    longest = max(max(kv_extents(b)) for b in batches)
+    padding = padding_extent(first.mode, queries)
+    max_batch = max(b.batch_size for b in batches) + draw(st.sampled_from((0, 0, 1, 5)))
+    max_kv = max(longest, padding) + draw(st.sampled_from((0, 1, 64)))
+    return GraphCase(tuple(batches), max_batch, max_kv)

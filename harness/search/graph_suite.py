@@ -1,0 +1,95 @@
+"""How cases/test_graph.py is generated: the CUDA-graph replay check for every capturable backend.
+
+One property test per (backend, device, graph family, window): hypothesis draws a replay sequence
+(strategies.graph_cases) and harness/checks/replay.py captures the backend's graph path at the
+engine's sizes and replays every batch, each judged against the references (and bitwise against
+the eager run in deterministic mode). Ids read `test_graph[<backend>-<device>-<label>-<full|swa>]`
+with a label that names the mode without a family keyword (`next_token`, `spec`, `draft`), and the
+tests carry the `graph` marker, not a family's: `-k graph` selects exactly these, `-k decode` none of
+them, `-k swa` the windowed ones. A backend that cannot be captured has one test per device, which
+skips with its reason (`Capabilities.graph_reason`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import pytest
+from hypothesis import assume, given, settings, target
+
+from harness import backends
+from harness.core.graph_case import GraphCase
+from harness.core.modes import FAMILY_MODE
+from harness.core.results import GRAPH_CHECK, CaseResult
+from harness.run import isolation
+from harness.search import profiles
+from harness.search.refusals import as_refused, search_with_refusals
+from harness.search.strategies import GRAPH_FAMILIES, graph_cases
+from harness.search.suite import WINDOWS, Target, selected_backends
+
+LABELS = {"decode": "next_token", "verify": "spec", "draft_extend_v2": "draft"}
+UNCAPTURED = "uncaptured"  # the label of a backend's one test when it has no graph path
+# A replay check captures up to five sizes and replays up to five batches: fewer examples.
+EXAMPLES_DIVISOR = 2
+
+
+@dataclass(frozen=True)
+class GraphTarget(Target):
+    """A Target of the `graph` family; `graph_family` is the suite family whose mode is replayed."""
+
+    graph_family: str = ""
+
+    @property
+    def id(self) -> str:
+        label = LABELS.get(self.graph_family, UNCAPTURED)
+        window = "" if label == UNCAPTURED else f"-{self.window}"
+        return f"{self.backend_name}-{self.device}-{label}{window}"
+
+
+def params() -> list:
+    """pytest params over every selected backend and device: its graph families and windows, or one
+    test that skips with the reason it cannot be captured."""
+    out = []
+    for name in selected_backends():
+        caps = backends.load(name).capabilities
+        for device in sorted(caps.devices):
+            families = [f for f in GRAPH_FAMILIES if FAMILY_MODE[f] in caps.graph_modes & caps.modes]
+            if not families:
+                out.append(GraphTarget(name, device, GRAPH_CHECK, "full", "").param())
+            for fam in families:
+                windows = WINDOWS if caps.window else ("full",)
+                out += [GraphTarget(name, device, GRAPH_CHECK, w, fam).param() for w in windows]
+    return out
+
+
+def run(t: GraphTarget, record: Callable[[CaseResult], None] | None = None) -> None:
+    """Search replay sequences; fail with the GraphCase, the replay that failed and its repro."""
+    backend = t.backend()
+    caps = backend.capabilities
+    why = backend.available(t.device) or caps.graph_reason(FAMILY_MODE.get(t.graph_family))
+    if why:
+        pytest.skip(why)
+    strategy = graph_cases(t.graph_family, t.window == "swa", caps, profiles.sizes())
+    strategy = strategy.filter(lambda g: all(caps.admits(c) for c in g.batches))
+    search = isolation.Search(backend, t.device, "graph")
+    current = settings.default
+
+    @settings(max_examples=max(2, current.max_examples // EXAMPLES_DIVISOR))
+    @given(strategy)
+    def check(g: GraphCase) -> None:
+        res = search(g)
+        if res is None:
+            assume(False)  # a CRASH or HANG already ended this search (isolation.Search)
+        if res.status == "skip":
+            if record and search.ran_last:
+                record(as_refused(res))
+            assume(False)
+        if record:
+            record(res)
+        if res.verdict is not None and res.verdict.ratio == res.verdict.ratio:
+            target(min(res.verdict.ratio, 1e6), label="err/budget")
+        assert res.status == "pass", res.failure_text()
+
+    what = f"{backend.name} on {t.device}, graph {t.graph_family} ({t.window})"
+    search_with_refusals(check, search.seen.values, what)
