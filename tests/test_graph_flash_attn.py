@@ -36,7 +36,8 @@ def sequence(mode: str, tree=CHAIN3, **kw) -> GraphCase:
     """Three replays: 3 requests (captured at 4), then 5 longer ones (at 8), then 1 (at 1)."""
     tree = tree if mode == "TARGET_VERIFY" else None
     lens = [[5, 2, 9], [30, 17, 8, 40, 3], [12]]
-    return GraphCase(tuple(batch(mode, ls, i, tree, **kw) for i, ls in enumerate(lens)), max_batch=8, max_kv=48)
+    batches = tuple(batch(mode, ls, i, tree, **kw) for i, ls in enumerate(lens))
+    return GraphCase(batches, max_batch=8, max_kv=48)
 
 
 GRAPH_CASES = {
@@ -120,3 +121,12 @@ def test_fa3_replays_through_the_same_buffers(libs):  # noqa: F811
     assert replay_result(on_cpu(FA3()), GRAPH_CASES["decode"], "cpu").status == "pass"
     last = libs["fa3"].calls[-1]
     assert last["cache_seqlens"].dtype == torch.int32 and last["max_seqlen_q"] == 1
+
+
+@pytest.mark.parametrize("name", ["fa2", "flex_eager", "flex_compiled", "torch_native", "torch_split"])
+def test_uncaptured_backends_say_why(name):
+    """Each reason names what a graph cannot hold (a per-request Python loop), not the default."""
+    from harness import backends
+
+    why = backends.load(name).capabilities.graph_reason()
+    assert why.startswith("not capturable") and "loop" in why, why

@@ -44,6 +44,14 @@ SHAPES_ENV = "ATTN_HARNESS_FLEX_SHAPES"
 # divide the block mask's 128 x 128 blocks as flex requires.
 CUDA_KERNEL_OPTIONS = {"BLOCK_M": 64, "BLOCK_N": 64, "num_stages": 2, "num_warps": 4}
 
+# Why neither variant has a CUDA-graph path (docs/flex.md, "Under a CUDA graph").
+FLEX_NOT_CAPTURED = (
+    "not capturable as glued: each call packs the batch's keys end to end in a per-request Python "
+    "loop (lengths, positions and the tree read on the host, sizes from the batch) and builds a new "
+    "BlockMask for that shape; a graph path needs fixed-size packing buffers and a BlockMask rebuilt "
+    "into them before each replay, not written yet"
+)
+
 # The terms of the mask besides "same request"; see FlexBase.mask_mod.
 MASK_TERMS = frozenset({"free", "causal", "window", "window_right", "tree"})
 
@@ -122,7 +130,11 @@ class FlexBase(EngineGlue):
     and whether it returns the LSE (`returns_lse_on`)."""
 
     library = "torch.nn.attention.flex_attention"
-    capabilities = dataclasses.replace(ALL_CAPABILITIES, head_dims=frozenset({16, 32, 64, 128, 256}))
+    capabilities = dataclasses.replace(
+        ALL_CAPABILITIES,
+        head_dims=frozenset({16, 32, 64, 128, 256}),
+        why_not={"graph": FLEX_NOT_CAPTURED},
+    )
 
     def available(self, device: str) -> str | None:
         why = super().available(device)
@@ -494,6 +506,7 @@ class FlexCompiled(FlexBase):
         FlexBase.capabilities,
         returns_lse=False,
         why_not={
+            "graph": FLEX_NOT_CAPTURED,
             "returns_lse": "the compiled CPU kernel has no LSE output (inductor raises "
             "NotImplementedError); on CUDA the LSE is returned and checked, and sinks use it",
         },

@@ -26,7 +26,13 @@ class TorchNative(EngineGlue):
     name = "torch_native"
     library = "torch"
     capabilities = dataclasses.replace(
-        ALL_CAPABILITIES, returns_lse=False, why_not={"returns_lse": "SDPA does not return the log-sum-exp"}
+        ALL_CAPABILITIES,
+        returns_lse=False,
+        why_not={
+            "returns_lse": "SDPA does not return the log-sum-exp",
+            "graph": "not capturable: one SDPA call per request in a Python loop, each over keys "
+            "gathered to that request's length read from the batch on the host: no fixed buffers",
+        },
     )
 
     # --- engine glue: the shared reads (glue.py), and this fallback's masks -------------------

@@ -9,6 +9,7 @@ its own group. Details: docs/mutants.md, "torch_split".
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -84,7 +85,13 @@ def merge_states(states: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch
 class TorchSplit(EngineGlue):
     name = "torch_split"
     library = "torch"
-    capabilities = ALL_CAPABILITIES
+    capabilities = dataclasses.replace(
+        ALL_CAPABILITIES,
+        why_not={
+            "graph": "not capturable: requests are grouped by lengths read on the host and each "
+            "group's ragged and paged passes run in a Python loop, sized from them: no fixed buffers"
+        },
+    )
 
     # --- engine glue: the shared reads (glue.py), and this fallback's passes and splits -------
 
