@@ -426,7 +426,7 @@ class BatchDecodeWithPagedKVCacheWrapper(_Variant):
     ) -> None:
         args = dict(locals())
         args.pop("self")
-        CALLS.append(("decode.plan", {**args, "tensor_cores": self._tc}))
+        CALLS.append(("decode.plan", {**args, "tensor_cores": self._tc, "cuda_graph": self._use_cuda_graph}))
         if q_len_per_req > 1 and not self._tc:
             raise ValueError("q_len_per_req > 1 requires tensor-core decode")
         if fixed_split_size is not None and not self._tc:

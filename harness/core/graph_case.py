@@ -58,6 +58,10 @@ class GraphCase:
         """Queries per request: 1 in DECODE, num_draft otherwise (the captured shape)."""
         return self.layer.requests[0].extend_len
 
+    def replace_layer(self, **changes: Any) -> GraphCase:
+        """Every batch with these Case fields changed (layer fields: the batches keep sharing them)."""
+        return GraphCase(tuple(c.replace(**changes) for c in self.batches), self.max_batch, self.max_kv)
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "max_batch": self.max_batch,

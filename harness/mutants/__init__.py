@@ -23,11 +23,12 @@ from hypothesis.errors import NoSuchExample, Unsatisfiable
 from harness.backends.base import Backend
 from harness.checks.invariance import neighbour_sizes
 from harness.core.case import Case
+from harness.core.graph_case import GraphCase
 from harness.run import isolation
 from harness.search import profiles
-from harness.search.strategies import cases
+from harness.search.strategies import cases, graph_cases
 
-CHECKS = ("numeric", "invariance")
+CHECKS = ("numeric", "invariance", "graph")
 
 
 @dataclass(frozen=True)
@@ -40,7 +41,9 @@ class Mutant:
     make: Callable[[], Backend]
     device: str = "cpu"  # "cpu": shown in CI (its backend may also run on CUDA); "cuda": GPU only
     force: dict | None = None  # Case fields the hunt fixes (e.g. the hybrid pool), None: as drawn
-    check: str = "numeric"  # "numeric": against the references; "invariance": batch invariance
+    # "numeric": against the references; "invariance": batch invariance; "graph": CUDA-graph replay
+    # (harness/checks/replay.py) over replay sequences (strategies.graph_cases)
+    check: str = "numeric"
     expect: str | None = None  # the status a catch must have ("crash"); None: any failure
 
     @property
@@ -96,7 +99,7 @@ class Detection:
     caught: bool
     examples: int  # examples run up to and including the first failure
     seconds: float  # wall time to the first failure
-    shrunk: Case | None
+    shrunk: Case | GraphCase | None
     reason: str
     device: str = "cpu"
     status: str = ""  # the shrunk case's status when caught: fail, crash or hang
@@ -118,17 +121,22 @@ def hunt(
     if why:
         return Detection(mutant.name, family, False, 0, 0.0, None, why, device, skipped=why)
     sizes = profiles.sizes()
-    strategy = cases(family, mutant.windowed, backend.capabilities, sizes)
     force = dict(mutant.force or {})
     if mutant.check == "invariance":
         force["deterministic"] = True
-    if force:
-        strategy = strategy.map(lambda c: c.replace(**force))
+    if mutant.check == "graph":
+        strategy = graph_cases(family, mutant.windowed, backend.capabilities, sizes)
+        if force:
+            strategy = strategy.map(lambda g: g.replace_layer(**force))
+    else:
+        strategy = cases(family, mutant.windowed, backend.capabilities, sizes)
+        if force:
+            strategy = strategy.map(lambda c: c.replace(**force))
     search = isolation.Search(backend, device, mutant.check, neighbour_sizes(sizes))
     state: dict = {"n": 0, "first": None, "shrinks": 0}
     start = time.perf_counter()
 
-    def fails(case: Case) -> bool:
+    def fails(case: Case | GraphCase) -> bool:
         shrinking = state["first"] is not None
         spent = shrink_runs is not None and state["shrinks"] >= shrink_runs
         if shrinking and spent and not search.known(case):

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from harness.core.batch import kv_len
 from harness.core.case import Case
+from harness.core.graph_case import GraphCase
 from harness.mutants import Mutant, catalogue, hunt
 from harness.search import profiles
 
@@ -46,8 +47,11 @@ class Row:
         return dataclasses.asdict(self)
 
 
-def case_size(case: Case) -> str:
-    """requests / query tokens / keys of a case, e.g. 'B=1 q=3 kv=12'."""
+def case_size(case: Case | GraphCase) -> str:
+    """requests / query tokens / keys of a case, e.g. 'B=1 q=3 kv=12'; of a replay sequence, each
+    batch's joined by ' | '."""
+    if isinstance(case, GraphCase):
+        return " | ".join(case_size(c) for c in case.batches)
     q = sum(r.extend_len for r in case.requests)
     kv = sum(kv_len(case, i) for i in range(case.batch_size))
     return f"B={case.batch_size} q={q} kv={kv}"

@@ -1,0 +1,224 @@
+"""The CUDA-graph replay check on the CPU: GraphCase validation, the engine's capture sizes, the
+graph runner over FlashInfer's decode path against the fake (its use_cuda_graph buffer semantics,
+replayed by the graph emulator), the suite's graph tests, and the replay mutants: each caught by
+the replay search, none by the eager suite."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from harness import backends
+from harness.backends.flashinfer_dec import FlashInferDecTC
+from harness.backends.graph_glue import capture_sizes, padded_size
+from harness.checks.replay import replay_result
+from harness.core.case import Case, CaseError, Request
+from harness.core.graph_case import GraphCase
+from harness.mutants import hunt
+from harness.mutants.graph import MUTANTS
+from harness.search import profiles
+from harness.search.graph_suite import GraphTarget, run
+from tests import flashinfer_fake as fake
+
+H = dict(head_dim=64)
+
+
+@pytest.fixture(autouse=True)
+def fi(monkeypatch):
+    fake.install(monkeypatch)
+    # Deterministic split-KV chunks of 16 keys (engines: 2048), so that ci-sized contexts split.
+    monkeypatch.setattr(FlashInferDecTC, "split_tokens", 16)
+
+
+def decode(*prefixes: int, **fields) -> Case:
+    return Case("DECODE", tuple(Request(p, 1) for p in prefixes), **{**H, **fields})
+
+
+def test_capture_sizes_are_the_engines():
+    assert capture_sizes(1) == [1]
+    assert capture_sizes(3) == [1, 2, 4]
+    assert capture_sizes(8) == [1, 2, 4, 8]
+    assert capture_sizes(9) == [1, 2, 4, 8, 16]
+    assert capture_sizes(20) == [1, 2, 4, 8, 16, 24]
+    assert [padded_size(capture_sizes(20), b) for b in (1, 3, 5, 9, 17)] == [1, 4, 8, 16, 24]
+    with pytest.raises(ValueError, match="exceeds the largest captured size 4"):
+        padded_size([1, 2, 4], 5)
+
+
+def test_a_graph_case_round_trips_through_json():
+    g = GraphCase((decode(40, 3, seed=1), decode(70, seed=2, page_layout="interleaved")), 5, 80)
+    assert GraphCase.from_json(g.to_json()) == g
+    assert g.mode == "DECODE" and g.queries == 1 and len(g.requests) == 3
+
+
+@pytest.mark.parametrize(
+    "build,message",
+    [
+        (
+            lambda: GraphCase((decode(4), decode(4, window_left=3)), 2, 10),
+            r"batches\[1\]\.window_left=3 differs",
+        ),
+        (lambda: GraphCase((decode(4, 5, 6),), 2, 10), r"batches\[0\] has 3 requests, past max_batch=2"),
+        (
+            lambda: GraphCase((decode(4), decode(40)), 2, 10),
+            r"batches\[1\] has a request of 41 keys, past max_kv=10",
+        ),
+        (lambda: GraphCase((Case("EXTEND", (Request(0, 3),)),), 1, 10), "EXTEND is not captured"),
+        (lambda: GraphCase((), 1, 10), "batches has 0 entries"),
+        (lambda: GraphCase((decode(4),), 0, 10), "max_batch=0 must be an integer >= 1"),
+        (
+            lambda: GraphCase(
+                (
+                    Case("DRAFT_EXTEND_V2", (Request(9, 3),), **H),
+                    Case("DRAFT_EXTEND_V2", (Request(9, 2),), **H),
+                ),
+                1,
+                20,
+            ),
+            "batches\\[1\\] has 2 queries per request, batches\\[0\\] 3",
+        ),
+        (
+            lambda: GraphCase.from_dict({"max_batch": 1, "max_kv": 9, "batches": [{"mode": "X"}]}),
+            r"batches\[0\]:",
+        ),
+    ],
+)
+def test_a_bad_graph_case_is_one_line_naming_the_field(build, message):
+    with pytest.raises(CaseError, match=message) as e:
+        build()
+    assert "\n" not in str(e.value)
+
+
+def backend(name: str = "flashinfer_dec_tc"):
+    return fake.on_cpu(backends.load(name))
+
+
+GOOD = [
+    (
+        "flashinfer_dec_tc",
+        GraphCase((decode(40, 3, 17, seed=1), decode(70, seed=2), decode(5, 9, 1, 2, 8)), 9, 100),
+    ),
+    (
+        "flashinfer_dec_tc",  # a smaller batch after a larger one, on the hybrid pool, HND pages, soft cap
+        GraphCase(
+            (
+                decode(50, 33, 7, 12, window_left=9, hybrid_swa_pool=True, kv_layout="HND", soft_cap=5.0),
+                decode(90, window_left=9, hybrid_swa_pool=True, kv_layout="HND", soft_cap=5.0, seed=4),
+            ),
+            4,
+            91,
+        ),
+    ),
+    (
+        "flashinfer_dec_tc",
+        GraphCase((decode(40, 3, deterministic=True), decode(70, 60, 2, deterministic=True)), 3, 80),
+    ),
+    (
+        "flashinfer_dec_tc",
+        GraphCase(
+            (
+                Case("DRAFT_EXTEND_V2", (Request(33, 4), Request(16, 4), Request(2, 4)), page_size=32, **H),
+                Case("DRAFT_EXTEND_V2", (Request(60, 4),), page_size=32, seed=3, **H),
+            ),
+            3,
+            64,
+        ),
+    ),
+    (
+        "flashinfer_dec_tc",
+        GraphCase(
+            (
+                Case("TARGET_VERIFY", (Request(50, 3, tree=(-1, 0, 1)),), window_left=2, **H),
+                Case("TARGET_VERIFY", (Request(9, 3, tree=(-1, 0, 1)),) * 3, window_left=2, seed=5, **H),
+            ),
+            3,
+            53,
+        ),
+    ),
+    (
+        "flashinfer_dec_cc",
+        GraphCase((decode(50, 3, window_left=9), decode(8, 20, 31, window_left=9, seed=9)), 3, 60),
+    ),
+]
+
+
+@pytest.mark.parametrize("name,g", GOOD, ids=[f"{n}-{g.mode}-{i}" for i, (n, g) in enumerate(GOOD)])
+def test_the_graph_path_passes_the_replay_check_under_the_fake(name, g):
+    res = replay_result(backend(name), g, "cpu")
+    assert res.status == "pass", res.failure_text() + res.extra.get("traceback", "")
+    assert res.family == "graph" and res.extra["check"] == "graph"
+    inits = [a for a in fake.calls("decode.init") if a["use_cuda_graph"]]
+    assert len(inits) == len(capture_sizes(g.max_batch))  # one wrapper per captured size
+    plans = [len(a["last_page_len"]) for a in fake.calls("decode.plan") if a["cuda_graph"]]
+    sizes = sorted(capture_sizes(g.max_batch), reverse=True)
+    assert plans[: len(sizes)] == sizes  # captured largest first, each planned at its fixed batch size
+    assert plans[len(sizes) :][: len(g.batches)] == [padded_size(sizes, c.batch_size) for c in g.batches]
+
+
+def test_padding_rows_go_to_the_reserved_slot_and_the_page_table_to_the_reserved_page():
+    g = GraphCase((decode(40, 3, 17, 5, seed=1), decode(70, seed=2, window_left=-1), decode(9, 30, 2)), 4, 80)
+    assert replay_result(backend(), g, "cpu").status == "pass"
+    last = fake.calls("decode.plan")[-1]  # the third batch: 3 real requests at size 4 (no eager run)
+    pad_pages = last["indices"][last["indptr"][3] :].tolist()
+    assert pad_pages == [0] and last["last_page_len"].tolist()[3] == 1  # one key on the reserved page
+
+
+def test_a_cudagraph_wrapper_keeps_its_batch_size_and_buffers():
+    import torch
+
+    indptr, indices = torch.zeros(3, dtype=torch.int32), torch.zeros(4, dtype=torch.int32)
+    last = torch.zeros(2, dtype=torch.int32)
+    ws = torch.zeros(8, dtype=torch.uint8)
+    with pytest.raises(ValueError, match="paged_kv_indptr_buffer should be a torch.Tensor"):
+        fake.BatchDecodeWithPagedKVCacheWrapper(ws, use_cuda_graph=True)
+    w = fake.BatchDecodeWithPagedKVCacheWrapper(
+        ws,
+        use_cuda_graph=True,
+        paged_kv_indptr_buffer=indptr,
+        paged_kv_indices_buffer=indices,
+        paged_kv_last_page_len_buffer=last,
+    )
+    one = (torch.tensor([0, 1], dtype=torch.int32), torch.tensor([3], dtype=torch.int32), torch.tensor([5]))
+    with pytest.raises(ValueError, match="batch size should be fixed in cudagraph mode"):
+        w.plan(*one, 4, 4, 64, 16)
+    two = (torch.tensor([0, 2, 3], dtype=torch.int32), torch.tensor([7, 8, 9], dtype=torch.int32))
+    w.plan(*two, torch.tensor([16, 2], dtype=torch.int32), 4, 4, 64, 16)
+    assert indptr.tolist() == [0, 2, 3] and indices.tolist()[:3] == [7, 8, 9]  # the caller's buffers
+    five = (torch.tensor([0, 2, 5], dtype=torch.int32), torch.arange(5, dtype=torch.int32))
+    with pytest.raises(ValueError, match="indices should be less than or equal to the allocated buffer"):
+        w.plan(*five, torch.tensor([16, 2], dtype=torch.int32), 4, 4, 64, 16)
+
+
+def test_the_suite_graph_test_passes_for_the_decode_path_under_the_fake(monkeypatch):
+    load = backends.load
+    monkeypatch.setattr(backends, "load", lambda name: fake.on_cpu(load(name)))
+    profiles.load("ci")
+    records = []
+    run(GraphTarget("flashinfer_dec_tc", "cpu", "graph", "swa", "decode"), records.append)
+    assert records and all(r.status in ("pass", "refused") for r in records)
+    assert {r.family for r in records} == {"graph"}
+    assert any(len(r.repro_target.batches) > 1 for r in records if r.status == "pass")
+
+
+def _on_cpu(mutant, **changes):
+    return dataclasses.replace(mutant, device="cpu", make=lambda: fake.on_cpu(mutant.make()), **changes)
+
+
+@pytest.mark.parametrize("mutant", MUTANTS, ids=[m.name.split("~")[1] for m in MUTANTS])
+def test_a_replay_mutant_is_caught_by_the_replay_search(mutant):
+    profiles.load("ci")
+    d = hunt(_on_cpu(mutant), mutant.families[0], shrink_runs=10)
+    assert d.caught, f"{mutant.name} survived {d.examples} examples: {mutant.bug}"
+    assert isinstance(d.shrunk, GraphCase)
+    print(f"{mutant.name}: {d.examples} examples, {d.seconds:.1f}s, shrunk to {d.shrunk.to_json()}")
+
+
+@pytest.mark.parametrize("mutant", MUTANTS, ids=[m.name.split("~")[1] for m in MUTANTS])
+def test_a_replay_mutant_passes_the_eager_suite(mutant):
+    """The eager check of the same family (with the mutant's forced fields) finds nothing: only
+    replays reach the overridden method. The split mutant's eager check is batch invariance."""
+    profiles.load("ci")
+    eager = "invariance" if mutant.name.endswith("split_at_capture_only") else "numeric"
+    d = hunt(_on_cpu(mutant, check=eager), mutant.families[0], max_examples=8)
+    assert not d.caught and d.examples > 0, d.reason
