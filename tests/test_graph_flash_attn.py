@@ -8,6 +8,8 @@ harness/mutants/flash_attn.py are caught here and pass the eager numeric check o
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -18,7 +20,9 @@ from harness.checks.numeric import check_case
 from harness.checks.replay import replay_result
 from harness.core.case import Case, Request
 from harness.core.graph_case import GraphCase
+from harness.mutants import hunt
 from harness.mutants.flash_attn import MUTANTS
+from harness.search import profiles
 from tests.test_flash_attn import libs, on_cpu  # noqa: F401 - libs is a fixture
 
 CHAIN3 = (-1, 0, 1)
@@ -130,3 +134,13 @@ def test_uncaptured_backends_say_why(name):
 
     why = backends.load(name).capabilities.graph_reason()
     assert why.startswith("not capturable") and "loop" in why, why
+
+
+@pytest.mark.parametrize("mutant", GRAPH_MUTANTS, ids=lambda m: m.name)
+def test_graph_mutant_passes_the_eager_suite_search(libs, mutant):  # noqa: F811
+    """The eager suite's own search (numeric check, the mutant's first family) finds nothing; the
+    replay search (test_flash_attn.py's hunts, check graph) catches each."""
+    profiles.load("ci")
+    eager = dataclasses.replace(mutant, device="cpu", make=lambda: on_cpu(mutant.make()), check="numeric")
+    d = hunt(eager, mutant.families[0], max_examples=8)
+    assert not d.caught and d.examples > 0, d.reason
