@@ -150,6 +150,8 @@ def cmd_list(args: argparse.Namespace) -> int:
             broken |= state == "broken"
             print(f"  {device}: {state}" + (f": {why}" if why else ""))
         for feature, why in sorted(c.why_not.items()):
+            if feature == "graph":  # on the CUDA graph line
+                continue
             print(f"  no {feature}: {why}")
     return 1 if broken else 0
 

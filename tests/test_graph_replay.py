@@ -222,3 +222,19 @@ def test_a_replay_mutant_passes_the_eager_suite(mutant):
     eager = "invariance" if mutant.name.endswith("split_at_capture_only") else "numeric"
     d = hunt(_on_cpu(mutant, check=eager), mutant.families[0], max_examples=8)
     assert not d.caught and d.examples > 0, d.reason
+
+
+def test_each_replay_gets_its_own_pool_and_poison_in_the_static_pool():
+    import torch
+
+    from harness.checks.replay import GraphRunner, limits_of
+    from harness.core.batch import build_batch, make_inputs
+
+    g = GraphCase((decode(150, 90, 70, seed=1), decode(5, seed=2)), 3, 160)
+    batches = [build_batch(c, make_inputs(c), "cpu") for c in g.batches]
+    runner = GraphRunner(backend(), limits_of(g), batches)
+    runner.load(batches[0])
+    runner.load(batches[1])
+    small = batches[1].pool.k
+    assert torch.equal(runner.pool.k[: small.shape[0]].nan_to_num(7.0), small.nan_to_num(7.0))
+    assert runner.pool.k.shape[0] > small.shape[0] and runner.pool.k[small.shape[0] :].isnan().all()

@@ -80,7 +80,7 @@ class Capabilities:
     def graph_reason(self, mode: Mode | None = None) -> str | None:
         """None when the backend captures `mode` (any mode when None) under a CUDA graph, else why not."""
         if not self.graph_modes:
-            return self.reason("graph", "not capturable under a CUDA graph: no graph path in its glue")
+            return self.reason("graph", "no CUDA-graph path in its glue (not capturable yet)")
         if mode is not None and mode not in self.graph_modes:
             return self.reason(f"graph {mode}", f"no CUDA-graph path for {mode}")
         return None

@@ -22,7 +22,10 @@ class FlashInferEnc(FlashInferGlue):
     capabilities = capabilities(
         {Mode.CROSS},
         ("soft_cap", "deterministic", "returns_lse"),
-        why_not={"sinks": "attention sinks are a decoder self-attention feature; not wired for CROSS"},
+        why_not={
+            "sinks": "attention sinks are a decoder self-attention feature; not wired for CROSS",
+            "graph": "no CUDA-graph path for CROSS (its decoder steps could be captured; not written)",
+        },
     )
 
     def decoder_step(self, batch: Batch) -> bool:

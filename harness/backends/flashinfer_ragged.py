@@ -39,6 +39,8 @@ class FlashInferRagged(FlashInferGlue):
         {Mode.EXTEND, Mode.ENCODER_ONLY},
         ("window", "soft_cap", "hybrid_pool", "returns_lse"),
         why_not={
+            "graph": "EXTEND and ENCODER_ONLY, the modes it runs, are not captured by engines (prefills "
+            "run eagerly)",
             "deterministic": PREFILL_NOT_INVARIANT,
             "sinks": "FlashInfer 0.7.2.post1 has no sink variant of the ragged wrapper "
             "(flashinfer_paged runs sinks through BatchAttentionWithAttentionSinkWrapper)",
