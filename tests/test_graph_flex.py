@@ -18,6 +18,7 @@ from harness.core.case import Case, Request
 from harness.core.graph_case import GraphCase
 from harness.mutants.flex import COMPILED_SHAPE, MUTANTS
 
+pytestmark = [pytest.mark.graph, pytest.mark.flex_compiled]  # `-m "not flex_compiled"` skips the compiles
 TREE3 = (-1, 0, 0)  # two siblings under the first draft's parent
 
 
