@@ -134,11 +134,120 @@ class _Variant:
         return self._logits_soft_cap if self._cap_module and not self.sink_variant else 0.0
 
 
+def _packbits(bits: torch.Tensor) -> torch.Tensor:
+    """Flat bool -> uint8, little bit order (flashinfer.quantization.packbits), padded to a byte."""
+    bits = bits.flatten().to(torch.uint8).cpu()
+    bits = torch.cat([bits, bits.new_zeros(-len(bits) % 8)]).view(-1, 8)
+    return (bits << torch.arange(8, dtype=torch.uint8)).sum(1, dtype=torch.uint8)
+
+
+def _unpackbits(packed: torch.Tensor, n: int) -> torch.Tensor:
+    return ((packed.cpu()[:, None] >> torch.arange(8, dtype=torch.uint8)) & 1).flatten()[:n].bool()
+
+
+@graphs.kernel
+def paged_graph_kernel(q, k_cache, v_cache, qo_indptr, indptr, indices, last_page_len, mask, mask_indptr,
+                       causal, page_size, window, scale, cap, layout):
+    """The paged prefill kernel of a use_cuda_graph wrapper: reads qo_indptr, the page table and the
+    packed custom mask (None: no mask, a launch-time choice) from (device) memory when it runs."""
+    qo, ptr = [int(x) for x in qo_indptr.tolist()], [int(x) for x in indptr.tolist()]
+    last = [int(x) for x in last_page_len.tolist()]
+    outs, lses = [], []
+    for b in range(len(last)):
+        pages = [int(p) for p in indices[ptr[b] : ptr[b + 1]].tolist()]
+        n = _kv_len(len(pages), last[b], page_size)
+        qb = q[qo[b] : qo[b + 1]]
+        kb = _gather_pages(k_cache, pages, n, layout)
+        vb = _gather_pages(v_cache, pages, n, layout)
+        if mask is None:
+            vis = _bottom_right(len(qb), n, causal, window)
+        else:
+            m0, m1 = int(mask_indptr[b]), int(mask_indptr[b + 1])
+            tree = _unpackbits(mask[m0:m1], len(qb) * n).view(len(qb), n)
+            vis = tree & _bottom_right(len(qb), n, False, window)
+        o, lse = _attend(qb, kb, vb, vis, scale, cap, None)
+        outs.append(o)
+        lses.append(lse)
+    return torch.cat(outs), torch.cat(lses)
+
+
 class BatchPrefillWithPagedKVCacheWrapper(_Variant):
-    def __init__(self, float_workspace_buffer, kv_layout="NHD", use_cuda_graph=False, backend="auto", **kw):
+    def __init__(
+        self,
+        float_workspace_buffer,
+        kv_layout="NHD",
+        use_cuda_graph=False,
+        qo_indptr_buf=None,
+        paged_kv_indptr_buf=None,
+        paged_kv_indices_buf=None,
+        paged_kv_last_page_len_buf=None,
+        custom_mask_buf=None,
+        mask_indptr_buf=None,
+        backend="auto",
+        **kw,
+    ):
         assert kv_layout in ("NHD", "HND")
         self._kv_layout = kv_layout
-        CALLS.append(("paged.init", {"kv_layout": kv_layout, "backend": backend, **kw}))
+        graph = {"use_cuda_graph": True} if use_cuda_graph else {}
+        CALLS.append(("paged.init", {"kv_layout": kv_layout, "backend": backend, **graph, **kw}))
+        self._use_cuda_graph = use_cuda_graph
+        if use_cuda_graph:  # as the real constructor checks
+            for name, buf in (
+                ("qo_indptr_buf", qo_indptr_buf),
+                ("paged_kv_indptr_buf", paged_kv_indptr_buf),
+                ("paged_kv_indices_buf", paged_kv_indices_buf),
+                ("paged_kv_last_page_len_buf", paged_kv_last_page_len_buf),
+            ):
+                if not torch.is_tensor(buf):
+                    raise ValueError(f"{name} should be a torch.Tensor in CUDA graph mode")
+            self._fixed_batch_size = len(qo_indptr_buf) - 1
+            if len(paged_kv_indptr_buf) != self._fixed_batch_size + 1:
+                raise ValueError("The length of paged_kv_indptr_buf should be batch_size + 1.")
+            if len(paged_kv_last_page_len_buf) != self._fixed_batch_size:
+                raise ValueError("The length of paged_kv_last_page_len_buf should be batch_size.")
+        self._bufs = (qo_indptr_buf, paged_kv_indptr_buf, paged_kv_indices_buf, paged_kv_last_page_len_buf)
+        self._mask_bufs = (custom_mask_buf, mask_indptr_buf)
+        self._max_total_num_rows = None
+
+    def _plan_graph_buffers(self, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, mask, lens):
+        """What plan() does in CUDA graph mode: the real checks, then copies into the caller's buffers."""
+        batch_size = len(qo_indptr) - 1
+        rows = int(qo_indptr[-1])
+        if self._max_total_num_rows is None:
+            self._max_total_num_rows = rows
+        elif rows > self._max_total_num_rows:
+            raise ValueError(f"The total number of rows in qo_indptr {rows} in cuda graph mode cannot exceed "
+                             f"the number of rows set during initialization {self._max_total_num_rows}.")
+        if batch_size != self._fixed_batch_size:
+            raise ValueError(
+                "The batch size should be fixed during the lifecycle of the wrapper in cuda graph mode, the "
+                f"runtime batch size {batch_size} mismatches the batch size {self._fixed_batch_size}  set "
+                "during initialization."
+            )
+        qo_buf, indptr_buf, indices_buf, last_buf = self._bufs
+        if len(kv_indices) > len(indices_buf):
+            raise ValueError("The length of paged_kv_indices exceeds the allocated buffer size.")
+        qo_buf.copy_(qo_indptr)
+        indptr_buf.copy_(kv_indptr)
+        last_buf.copy_(kv_last_page_len)
+        indices_buf[: len(kv_indices)].copy_(kv_indices)
+        if mask is not None:
+            mask_buf, mask_indptr_buf = self._mask_bufs
+            if not torch.is_tensor(mask_buf) or not torch.is_tensor(mask_indptr_buf):
+                raise ValueError("custom_mask_buf must be initialized with a torch.Tensor in cuda graph mode "
+                                 "if we use custom mask in attention computation.")
+            qo = [int(x) for x in qo_indptr.tolist()]
+            flat, at, packed, offsets = mask.flatten().bool(), 0, [], [0]
+            for b, n in enumerate(lens):  # segment_packbits: each request's bits start on a byte
+                seg = _packbits(flat[at : at + (qo[b + 1] - qo[b]) * n])
+                at += (qo[b + 1] - qo[b]) * n
+                packed.append(seg)
+                offsets.append(offsets[-1] + len(seg))
+            packed = torch.cat(packed)
+            if len(packed) > len(mask_buf):
+                raise ValueError("the packed custom mask exceeds custom_mask_buf")
+            mask_buf[: len(packed)].copy_(packed)
+            mask_indptr_buf.copy_(torch.tensor(offsets, dtype=torch.int32))
 
     def plan(
         self,
@@ -173,7 +282,7 @@ class BatchPrefillWithPagedKVCacheWrapper(_Variant):
         args = dict(locals())
         args.pop("self")
         args.update(args.pop("rest"))
-        CALLS.append(("paged.plan", args))
+        CALLS.append(("paged.plan", {**args, "cuda_graph": self._use_cuda_graph}))
         qo = [int(x) for x in qo_indptr.tolist()]
         indptr = [int(x) for x in paged_kv_indptr.tolist()]
         last = [int(x) for x in paged_kv_last_page_len.tolist()]
@@ -199,6 +308,10 @@ class BatchPrefillWithPagedKVCacheWrapper(_Variant):
             self._mask = [flat[offs[b] : offs[b + 1]].view(qo[b + 1] - qo[b], -1) for b in range(len(seg))]
         self._causal = causal
         self._plan_common(window_left, logits_soft_cap, sm_scale, head_dim_qk, q_data_type, kv_data_type)
+        if self._use_cuda_graph:
+            self._plan_graph_buffers(
+                qo_indptr, paged_kv_indptr, paged_kv_indices, paged_kv_last_page_len, custom_mask, self._lens
+            )
 
     def run(
         self,
@@ -215,6 +328,15 @@ class BatchPrefillWithPagedKVCacheWrapper(_Variant):
         k_cache, v_cache, window = self._start_paged_run(
             "paged.run", q, paged_kv_cache, args, rest, window_left, sinks, k_scale, v_scale
         )
+        if self._use_cuda_graph:
+            assert not self.sink_variant, "the adapters capture no sink wrapper"
+            mask_buf, mask_indptr = self._mask_bufs if self._mask is not None else (None, None)
+            out, lse = paged_graph_kernel(
+                q, k_cache, v_cache, *self._bufs, mask_buf, mask_indptr, self._causal, self._page_size,
+                window, self._scaled(k_scale), self._run_cap(), self._kv_layout,
+            )
+            out = self._v_scaled(out, v_scale)
+            return (out, lse) if return_lse else out
         sink = args[0] if self.sink_variant else None  # plain fa2 wrappers drop `sinks`
         outs, lses = [], []
         for b, pages in enumerate(self._pages):
@@ -238,7 +360,7 @@ class BatchAttentionWithAttentionSinkWrapper(BatchPrefillWithPagedKVCacheWrapper
     sink_variant = True
 
     def __init__(self, float_workspace_buffer, kv_layout="NHD", use_cuda_graph=False, backend="auto", **kw):
-        super().__init__(float_workspace_buffer, kv_layout, use_cuda_graph, backend, **kw)
+        super().__init__(float_workspace_buffer, kv_layout, use_cuda_graph, backend=backend, **kw)
         self._ctor_swa = kw.get("window_left", -1) >= 0
         self._ctor_dtypes = (kw.get("q_data_type", torch.bfloat16), kw.get("kv_data_type", torch.bfloat16))
 

@@ -137,6 +137,34 @@ GOOD = [
         ),
     ),
     (
+        "flashinfer_paged",  # trees: the custom mask through its packed buffer
+        GraphCase(
+            (
+                Case("TARGET_VERIFY", (Request(50, 5, tree=(-1, 0, 0, 1, 2)),), window_left=9, **H),
+                Case(
+                    "TARGET_VERIFY",
+                    (Request(7, 5, tree=(-1, 0, 1, 1, 0)), Request(30, 5, tree=(-1, 0, 0, 1, 2))),
+                    window_left=9,
+                    seed=5,
+                    **H,
+                ),
+            ),
+            2,
+            60,
+        ),
+    ),
+    (
+        "flashinfer_paged",
+        GraphCase(
+            (
+                Case("DRAFT_EXTEND_V2", (Request(33, 4), Request(16, 4)), page_size=1, soft_cap=5.0, **H),
+                Case("DRAFT_EXTEND_V2", (Request(60, 4),), page_size=1, soft_cap=5.0, seed=3, **H),
+            ),
+            3,
+            64,
+        ),
+    ),
+    (
         "flashinfer_dec_cc",
         GraphCase((decode(50, 3, window_left=9), decode(8, 20, 31, window_left=9, seed=9)), 3, 60),
     ),
@@ -148,9 +176,11 @@ def test_the_graph_path_passes_the_replay_check_under_the_fake(name, g):
     res = replay_result(backend(name), g, "cpu")
     assert res.status == "pass", res.failure_text() + res.extra.get("traceback", "")
     assert res.family == "graph" and res.extra["check"] == "graph"
-    inits = [a for a in fake.calls("decode.init") if a["use_cuda_graph"]]
+    what = "paged" if name == "flashinfer_paged" else "decode"
+    inits = [a for a in fake.calls(f"{what}.init") if a.get("use_cuda_graph")]
     assert len(inits) == len(capture_sizes(g.max_batch))  # one wrapper per captured size
-    plans = [len(a["last_page_len"]) for a in fake.calls("decode.plan") if a["cuda_graph"]]
+    key = "paged_kv_last_page_len" if what == "paged" else "last_page_len"
+    plans = [len(a[key]) for a in fake.calls(f"{what}.plan") if a["cuda_graph"]]
     sizes = sorted(capture_sizes(g.max_batch), reverse=True)
     assert plans[: len(sizes)] == sizes  # captured largest first, each planned at its fixed batch size
     assert plans[len(sizes) :][: len(g.batches)] == [padded_size(sizes, c.batch_size) for c in g.batches]
@@ -238,3 +268,56 @@ def test_each_replay_gets_its_own_pool_and_poison_in_the_static_pool():
     small = batches[1].pool.k
     assert torch.equal(runner.pool.k[: small.shape[0]].nan_to_num(7.0), small.nan_to_num(7.0))
     assert runner.pool.k.shape[0] > small.shape[0] and runner.pool.k[small.shape[0] :].isnan().all()
+
+
+def test_a_replay_record_is_its_own_check_with_the_graph_case_as_repro(monkeypatch, capsys):
+    import json
+
+    from harness.cli import NOTHING_CHECKED, main
+    from harness.core.results import summary_table
+
+    g = GraphCase((decode(40, 3, seed=1), decode(70, seed=2)), 2, 80)
+    res = replay_result(backend(), g, "cpu")
+    d = res.to_dict()
+    assert d["family"] == "graph" and d["extra"]["check"] == "graph" and d["mode"] == "DECODE"
+    assert GraphCase.from_json(d["repro"].split("'")[1]) == g  # the repro replays the whole sequence
+    assert "graph" in summary_table([d]).splitlines()[2]
+    load = backends.load
+    monkeypatch.setattr(backends, "load", lambda name: fake.on_cpu(load(name)))
+    assert main(["repro", g.to_json(), "--backend", "flashinfer_dec_tc", "--device", "cpu", "--json"]) == 0
+    out = capsys.readouterr().out
+    assert "PASS: 2 replays within budget" in out and json.loads(out[out.index("{") :])["family"] == "graph"
+    assert main(["repro", g.to_json(), "--backend", "torch_native", "--device", "cpu"]) == NOTHING_CHECKED
+    assert "not capturable" in capsys.readouterr().out
+
+
+GRAPH_SHAPES = {
+    "a smaller batch after a larger one": lambda g: any(
+        a.batch_size > b.batch_size for a, b in zip(g.batches, g.batches[1:])
+    ),
+    "fewer real requests than the captured size": lambda g: any(
+        padded_size(capture_sizes(g.max_batch), c.batch_size) > c.batch_size for c in g.batches
+    ),
+    "five batches": lambda g: len(g.batches) == 5,
+    "a tree in verify": lambda g: any(
+        r.tree and any(p != j - 1 for j, p in enumerate(r.tree)) for r in g.requests
+    ),
+    "a captured size past 8": lambda g: capture_sizes(g.max_batch)[-1] > 8,
+}
+
+
+@pytest.mark.parametrize("shape", GRAPH_SHAPES)
+def test_graph_cases_reach_the_replay_shapes(shape):
+    from hypothesis import Phase, find, settings
+
+    from harness.search.profiles import SIZES
+    from harness.search.strategies import graph_cases
+
+    caps = backends.load("flashinfer_paged").capabilities
+    family = "verify" if "verify" in shape else "draft_extend_v2"
+    found = find(
+        graph_cases(family, False, caps, SIZES["ci"]),
+        GRAPH_SHAPES[shape],
+        settings=settings(max_examples=500, database=None, deadline=None, phases=[Phase.generate]),
+    )
+    assert GRAPH_SHAPES[shape](found)

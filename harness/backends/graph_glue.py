@@ -34,6 +34,7 @@ import torch
 from harness.backends.glue import EngineGlue
 from harness.core import graph_case
 from harness.core.batch import Batch
+from harness.core.case import Case
 from harness.core.modes import Mode
 from harness.core.pool import PagedPool, translate_slots
 
@@ -124,6 +125,11 @@ class GraphGlue(EngineGlue):
         rows = limits.max_batch * limits.queries
         state.buffers["out_cache_loc"] = torch.zeros(rows, dtype=torch.int32, device=batch.device)
         return state
+
+    def graph_supports(self, case: Case) -> str | None:
+        """None if the graph path runs this (eagerly supported) case, else why not: a feature the
+        eager path has and the graph path lacks."""
+        return None
 
     def capture_metadata(self, state: GraphState, bs: int) -> None:
         """Fill the buffers for a dummy batch of bs requests, before size bs is captured."""

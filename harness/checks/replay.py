@@ -119,7 +119,8 @@ def why_not(backend: Backend, g: GraphCase, device: str) -> str | None:
     why = backend.available(device) or backend.capabilities.graph_reason(g.layer.mode)
     if why:
         return why
-    return next((w for w in (backend.supports(c) for c in g.batches) if w), None)
+    assert isinstance(backend, GraphGlue)
+    return next((w for c in g.batches for w in (backend.supports(c), backend.graph_supports(c)) if w), None)
 
 
 def sequence_text(g: GraphCase, sizes: list[int]) -> str:

@@ -71,7 +71,10 @@ def run(t: GraphTarget, record: Callable[[CaseResult], None] | None = None) -> N
     if why:
         pytest.skip(why)
     strategy = graph_cases(t.graph_family, t.window == "swa", caps, profiles.sizes())
-    strategy = strategy.filter(lambda g: all(caps.admits(c) for c in g.batches))
+    # Not drawn: what the backend declares it cannot combine (`exclusive`) or run under a graph.
+    strategy = strategy.filter(
+        lambda g: all(caps.admits(c) for c in g.batches) and backend.graph_supports(g.layer) is None
+    )
     search = isolation.Search(backend, t.device, "graph")
     current = settings.default
 
