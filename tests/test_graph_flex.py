@@ -59,7 +59,8 @@ def test_flex_compiled_graph_replays_pass(name):
 
 def test_the_layout_puts_each_request_at_its_fixed_offset():
     """Request r's keys at r * stride (stride: max_kv + a sink key, rounded to 128); the rest of every
-    buffer is rewritten to the fill values (a smaller batch leaves nothing of a larger one)."""
+    buffer is rewritten to the fill values (a smaller batch leaves nothing of a larger one). In
+    deterministic mode each request has its own launch, as in the eager path."""
     g = GRAPH_CASES["draft_extend_v2_deterministic"]
     backend = _CompiledHere()
     batches = [build_batch(c, make_inputs(c, "cpu"), "cpu") for c in g.batches]
@@ -71,6 +72,10 @@ def test_the_layout_puts_each_request_at_its_fixed_offset():
     assert backend.graph_stride(state.limits) == 128
     assert doc[:15] == [0] * 15 and doc[15:] == [-2] * (len(doc) - 15)  # P + E keys: 12 + 3
     assert state.buffers["q_doc"].tolist()[:4] == [0, 0, 0, -1]
+    # deterministic: one launch per captured request, each at the eager launch's padded lengths
+    launches = backend.graph_launches(state, backend.graph_launch(state, runner.static(8)), 8)
+    assert [(x.num_queries, x.q.shape[2], x.k.shape[2]) for x in launches] == [(3, 128, 128)] * 8
+    assert launches[0].kv_doc.tolist()[:16] == [0] * 15 + [-2] and launches[1].q_doc.tolist()[0] == -1
 
 
 GRAPH_MUTANTS = [m for m in MUTANTS if m.check == "graph"]

@@ -573,13 +573,22 @@ class FlexCompiled(FlexBase, GraphGlue):
         """Keys per request in the layout: max_kv and a sink key, rounded up to GRAPH_KEY_ALIGN."""
         return -(-(limits.max_kv + 1) // GRAPH_KEY_ALIGN) * GRAPH_KEY_ALIGN
 
+    def graph_lengths(self, limits: GraphLimits, device: str, per_request: bool) -> tuple[int, int]:
+        """(query rows, keys) of a captured launch: the whole batch at the limits, or one request (in
+        deterministic mode, as the eager path's `launches`), padded as the eager launches are."""
+        e, stride = limits.queries, self.graph_stride(limits)
+        n = 1 if per_request else limits.max_batch
+        return self.padded_len(n * e, device), self.padded_len(n * stride, device)
+
     def graph_buffers(self, limits: GraphLimits, batch: Batch) -> GraphState:
         """The per-row and per-key index buffers, the flattened tree tables, the layer's scalars
-        (causal, window, soft cap) and the query buffer [1, Hq, LQ, D], all at the limits."""
+        (causal, window, soft cap) and the query buffer [1, Hq, LQ, D], all at the limits (long
+        enough for the whole-batch launch and for every per-request one)."""
         state = super().graph_buffers(limits, batch)
         dev, e, case = batch.device.type, limits.queries, batch.case
-        lq = self.padded_len(limits.max_batch * e, dev)
-        lk = self.padded_len(limits.max_batch * self.graph_stride(limits), dev)
+        (lq, lk), (rq, rk) = self.graph_lengths(limits, dev, False), self.graph_lengths(limits, dev, True)
+        last = limits.max_batch - 1  # the last request's per-request launch starts there
+        lq, lk = max(lq, last * e + rq), max(lk, last * self.graph_stride(limits) + rk)
         lt = self.padded_len(limits.max_batch * e * e, dev)
         b = state.buffers
         for name, n in [(x, lq) for x in self.GRAPH_Q] + [(x, lk) for x in self.GRAPH_KV] + [("tree", lt)]:
@@ -674,17 +683,43 @@ class FlexCompiled(FlexBase, GraphGlue):
         with _disable_current_modes():
             return self.call_flex(*args)
 
+    def graph_launches(self, state: GraphState, whole: Launch, bs: int) -> list[Launch]:
+        """The captured launches, views of the whole layout at fixed lengths (graph_lengths): one for
+        the batch, or in deterministic mode one per request (rows r * E.., keys r * stride..), so a
+        request's blocks and their order are those of its eager launch."""
+        e, stride, dev = state.limits.queries, self.graph_stride(state.limits), state.device.type
+        per_request = state.layer.case.deterministic
+        lq, lk = self.graph_lengths(state.limits, dev, per_request)
+        starts = [(r * e, r * stride, e) for r in range(bs)] if per_request else [(0, 0, bs * e)]
+        out = []
+        for q0, k0, n in starts:
+            rows, keys = slice(q0, q0 + lq), slice(k0, k0 + lk)
+            out.append(
+                dataclasses.replace(
+                    whole,
+                    q=whole.q[:, :, rows].contiguous(),
+                    k=whole.k[:, :, keys].contiguous(),
+                    v=whole.v[:, :, keys].contiguous(),
+                    **{name: getattr(whole, name)[rows] for name in self.GRAPH_Q},
+                    **{name: getattr(whole, name)[keys] for name in self.GRAPH_KV if name != "kv_slot"},
+                    num_queries=n,
+                )
+            )
+        return out
+
     def graph_kernel(self, state: GraphState, static: StaticInputs) -> torch.Tensor:
-        """The BlockMask built from the buffers (create_block_mask: torch ops, no host sync), then the
-        compiled kernel at the fixed shapes; sinks through the LSE where the kernel returns one."""
-        launch = self.graph_launch(state, static)
-        block_mask = self.block_mask(launch, state.device)
+        """Per launch, the BlockMask built from the buffers (create_block_mask: torch ops, no host
+        sync), then the compiled kernel at the fixed shapes; sinks through the LSE where it has one."""
         want_lse = self.returns_lse_on(state.device.type)
         scale, call = state.layer.case.scale, opaque_kernel(self.graph_call_flex)
-        o, lse = call(launch, self.score_mod(launch), block_mask, scale, want_lse)
-        if static.sinks is not None and self.sinks_via_lse(state.layer):
-            o = self.apply_sinks(o, lse, static.sinks)
-        return o[0, :, : launch.num_queries].transpose(0, 1)
+        outs = []
+        for launch in self.graph_launches(state, self.graph_launch(state, static), static.bs):
+            block_mask = self.block_mask(launch, state.device)
+            o, lse = call(launch, self.score_mod(launch), block_mask, scale, want_lse)
+            if static.sinks is not None and self.sinks_via_lse(state.layer):
+                o = self.apply_sinks(o, lse, static.sinks)
+            outs.append(o[0, :, : launch.num_queries])
+        return torch.cat(outs, dim=1).transpose(0, 1)
 
 
 BACKENDS = {"flex_eager": FlexEager, "flex_compiled": FlexCompiled}
