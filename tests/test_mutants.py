@@ -111,3 +111,23 @@ REQUIRED_CPU_CLASSES = {
 
 def test_every_required_bug_class_has_a_cpu_mutant():
     assert REQUIRED_CPU_CLASSES <= {m.name for m in CPU}
+
+
+GRAPH = [m for m in GPU if m.check == "graph"]
+
+
+@pytest.mark.parametrize("mutant", GRAPH, ids=[_id(m) for m in GRAPH])
+def test_gpu_replay_mutant_passes_the_eager_suite(mutant):
+    """A replay-path mutant changes no eager run: the family's eager check (batch invariance for the
+    split mutant, numeric otherwise) finds nothing on the GPU (tests/test_graph_replay.py: the CPU)."""
+    import dataclasses
+
+    profiles.load("gpu")
+    try:
+        eager = "invariance" if mutant.force and mutant.force.get("deterministic") else "numeric"
+        d = hunt(dataclasses.replace(mutant, check=eager), mutant.families[0], max_examples=20, device="cuda")
+    finally:
+        profiles.load("ci")
+    if d.skipped:
+        pytest.skip(d.skipped)
+    assert not d.caught and d.examples > 0, d.reason
