@@ -19,6 +19,9 @@ the adapters and of references/:
 - FA4's mask_mod is the verify-tree mask of harness/backends/flash_attn_fa4.py: the fake reads
   the same two tables (first visible prefix key; per (query, draft) visibility). The CuTe DSL
   function itself only runs on a GPU.
+- Each library entry is a kernel (harness/run/graphs.py `kernel`): under the CPU graph emulator a
+  call is one opaque node, replayed on its recorded arguments, so it reads cache_seqlens, page_table
+  and the tree tables as they are at the replay, and every Python argument as it was at capture.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from harness.run import graphs
 from tests.fake_attention import attend
 
 TILE_N = 128  # FA4's key tile at head_dim 128 on sm90 (interface._tile_size_fwd_sm90)
@@ -94,6 +98,7 @@ def resolve_fa4_window(causal, left, right, mask_mod):
 def fa4_module(rec: Recorder) -> types.SimpleNamespace:
     """A stand-in for `flash_attn.cute` whose flash_attn_varlen_func records and computes."""
 
+    @graphs.kernel
     def flash_attn_varlen_func(
         q,
         k,
@@ -181,6 +186,7 @@ def _resolve_minus_one(causal, window_size):
 def fa3_module(rec: Recorder) -> types.SimpleNamespace:
     """A stand-in for FA3's `flash_attn_interface` (flash_attn_with_kvcache)."""
 
+    @graphs.kernel
     def flash_attn_with_kvcache(
         q,
         k_cache,
@@ -243,6 +249,7 @@ def fa3_module(rec: Recorder) -> types.SimpleNamespace:
 def fa2_module(rec: Recorder) -> types.SimpleNamespace:
     """A stand-in for FA2's `flash_attn` package (flash_attn_varlen_func over ragged K/V)."""
 
+    @graphs.kernel
     def flash_attn_varlen_func(
         q,
         k,

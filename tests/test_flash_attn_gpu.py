@@ -82,10 +82,11 @@ def test_fa4_mutant_is_caught(mutant, family):
         d = hunt(mutant, family, device="cuda", shrink_runs=SHRINK_RUNS)
     finally:
         profiles.load("ci")
-    size = d.shrunk.batch_size if d.shrunk else None
+    size = None if d.shrunk is None else getattr(d.shrunk, "batch_size", None) or len(d.shrunk.batches)
+    unit = "batch(es) replayed" if mutant.check == "graph" else "request(s)"
     print(
         f"\n{mutant.name} on {family}: caught={d.caught} ({d.status}) after {d.examples} examples, "
-        f"{d.seconds:.1f}s; shrunk to {size} request(s): "
+        f"{d.seconds:.1f}s; shrunk to {size} {unit}: "
         f"{d.shrunk.to_json() if d.shrunk else None}; {d.reason}"
     )
     assert d.caught, f"mutant {mutant.name} ({mutant.bug}) survived {d.examples} examples of {family}"

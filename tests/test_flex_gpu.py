@@ -1,5 +1,6 @@
 """On CUDA: both flex variants on one case per mode (the first call's compile cost printed), the
-compiled kernel's batch invariance, and the window mutants caught on the Triton kernel.
+compiled kernel's batch invariance, its CUDA-graph replays, and its mutants caught on the Triton
+kernel (the graph mutant by the replay check).
 
 Skipped, with the reason, without CUDA. The suite itself (`python -m harness check --backend
 flex_compiled --device cuda --profile gpu`) is the main GPU run; this file pins the paths.
@@ -14,7 +15,9 @@ import pytest
 from harness.backends.flex import FlexCompiled, FlexEager
 from harness.checks.invariance import check_invariance
 from harness.checks.numeric import check_case
+from harness.checks.replay import replay_result
 from harness.core.case import Case, Request
+from harness.core.graph_case import GraphCase
 from harness.mutants import hunt
 from harness.mutants.flex import MUTANTS
 from harness.search import profiles
@@ -76,11 +79,37 @@ def test_compiled_is_batch_invariant(label):
     assert res.passed, res.reason
 
 
+def _sequence(mode: str, queries: int, **kw) -> GraphCase:
+    """Three replays of one layer: 3 requests (at 4), 9 longer ones (at 16), then 1 (at 1)."""
+    lens = [[700, 30, 4000], [5, 2000, 17, 900, 3000, 1, 60, 12, 5800], [100]]
+    tree = TREE[:queries] if mode == "TARGET_VERIFY" else None
+    batches = tuple(
+        Case(mode, tuple(Request(p, queries, tree=tree) for p in ls), seed=i, **GPU, **kw)
+        for i, ls in enumerate(lens)
+    )
+    return GraphCase(batches, max_batch=16, max_kv=6000)
+
+
+GRAPH_SEQUENCES = {
+    "decode-softcap-sinks": _sequence("DECODE", 1, soft_cap=30.0, sinks=True),
+    "verify-tree-hybrid-swa": _sequence("TARGET_VERIFY", 5, window_left=9, hybrid_swa_pool=True),
+    "draft_extend_v2-deterministic": _sequence("DRAFT_EXTEND_V2", 4, deterministic=True),
+}
+
+
+@pytest.mark.parametrize("label", list(GRAPH_SEQUENCES))
+def test_compiled_graph_replays_pass(label):
+    t0 = time.perf_counter()
+    res = replay_result(FlexCompiled(), GRAPH_SEQUENCES[label], "cuda")
+    print(f"\nflex_compiled graph {label}: {res.status}: {res.reason} ({time.perf_counter() - t0:.1f}s)")
+    assert res.status == "pass", res.reason
+
+
 COMPILED_MUTANTS = [m for m in MUTANTS if m.backend == "flex_compiled"]
 
 
 @pytest.mark.parametrize("mutant", COMPILED_MUTANTS, ids=[m.name for m in COMPILED_MUTANTS])
-def test_compiled_window_mutants_are_caught_on_cuda(mutant):
+def test_compiled_mutants_are_caught_on_cuda(mutant):
     profiles.load("gpu")
     try:
         d = hunt(mutant, mutant.families[0], device="cuda")
@@ -88,3 +117,4 @@ def test_compiled_window_mutants_are_caught_on_cuda(mutant):
         profiles.load("ci")
     assert d.caught, d.reason
     print(f"\n{mutant.name}: caught after {d.examples} examples, {d.seconds:.1f}s; {d.shrunk.to_json()}")
+

@@ -32,6 +32,9 @@ class FA2(FlashAttnGlue):
             "sinks": "FA2 has no attention-sink argument",
             "tree": "FA2 has no custom mask: verify trees with topk > 1 need one",
             "kv_dtype": "FA2 has no FP8 path: its kernels take fp16/bf16 K/V only",
+            "graph": "not capturable: this glue gathers each request's keys into ragged K/V in a "
+            "per-request loop, its sizes and cu_seqlens_k from the batch (FA2 reads a paged cache only "
+            "with pages of 256+ tokens, so no fixed page-table buffer)",
         },
     )
 

@@ -8,6 +8,11 @@ TARGET_VERIFY (topk > 1) go through a `mask_mod` that reads two per-query tables
 On sm90 FA4 has no split-KV (`num_splits` must be 1), so every call is batch-invariant. Pages
 whose size equals the kernel's key tile (128 at head_dim 128) load by TMA, whole: the tail rows of
 a request's last page are read and masked, hence `whole_page_loads`.
+
+Under a CUDA graph (flash_attn_glue.py's graph path) it captures DECODE, TARGET_VERIFY and
+DRAFT_EXTEND_V2. TARGET_VERIFY always takes the tree path there, as an engine with topk > 1 captures
+it (a chain is a tree of one child per node): the mask_mod is compiled once and its two tables are
+buffers of [max_batch * E] and [max_batch * E * E], rewritten before every replay.
 """
 
 from __future__ import annotations
@@ -19,7 +24,9 @@ import torch
 from harness.backends.base import BackendOutput
 from harness.backends.flash_attn_glue import FlashAttnGlue, capabilities, is_tree
 from harness.backends.flash_attn_versions import FA4_RANGE
+from harness.backends.graph_glue import GraphLimits, GraphState, StaticInputs
 from harness.core.batch import Batch
+from harness.core.modes import Mode
 from harness.core.timing import phase
 from harness.core.vocab import FEATURES
 
@@ -70,6 +77,7 @@ class FA4(FlashAttnGlue):
     capabilities = capabilities(
         FEATURES,
         whole_page_loads=True,
+        graph_modes=frozenset({Mode.DECODE, Mode.TARGET_VERIFY, Mode.DRAFT_EXTEND_V2}),
         why_not={
             "kv_dtype": "flash-attn-4 (4.0.0b26 to b36) reads FP8 only with q, k and v all in one FP8 dtype "
             "(interface.py asserts it), and only on sm100: an FP8 KV cache under a bf16/fp16 query "
@@ -143,6 +151,85 @@ class FA4(FlashAttnGlue):
             **meta,
         )
         return BackendOutput(out=out, lse=self.lse_rows(lse))
+
+    # --- the CUDA-graph path: the tree tables as buffers, and the captured call ----------------
+
+    def graph_tree(self, state: GraphState) -> bool:
+        """Whether the captured call takes the tree path (its mask_mod and tables): TARGET_VERIFY."""
+        return state.mode == Mode.TARGET_VERIFY
+
+    def graph_buffers(self, limits: GraphLimits, batch: Batch) -> GraphState:
+        """The shared buffers, and in TARGET_VERIFY the tree tables: tree_first [n * E], tree_see
+        [n * E * E]."""
+        state = super().graph_buffers(limits, batch)
+        if self.graph_tree(state):
+            n, e = limits.max_batch, limits.queries
+            state.buffers["tree_first"] = torch.zeros(n * e, dtype=torch.int32, device=batch.device)
+            state.buffers["tree_see"] = torch.zeros(n * e * e, dtype=torch.int32, device=batch.device)
+        return state
+
+    def padding_tree_tables(self, state: GraphState, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Tables of `rows` padding requests: a chain over the prefix from key 0."""
+        e = state.limits.queries
+        see = torch.ones(e, e, dtype=torch.int32, device=state.device).tril().repeat(rows, 1)
+        return torch.zeros(rows * e, dtype=torch.int32, device=state.device), see.reshape(-1)
+
+    def write_tree_tables(self, state: GraphState, first: torch.Tensor, see: torch.Tensor, bs: int) -> None:
+        """The real requests' tables, then padding requests' up to bs."""
+        e = state.limits.queries
+        pad_first, pad_see = self.padding_tree_tables(state, bs - first.numel() // e)
+        state.buffers["tree_first"][: bs * e].copy_(torch.cat([first, pad_first]))
+        state.buffers["tree_see"][: bs * e * e].copy_(torch.cat([see, pad_see]))
+
+    def capture_metadata(self, state: GraphState, bs: int) -> None:
+        super().capture_metadata(state, bs)
+        if self.graph_tree(state):
+            empty = torch.zeros(0, dtype=torch.int32, device=state.device)
+            self.write_tree_tables(state, empty, empty, bs)
+
+    def replay_metadata(self, state: GraphState, batch: Batch, bs: int) -> None:
+        super().replay_metadata(state, batch, bs)
+        if self.graph_tree(state):
+            self.replay_tree_tables(state, batch, bs)
+
+    def replay_tree_tables(self, state: GraphState, batch: Batch, bs: int) -> None:
+        """The batch's tables (tree_tables: window by position), padded to bs."""
+        self.write_tree_tables(state, *self.tree_tables(batch), bs)
+
+    def graph_mask_args(self, state: GraphState, bs: int) -> dict:
+        """mask_args of the captured call: the layer's causality and window, or the tree path over
+        the table buffers."""
+        if not self.graph_tree(state):
+            return {"causal": self.causal(state.layer), "window_size": self.window_size(state.layer)}
+        e = state.limits.queries
+        b = state.buffers
+        return {
+            "causal": False,
+            "window_size": (None, None),
+            "mask_mod": tree_mask_mod(),
+            "aux_tensors": [b["tree_first"][: bs * e], b["tree_see"][: bs * e * e]],
+        }
+
+    def graph_kernel(self, state: GraphState, static: StaticInputs) -> torch.Tensor:
+        b, bs, layer = state.buffers, static.bs, state.layer
+        out, _ = self.kernel()(
+            static.q,
+            static.pool.k,
+            static.pool.v,
+            cu_seqlens_q=b["cu_seqlens_q"][: bs + 1],
+            seqused_k=b["cache_seqlens"][:bs],
+            page_table=b["page_table"][:bs],
+            max_seqlen_q=state.limits.queries,
+            max_seqlen_k=self.graph_max_seqlen_k(state),
+            softmax_scale=layer.case.scale,
+            softcap=layer.case.soft_cap,
+            learnable_sink=static.sinks,
+            num_splits=self.num_splits(layer),
+            deterministic=layer.case.deterministic,
+            return_lse=True,
+            **self.graph_mask_args(state, bs),
+        )
+        return out
 
 
 BACKENDS = {"fa4": FA4}

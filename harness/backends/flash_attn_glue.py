@@ -6,6 +6,16 @@ Each decision is one small method, so that a mutant can override exactly one of 
 reads (KV extent, slots of this layer's pool, window, page ids) come from glue.py (EngineGlue); here
 are the page table, how a version spells the window, the split count, and the LSE layout. This
 module registers no backend.
+
+The CUDA-graph path (graph_glue.py), as sglang's flash-attention backend writes it: `cache_seqlens`
+[max_batch], `cu_seqlens_q` [max_batch + 1] and `page_table` [max_batch, max pages per request]
+allocated once; `cu_seqlens_q` never changes (every request has the captured number of queries);
+before each replay the real requests' KV extents and page ids are written into the first rows, the
+padding requests get the fill extent on the reserved page. The kernel reads those three from device
+memory; every Python value (max_seqlen_q, the window, soft cap, scale, num_splits) is frozen at
+capture, so the adapter passes only values a layer fixes: max_seqlen_q = the captured queries per
+request (it sizes the grid), max_seqlen_k = the page table's bound (a split heuristic reads it,
+never the mask).
 """
 
 from __future__ import annotations
@@ -15,11 +25,12 @@ from typing import Any
 import torch
 
 from harness.backends.base import Capabilities
-from harness.backends.glue import EngineGlue
+from harness.backends.graph_glue import GraphGlue, GraphLimits, GraphState
 from harness.backends.library import import_library
 from harness.backends.versions import SupportedRange
 from harness.core.batch import Batch
 from harness.core.modes import Mode
+from harness.core.pool import RESERVED_PAGE
 
 
 def import_attr(
@@ -55,8 +66,9 @@ def capabilities(features: tuple[str, ...], **fields: Any) -> Capabilities:
     )
 
 
-class FlashAttnGlue(EngineGlue):
-    """Base adapter: subclasses name the library entry point and implement `run`."""
+class FlashAttnGlue(GraphGlue):
+    """Base adapter: subclasses name the library entry point and implement `run`; a capturable one
+    declares graph_modes and implements `graph_kernel` over the buffers written below."""
 
     library = "flash_attn"
     entry: tuple[str, str] = ("", "")  # (module, function) imported lazily
@@ -117,3 +129,57 @@ class FlashAttnGlue(EngineGlue):
     def lse_rows(self, lse: torch.Tensor | None) -> torch.Tensor | None:
         """flash-attn returns varlen LSE as [Hq, total_q] in natural log; the harness wants [total_q, Hq]."""
         return None if lse is None else lse.transpose(0, 1).float()
+
+    # --- the CUDA-graph path (module doc) -----------------------------------------------------
+
+    def graph_buffers(self, limits: GraphLimits, batch: Batch) -> GraphState:
+        """cache_seqlens [n], cu_seqlens_q [n + 1] (fixed: `queries` rows a request) and page_table
+        [n, max_pages] (the reserved page until written), for n = max_batch."""
+        state = super().graph_buffers(limits, batch)
+        n, e, dev = limits.max_batch, limits.queries, batch.device
+        b = state.buffers
+        b["cache_seqlens"] = torch.zeros(n, dtype=torch.int32, device=dev)
+        b["cu_seqlens_q"] = torch.arange(0, (n + 1) * e, e, dtype=torch.int32, device=dev)
+        b["page_table"] = torch.full((n, limits.max_pages), RESERVED_PAGE, dtype=torch.int32, device=dev)
+        return state
+
+    def capture_metadata(self, state: GraphState, bs: int) -> None:
+        """A dummy batch of bs padding requests; remembers the page-table columns it wrote."""
+        self.capture_out_cache_loc(state, bs)
+        n = self.padding_extent(state)
+        pages = -(-n // state.limits.page_size)
+        state.buffers["cache_seqlens"][:bs].fill_(n)
+        state.buffers["page_table"][:bs, :pages].fill_(RESERVED_PAGE)
+        state.per_size[bs] = {"pages": pages}
+
+    def replay_metadata(self, state: GraphState, batch: Batch, bs: int) -> None:
+        self.replay_out_cache_loc(state, batch, bs)
+        self.replay_cache_seqlens(state, batch, bs)
+        self.replay_page_table(state, batch, bs)
+
+    def replay_cache_seqlens(self, state: GraphState, batch: Batch, bs: int) -> None:
+        """The real requests' KV extents (replay_kv_extents), then the fill extent for padding."""
+        real = self.replay_kv_extents(state, batch)
+        pad = [self.padding_extent(state)] * (bs - len(real))
+        state.buffers["cache_seqlens"][:bs].copy_(torch.tensor(real + pad, dtype=torch.int32))
+
+    def replay_page_columns(self, state: GraphState, batch: Batch, bs: int) -> int:
+        """Page-table columns this replay writes: the longest real extent in pages, at least the
+        padding's (sglang's max_seq_pages, from this batch's max_seq_len_k); later columns keep what
+        earlier batches left, which no extent reaches."""
+        longest = max(self.replay_kv_extents(state, batch) + [self.padding_extent(state)])
+        return -(-longest // state.limits.page_size)
+
+    def replay_page_table(self, state: GraphState, batch: Batch, bs: int) -> None:
+        """Rows of the real requests: their page ids in this layer's pool (page_table, translated on
+        a hybrid pool); padding rows: the reserved page."""
+        cols = self.replay_page_columns(state, batch, bs)
+        table = self.page_table(batch, self.replay_kv_extents(state, batch))[:, :cols]
+        buf = state.buffers["page_table"]
+        b = batch.batch_size
+        buf[:b, : table.shape[1]].copy_(table)
+        buf[b:bs, :cols].fill_(RESERVED_PAGE)
+
+    def graph_max_seqlen_k(self, state: GraphState) -> int:
+        """The host max_seqlen_k a captured call passes: the page table's bound (fixed at capture)."""
+        return state.limits.max_pages * state.limits.page_size

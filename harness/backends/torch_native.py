@@ -30,8 +30,8 @@ class TorchNative(EngineGlue):
         returns_lse=False,
         why_not={
             "returns_lse": "SDPA does not return the log-sum-exp",
-            "graph": "not capturable: SDPA over each request's keys, sliced by its seq_lens in Python, "
-            "which a CUDA graph would freeze at capture",
+            "graph": "not capturable: one SDPA call per request in a Python loop, each over keys "
+            "gathered to that request's length read from the batch on the host: no fixed buffers",
         },
     )
 

@@ -88,8 +88,8 @@ class TorchSplit(EngineGlue):
     capabilities = dataclasses.replace(
         ALL_CAPABILITIES,
         why_not={
-            "graph": "not capturable: its passes slice each request by its seq_lens in Python, which a "
-            "CUDA graph would freeze at capture"
+            "graph": "not capturable: requests are grouped by lengths read on the host and each "
+            "group's ragged and paged passes run in a Python loop, sized from them: no fixed buffers"
         },
     )
 

@@ -1,5 +1,9 @@
 """fa4 mutants: flash-attn-4's glue with one decision broken. They run on the GPU (device cuda);
-tests/test_flash_attn.py also hunts them on the CPU against a fake of the library."""
+tests/test_flash_attn.py also hunts them on the CPU against a fake of the library.
+
+The `graph_*` mutants break one step of the CUDA-graph replay path (flash_attn_glue.py) and leave the
+eager path intact: only the replay check (check "graph") can catch them; tests/test_graph_flash_attn.py
+shows both on the CPU."""
 
 from __future__ import annotations
 
@@ -7,6 +11,7 @@ import torch
 
 from harness.backends.flash_attn_fa4 import FA4
 from harness.backends.flash_attn_glue import is_tree
+from harness.backends.graph_glue import GraphState
 from harness.core.batch import Batch
 from harness.core.modes import Mode
 from harness.core.pool import page_table_from_req_to_token
@@ -61,6 +66,28 @@ class _WindowSidesSwapped(FA4):
 class _TwoSidedLeftOnly(FA4):
     def window_right(self, batch: Batch) -> int:
         return -1  # window_size=(L, None): the right edge of a two-sided window dropped
+
+
+class _GraphSeqlensFromCapture(FA4):
+    def replay_cache_seqlens(self, state: GraphState, batch: Batch, bs: int) -> None:
+        pass  # cache_seqlens keeps what capture_metadata wrote: every request reads the fill extent
+
+
+class _GraphPageColumnsFromCapture(FA4):
+    def replay_page_columns(self, state: GraphState, batch: Batch, bs: int) -> int:
+        return state.per_size[bs]["pages"]  # max_seq_pages from the capture's max_seq_len_k
+
+
+class _GraphDraftExtendUnbumped(FA4):
+    def replay_kv_extents(self, state: GraphState, batch: Batch) -> list[int]:
+        if batch.mode == Mode.DRAFT_EXTEND_V2:  # the bump fixed in the eager path only
+            return batch.cpu_list("seq_lens_before_bump")
+        return super().replay_kv_extents(state, batch)
+
+
+class _GraphTreeTablesFromCapture(FA4):
+    def replay_tree_tables(self, state: GraphState, batch: Batch, bs: int) -> None:
+        pass  # the mask_mod's tables stay the capture's dummy chains, unwindowed
 
 
 MUTANTS: list[Mutant] = [
@@ -136,5 +163,48 @@ MUTANTS: list[Mutant] = [
         True,
         named(_TwoSidedLeftOnly, "fa4~two_sided_left_only"),
         device="cuda",
+    ),
+    Mutant(
+        "fa4~graph_seqlens_from_capture",
+        "under a CUDA graph, cache_seqlens written at capture only: every replay reads the dummy "
+        "batch's extents",
+        "replay_cache_seqlens",
+        ("decode", "draft_extend_v2", "verify"),
+        False,
+        named(_GraphSeqlensFromCapture, "fa4~graph_seqlens_from_capture"),
+        device="cuda",
+        check="graph",
+    ),
+    Mutant(
+        "fa4~graph_page_columns_from_capture",
+        "under a CUDA graph, page-table columns written up to the capture's max_seq_len_k: a longer "
+        "context reads pages an earlier batch (or nobody) left",
+        "replay_page_columns",
+        ("decode", "draft_extend_v2", "verify"),
+        False,
+        named(_GraphPageColumnsFromCapture, "fa4~graph_page_columns_from_capture"),
+        device="cuda",
+        check="graph",
+    ),
+    Mutant(
+        "fa4~graph_de_v2_extent_unbumped",
+        "DRAFT_EXTEND_V2 extent bumped in the eager path but not on replay: the graph reads P keys",
+        "replay_kv_extents",
+        ("draft_extend_v2",),
+        False,
+        named(_GraphDraftExtendUnbumped, "fa4~graph_de_v2_extent_unbumped"),
+        device="cuda",
+        check="graph",
+    ),
+    Mutant(
+        "fa4~graph_tree_tables_from_capture",
+        "under a CUDA graph, the verify tree's mask_mod tables filled at capture only: replays see "
+        "the dummy chain, without the window",
+        "replay_tree_tables",
+        ("verify",),
+        True,
+        named(_GraphTreeTablesFromCapture, "fa4~graph_tree_tables_from_capture"),
+        device="cuda",
+        check="graph",
     ),
 ]

@@ -10,6 +10,10 @@ The compiled mutants are hunted at one fixed dtype and head shape (`force`), so 
 few C++ compiles on the CPU rather than one per drawn head shape. CPU CI hunts the compiled
 off-by-one (the subtle one); the compiled window-ignored mutant is hunted on the GPU only, as the
 eager one already shows the same mask function caught on the CPU.
+
+`flex_compiled~graph_extents_from_capture` breaks the CUDA-graph path only (the layout written
+before a replay): the eager suite passes it, the replay check (check "graph") catches it;
+tests/test_graph_flex.py shows both on the CPU.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from __future__ import annotations
 import torch
 
 from harness.backends.flex import FlexCompiled, FlexEager, MaskMod
+from harness.backends.graph_glue import GraphState
 from harness.core.batch import Batch
 from harness.core.modes import Mode
 from harness.mutants import Mutant, named
@@ -58,6 +63,14 @@ class _CompiledWindowShort(FlexCompiled):
 
     def window_mask(self, q_pos: torch.Tensor, kv_pos: torch.Tensor, window: torch.Tensor) -> MaskMod:
         return _short(q_pos, kv_pos, window)
+
+
+class _CompiledGraphExtentsFromCapture(FlexCompiled):
+    cpu_in_suite = True
+
+    def replay_kv_extents(self, state: GraphState, batch: Batch) -> list[int]:
+        # the dummy batch's seq_lens (the fill value) kept: every request's layout ends there
+        return [self.padding_extent(state)] * batch.batch_size
 
 
 class _EagerEncoderCausal(FlexEager):
@@ -107,6 +120,18 @@ MUTANTS: list[Mutant] = [
         ("prefix",),
         True,
         named(_CompiledWindowShort, "flex_compiled~window_short"),
+        force=COMPILED_SHAPE,
+    ),
+    Mutant(
+        "flex_compiled~graph_extents_from_capture",
+        "under a CUDA graph, the key layout written from the capture's seq_lens (the fill value): "
+        "every replayed request reads its first keys only",
+        "replay_kv_extents",
+        ("decode", "draft_extend_v2", "verify"),
+        False,
+        named(_CompiledGraphExtentsFromCapture, "flex_compiled~graph_extents_from_capture"),
+        device="cuda",
+        check="graph",
         force=COMPILED_SHAPE,
     ),
     Mutant(

@@ -1,0 +1,91 @@
+"""flex_compiled's CUDA-graph path on the CPU: the replay check (harness/checks/replay.py) over the
+graph emulator, the compiled kernel as one opaque node reading the layout buffers.
+
+Each sequence replays three batches of one layer: 3 requests (captured at 4), 5 longer ones (at 8),
+then 1 (at 1). Every sequence shares one compiled shape (the layout's fixed lengths), so the file
+costs one C++ compile of the graph kernel, plus those of the eager runs it compares with.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from harness.backends.flex import FlexCompiled
+from harness.checks.numeric import check_case
+from harness.checks.replay import GraphRunner, limits_of, replay_result
+from harness.core.batch import build_batch, make_inputs
+from harness.core.case import Case, Request
+from harness.core.graph_case import GraphCase
+from harness.mutants.flex import COMPILED_SHAPE, MUTANTS
+
+pytestmark = [pytest.mark.graph, pytest.mark.flex_compiled]  # `-m "not flex_compiled"` skips the compiles
+TREE3 = (-1, 0, 0)  # two siblings under the first draft's parent
+
+
+class _CompiledHere(FlexCompiled):
+    cpu_in_suite = True
+
+
+@pytest.fixture(autouse=True)
+def _compiler():
+    why = _CompiledHere().available("cpu")
+    if why:
+        pytest.skip(why)
+
+
+def sequence(mode: str, **kw) -> GraphCase:
+    e = 1 if mode == "DECODE" else 3
+    tree = TREE3 if mode == "TARGET_VERIFY" else None
+    lens = [[5, 2, 9], [30, 17, 8, 40, 3], [12]]
+    batches = tuple(
+        Case(mode=mode, requests=tuple(Request(p, e, tree=tree) for p in ls), page_size=16, seed=i, **kw)
+        for i, ls in enumerate(lens)
+    )
+    return GraphCase(batches, max_batch=8, max_kv=48).replace_layer(**COMPILED_SHAPE)
+
+
+GRAPH_CASES = {
+    "decode_swa_soft_cap_sinks": sequence("DECODE", window_left=6, soft_cap=20.0, sinks=True),
+    "verify_tree_swa_hybrid_pool": sequence("TARGET_VERIFY", window_left=4, hybrid_swa_pool=True),
+    "draft_extend_v2_deterministic": sequence("DRAFT_EXTEND_V2", deterministic=True),
+}
+
+
+@pytest.mark.parametrize("name", list(GRAPH_CASES))
+def test_flex_compiled_graph_replays_pass(name):
+    res = replay_result(_CompiledHere(), GRAPH_CASES[name], "cpu")
+    assert res.status == "pass", res.reason
+
+
+def test_the_layout_puts_each_request_at_its_fixed_offset():
+    """Request r's keys at r * stride (stride: max_kv + a sink key, rounded to 128); the rest of every
+    buffer is rewritten to the fill values (a smaller batch leaves nothing of a larger one). In
+    deterministic mode each request has its own launch, as in the eager path."""
+    g = GRAPH_CASES["draft_extend_v2_deterministic"]
+    backend = _CompiledHere()
+    batches = [build_batch(c, make_inputs(c, "cpu"), "cpu") for c in g.batches]
+    runner = GraphRunner(backend, limits_of(g), batches)
+    state = runner.state
+    for batch in batches[1:]:  # 5 requests, then 1
+        backend.replay_metadata(state, batch, 8)
+    doc = state.buffers["kv_doc"].tolist()
+    assert backend.graph_stride(state.limits) == 128
+    assert doc[:15] == [0] * 15 and doc[15:] == [-2] * (len(doc) - 15)  # P + E keys: 12 + 3
+    assert state.buffers["q_doc"].tolist()[:4] == [0, 0, 0, -1]
+    # deterministic: one launch per captured request, each at the eager launch's padded lengths
+    launches = backend.graph_launches(state, backend.graph_launch(state, runner.static(8)), 8)
+    assert [(x.num_queries, x.q.shape[2], x.k.shape[2]) for x in launches] == [(3, 128, 128)] * 8
+    assert launches[0].kv_doc.tolist()[:16] == [0] * 15 + [-2] and launches[1].q_doc.tolist()[0] == -1
+
+
+GRAPH_MUTANTS = [m for m in MUTANTS if m.check == "graph"]
+
+
+@pytest.mark.parametrize("mutant", GRAPH_MUTANTS, ids=lambda m: m.name)
+def test_graph_mutant_is_caught_by_the_replay_check_only(mutant):
+    g = GRAPH_CASES["verify_tree_swa_hybrid_pool"]
+    res = replay_result(mutant.make(), g, "cpu")
+    assert res.status == "fail", res.reason
+    for c in g.batches:  # the eager path is intact: the suite's numeric check passes every batch
+        eager = check_case(mutant.make(), c, "cpu")
+        assert eager.status == "pass", eager.reason
