@@ -730,6 +730,7 @@ class FlexCompiled(FlexBase, GraphGlue):
             sink_logit=static.sinks.float() if virtual_sink else b["no_sink_logit"],
             num_queries=rows,
             terms=MASK_TERMS,
+            scores_modified=state.layer.case.soft_cap > 0 or virtual_sink,
         )
 
     def graph_call_flex(self, *args: object) -> tuple[torch.Tensor, torch.Tensor | None]:

@@ -87,7 +87,8 @@ def run(t: Target, record: Callable[[CaseResult], None] | None = None) -> None:
             assume(False)
         if record:
             record(res)
-        assert res.status == "pass", res.failure_text()
+        if res.status != "pass":
+            raise AssertionError(res.failure_text())  # not `assert`: pytest would append its explanation
 
     what = f"{backend.name} on {t.device}, deterministic ({t.window})"
     search_with_refusals(check, search.seen.values, what)
