@@ -321,3 +321,27 @@ def test_graph_cases_reach_the_replay_shapes(shape):
         settings=settings(max_examples=500, database=None, deadline=None, phases=[Phase.generate]),
     )
     assert GRAPH_SHAPES[shape](found)
+
+
+def test_a_deterministic_capture_plans_its_dummy_batch_at_the_limits_so_the_split_kernel_is_captured():
+    """FlashInfer's run() picks the split or the unsplit kernel from the plan, and the capture freezes
+    it: in deterministic mode the dummy batch is planned at max_kv keys (a split at the limits), not
+    at the fill value, so a replay whose context needs several chunks runs the split kernel."""
+    g = GraphCase((decode(3, deterministic=True), decode(70, deterministic=True)), 1, 80)
+    fake.reset()
+    assert replay_result(backend(), g, "cpu").status == "pass"
+    plans = [a for a in fake.calls("decode.plan") if a["cuda_graph"]]
+    assert [int(x) for x in plans[0]["seq_lens"].tolist()] == [80]  # the capture's dummy request
+    assert [int(x) for x in plans[1]["seq_lens"].tolist()] == [4]  # the first replay's
+    fake.reset()
+    plain = GraphCase((decode(3), decode(70)), 1, 80)
+    assert replay_result(backend(), plain, "cpu").status == "pass"
+    capture = next(a for a in fake.calls("decode.plan") if a["cuda_graph"])
+    assert [int(x) for x in capture["seq_lens"].tolist()] == [1]  # the fill value
+
+
+def test_flashinfer_paged_refuses_deterministic_mode_under_a_graph_with_the_measured_reason():
+    case = Case("DRAFT_EXTEND_V2", (Request(30, 4),), deterministic=True, **H)
+    paged = backends.load("flashinfer_paged")
+    assert "query tile" in paged.graph_supports(case)
+    assert paged.graph_supports(dataclasses.replace(case, deterministic=False)) is None

@@ -307,11 +307,13 @@ class FlashInferGlue(GraphGlue):
         """A use_cuda_graph=True wrapper of `bs` requests over views of the state's buffers."""
         raise NotImplementedError
 
-    def padding_table(self, state: GraphState, real: PageTable, bs: int) -> PageTable:
-        """The real requests' table, then bs - real requests of padding_extent keys on the reserved
-        page (the engine's fill values)."""
+    def padding_table(
+        self, state: GraphState, real: PageTable, bs: int, extent: int | None = None
+    ) -> PageTable:
+        """The real requests' table, then bs - real requests of `extent` keys (default padding_extent,
+        the engine's fill value) on the reserved page."""
         ps = state.layer.case.page_size
-        n = self.padding_extent(state)
+        n = self.padding_extent(state) if extent is None else extent
         pad = bs - real.kv_lens.numel()
         pages = -(-n // ps)
         real_pages = (real.indptr[1:] - real.indptr[:-1]).tolist()  # a host tensor: no device read
@@ -319,11 +321,21 @@ class FlashInferGlue(GraphGlue):
                                                       device=real.indices.device)])
         return paged_kv_table(indices, real_pages + [pages] * pad, real.kv_lens.tolist() + [n] * pad, ps)
 
+    def capture_extent(self, state: GraphState) -> int:
+        """Keys of each dummy request at capture: the fill value, or in deterministic mode the largest
+        extent the buffers hold. With fixed_split_size, FlashInfer's plan splits a request's KV only
+        where it needs more than one chunk, and run() picks the split or the unsplit kernel on the
+        host, so the capture freezes that choice: a short dummy batch froze the unsplit kernel, and a
+        replay whose plan split (a context past the chunk) was then not bitwise the eager output
+        (measured on the H100, flashinfer_dec_tc, 2049 keys: 0.000488). Capturing at the limits
+        freezes the split kernel whenever a replay can need it."""
+        return state.limits.max_kv if state.layer.case.deterministic else self.padding_extent(state)
+
     def capture_table(self, state: GraphState, bs: int) -> PageTable:
-        """The dummy batch's table: bs padding requests."""
+        """The dummy batch's table: bs requests of capture_extent keys on the reserved page."""
         empty = torch.zeros(0, dtype=torch.int32, device=state.device)
         none = PageTable(torch.zeros(1, dtype=torch.int32), empty, empty.cpu(), empty.cpu())
-        return self.padding_table(state, none, bs)
+        return self.padding_table(state, none, bs, self.capture_extent(state))
 
     def replay_table(self, state: GraphState, batch: Batch, bs: int) -> PageTable:
         """The real batch's table over its replay key ranges, padded to bs."""
