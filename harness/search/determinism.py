@@ -87,7 +87,7 @@ def run(t: Target, record: Callable[[CaseResult], None] | None = None) -> None:
             assume(False)
         if record:
             record(res)
-        if res.status != "pass":
+        if res.status not in ("pass", "xfail"):  # xfail: a known library bug
             raise AssertionError(res.failure_text())  # not `assert`: pytest would append its explanation
 
     what = f"{backend.name} on {t.device}, deterministic ({t.window})"
