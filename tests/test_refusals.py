@@ -34,8 +34,11 @@ class RefusesOtherPages(TorchNative):
 
 
 class RefusesPage128(TorchNative):
+    """Refuses the two page sizes at the ends of the drawn range (one of them alone was not drawn at all
+    in the 12 examples of one derandomized ci search)."""
+
     def supports(self, c: Case) -> str | None:
-        return "no page size 128 <sim>" if c.page_size == 128 else super().supports(c)
+        return "no page size 1 or 128 <sim>" if c.page_size in (1, 128) else super().supports(c)
 
 
 @pytest.mark.parametrize(
@@ -63,7 +66,8 @@ def test_a_search_with_few_refusals_passes_and_records_them_as_refused():
     records = []
     run_family(Target("tests.test_refusals:RefusesPage128", "cpu", "decode", "full"), records.append)
     refused = [r for r in records if r.status == "refused"]
-    assert refused and all(r.reason == "no page size 128 <sim>" and r.case.page_size == 128 for r in refused)
+    assert refused
+    assert all(r.reason == "no page size 1 or 128 <sim>" and r.case.page_size in (1, 128) for r in refused)
     assert {r.status for r in records} == {"pass", "refused"}
 
 

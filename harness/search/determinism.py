@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import pytest
-from hypothesis import assume, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from harness import backends
@@ -24,9 +24,9 @@ from harness.core.modes import FAMILIES, FAMILY_MODE, Mode
 from harness.core.results import CaseResult
 from harness.run import isolation
 from harness.search import profiles
-from harness.search.refusals import as_refused, search_with_refusals
+from harness.search.refusals import search_with_refusals
 from harness.search.strategies import cases
-from harness.search.suite import WINDOWS, Target, selected_backends
+from harness.search.suite import WINDOWS, Target, judge, selected_backends
 
 FAMILY = "deterministic"
 # An invariance check runs the backend on about a dozen batches (up to 64 requests): fewer examples.
@@ -78,17 +78,7 @@ def run(t: Target, record: Callable[[CaseResult], None] | None = None) -> None:
     @settings(max_examples=max(2, current.max_examples // EXAMPLES_DIVISOR))
     @given(strategy)
     def check(case: Case) -> None:
-        res = search(case)
-        if res is None:
-            assume(False)  # a CRASH or HANG already ended this search (isolation.Search)
-        if res.status == "skip":  # refused by supports(): counted once (harness/search/refusals.py)
-            if record and search.ran_last:
-                record(as_refused(res))
-            assume(False)
-        if record:
-            record(res)
-        if res.status not in ("pass", "xfail"):  # xfail: a known library bug
-            raise AssertionError(res.failure_text())  # not `assert`: pytest would append its explanation
+        judge(search(case), search, record)
 
     what = f"{backend.name} on {t.device}, deterministic ({t.window})"
     search_with_refusals(check, search.seen.values, what)

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import pytest
-from hypothesis import assume, given, settings, target
+from hypothesis import given, settings
 
 from harness import backends
 from harness.core.graph_case import GraphCase
@@ -24,9 +24,9 @@ from harness.core.modes import FAMILY_MODE
 from harness.core.results import GRAPH_CHECK, CaseResult
 from harness.run import isolation
 from harness.search import profiles
-from harness.search.refusals import as_refused, search_with_refusals
+from harness.search.refusals import search_with_refusals
 from harness.search.strategies import GRAPH_FAMILIES, graph_cases
-from harness.search.suite import WINDOWS, Target, selected_backends
+from harness.search.suite import WINDOWS, Target, judge, selected_backends
 
 LABELS = {"decode": "next_token", "verify": "spec", "draft_extend_v2": "draft"}
 UNCAPTURED = "uncaptured"  # the label of a backend's one test when it has no graph path
@@ -81,19 +81,7 @@ def run(t: GraphTarget, record: Callable[[CaseResult], None] | None = None) -> N
     @settings(max_examples=max(2, current.max_examples // EXAMPLES_DIVISOR))
     @given(strategy)
     def check(g: GraphCase) -> None:
-        res = search(g)
-        if res is None:
-            assume(False)  # a CRASH or HANG already ended this search (isolation.Search)
-        if res.status == "skip":
-            if record and search.ran_last:
-                record(as_refused(res))
-            assume(False)
-        if record:
-            record(res)
-        if res.verdict is not None and res.verdict.ratio == res.verdict.ratio:
-            target(min(res.verdict.ratio, 1e6), label="err/budget")
-        if res.status != "pass":
-            raise AssertionError(res.failure_text())  # not `assert`: pytest would append its explanation
+        judge(search(g), search, record)
 
     what = f"{backend.name} on {t.device}, graph {t.graph_family} ({t.window})"
     search_with_refusals(check, search.seen.values, what)

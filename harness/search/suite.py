@@ -93,6 +93,27 @@ def pinned_examples(family: str) -> list[Case]:
     return [Case.from_dict(d) for d in PINNED.get(family, [])]
 
 
+def judge(
+    res: CaseResult | None, search: isolation.Search, record: Callable[[CaseResult], None] | None
+) -> None:
+    """What every property test of the suite does with one example's result: a crash or hang already
+    ended the search; a refusal is counted once and the example discarded; the result is recorded,
+    its err/budget targeted, and anything but a pass (or a known library bug, xfail) fails the test
+    with the result's text (raised, not `assert`ed: pytest would append its own explanation)."""
+    if res is None:
+        assume(False)  # a CRASH or HANG already ended this search (isolation.Search)
+    if res.status == "skip":  # refused by supports(): counted once (harness/search/refusals.py)
+        if record and search.ran_last:
+            record(as_refused(res))
+        assume(False)
+    if record:
+        record(res)
+    if res.verdict is not None and res.verdict.ratio == res.verdict.ratio:
+        target(min(res.verdict.ratio, 1e6), label="err/budget")
+    if res.status not in ("pass", "xfail"):
+        raise AssertionError(res.failure_text())
+
+
 def run_family(t: Target, record: Callable[[CaseResult], None] | None = None) -> None:
     """Search the family with hypothesis; fail with the shrunk Case and its repro command."""
     backend = t.backend()
@@ -110,19 +131,7 @@ def run_family(t: Target, record: Callable[[CaseResult], None] | None = None) ->
     search = isolation.Search(backend, t.device)  # a worker per case on CUDA: a crash is a result
 
     def check(case: Case) -> None:
-        res = search(case)
-        if res is None:
-            assume(False)  # a CRASH or HANG already ended this search (isolation.Search)
-        if res.status == "skip":  # refused by supports(): counted once (harness/search/refusals.py)
-            if record and search.ran_last:
-                record(as_refused(res))
-            assume(False)
-        if record:
-            record(res)
-        if res.verdict is not None and res.verdict.ratio == res.verdict.ratio:
-            target(min(res.verdict.ratio, 1e6), label="err/budget")
-        if res.status not in ("pass", "xfail"):  # xfail: a known library bug
-            raise AssertionError(res.failure_text())  # not `assert`: pytest would append its explanation
+        judge(search(case), search, record)
 
     test = given(strategy)(check)
     for c in pins:
