@@ -117,3 +117,17 @@ def test_a_batch_invariance_failure_a_known_issue_reaches_is_xfail_on_its_versio
     assert res.status == "xfail" and res.reason.startswith("known issue flashinfer-0.6-sink-wrong")
     version("0.7.2.post1")
     assert invariance_result(variant, case).status == "fail"
+
+
+def test_a_model_check_failure_a_known_issue_reaches_is_xfail_on_its_version_only(version):
+    """The model-level check consults the known issues over the layer calls the backend served (on the
+    H100, 0.6.18.post1's sink bug failed the GPT-OSS-like model on flashinfer_paged)."""
+    from harness.checks.model import check as model_check
+
+    wrong = by_name("torch_native~window_ignored").make()
+    wrong.name = "flashinfer_paged"  # a backend the sink issue names, serving a model with sinks
+    version("0.6.18.post1")
+    res = model_check.check_model(wrong, "gpt_oss", "cpu", determinism=False)
+    assert res.status == "xfail" and res.reason.startswith("known issue flashinfer-0.6-sink-wrong")
+    version("0.7.2.post1")
+    assert model_check.check_model(wrong, "gpt_oss", "cpu", determinism=False).status == "fail"

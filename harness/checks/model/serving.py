@@ -63,6 +63,7 @@ class Runner:
         self.step: Step | None = None
         self.bounds: list[int] = []  # the step's qo_indptr as ints
         self.fell_back: list[str] = []  # reasons, for the current forward
+        self.served: list[Case] = []  # the layer calls the backend itself ran
 
     def case(
         self,
@@ -110,6 +111,8 @@ class Runner:
         if why:
             self.fell_back.append(why)
             backend = self.fallback
+        else:
+            self.served.append(case)
         q, k, v = (t[0].transpose(0, 1).to(self.dtype).contiguous() for t in (query, key, value))
         sinks = s_aux.detach().float() if s_aux is not None else None
         batch = self.cache.batch(self.step, case, module.layer_idx, q, k, v, sinks)
@@ -202,6 +205,7 @@ class Run:
     logprobs: dict[Key, torch.Tensor] = field(default_factory=dict)  # float32 scalars
     fallback: dict[str, str] = field(default_factory=dict)  # phase -> why the backend could not
     own: set[Key] = field(default_factory=set)  # queries whose forward ran on the backend alone
+    served: list[Case] = field(default_factory=list)  # the layer calls the backend ran (known issues)
 
 
 def token_logprobs(logits: torch.Tensor, targets: list[int]) -> torch.Tensor:
@@ -285,4 +289,5 @@ def serve(
                     run.own.update(keys)
     finally:
         _RUNNER.reset(token)
+    run.served = runner.served
     return run
