@@ -179,6 +179,7 @@ def test_a_failing_search_prints_its_case_once_with_one_repro_and_no_hypothesis_
     cmd = [sys.executable, "-m", "harness", "check", "--backend", backend, "--family", "encoder"]
     cmd += ["--device", "cpu", "--profile", "ci", "--reports", str(tmp_path)]
     env = {k: v for k, v in os.environ.items() if not k.startswith("ATTN_HARNESS")}
+    env["CI"] = "true"  # on CI pytest's short summary would repeat the whole failure text
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     out = proc.stdout
     assert proc.returncode == 1, out[-3000:] + proc.stderr[-3000:]

@@ -75,6 +75,10 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[_STARTED_KEY] = (time.time(), time.strftime("%Y-%m-%dT%H:%M:%S%z"))
     shard = config.getoption("--harness-shard")
     config.stash[_SHARD_KEY] = parse_shard(shard) if shard else (0, 1)
+    if config.getoption("--harness-command") and hasattr(config.option, "force_short_summary"):
+        # Run by `check`: a failure on a case has printed its verdict and repro already; on CI pytest
+        # would repeat the whole text in its short summary (running_on_ci()), so keep that to one line.
+        config.option.force_short_summary = True
     from harness import backends
 
     for line in (
