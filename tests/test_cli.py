@@ -79,6 +79,7 @@ def test_check_runs_a_family_and_prints_the_summary(capfd, tmp_path):
     out = capfd.readouterr().out
     assert "torch_native@cpu" in out and "cross" in out
     assert "1/1 tests |" in out and "0 failing" in out  # the progress line
+    assert out.count("report: ") == 1  # check names the page once (the plugin's line is its own)
     run = (tmp_path / "latest").resolve()
     assert run.parent == tmp_path and {p.name for p in run.iterdir()} == {
         "index.html",

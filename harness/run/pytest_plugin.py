@@ -286,4 +286,6 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config)
         results_json.dump(path, data)
         terminalreporter.write_line(f"results: {path}")
     if report_dir:
-        terminalreporter.write_line(f"report: {write_run(report_dir, data)}")
+        page = write_run(report_dir, data)
+        if not config.getoption("--harness-command"):  # `check` names the page itself (and latest)
+            terminalreporter.write_line(f"report: {page}")
