@@ -223,6 +223,23 @@ def test_a_failing_module_is_named_the_others_still_build_and_the_run_fails(cach
     assert not any(re.search(r"fakeninja broken: (compiled|cached)", line) for line in lines)
 
 
+def test_a_ninja_library_that_cannot_plan_or_find_ninja_fails_the_run_others_go_on(cache, monkeypatch):
+    lines: list[str] = []
+    libs = [warmup_fake.ninja_library(["noplan", "a"]), warmup_fake.library(["x", "y"])]
+    assert warmup.main(libs, "gpu", None, 2, True, str(cache), lines.append) == 1
+    assert "  fakeninja failed: finding the modules: RuntimeError: the fake cannot find its modules" in lines
+    assert sorted(warmup_fake.asked(cache)) == ["x", "y"]
+
+    def missing() -> str:
+        raise FileNotFoundError("ninja is not on PATH (pip install ninja)")
+
+    monkeypatch.setattr(ninja, "binary", missing)
+    lines.clear()
+    fake = warmup_fake.ninja_library(["a"])
+    assert warmup.main([fake], "gpu", None, 2, True, str(cache), lines.append) == 1
+    assert "  fakeninja failed: ninja: ninja is not on PATH (pip install ninja)" in lines
+
+
 @needs_ninja
 def test_the_libraries_run_at_once_and_a_pool_grows_when_the_ninja_build_ends(cache):
     """The ninja module "gated" waits until a pool variant has run, so it links only if the pool

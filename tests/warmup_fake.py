@@ -138,7 +138,10 @@ def write_module(
 def plan_modules(names: list[str]) -> ninja.Plan:
     """The fake one-ninja library's plan, in a worker: a module per name under the cache root's
     NINJA_SUBDIR. "broken*" fails to compile, "many" has 24 sources, "gated" waits until a pool
-    variant ran (the cache root's "gate" file), "prebuilt*" is served prebuilt."""
+    variant ran (the cache root's "gate" file), "prebuilt*" is served prebuilt; "noplan" among the
+    names: the plan raises."""
+    if "noplan" in names:
+        raise RuntimeError("the fake cannot find its modules")
     top = cache_dir.root()
     root = top / NINJA_SUBDIR
     root.mkdir(parents=True, exist_ok=True)
