@@ -132,6 +132,20 @@ def test_a_broken_library_fails_the_run(cache):
     assert warmup_fake.asked(cache) == []
 
 
+def test_a_library_that_cannot_list_its_variants_fails_the_run_and_the_others_go_on(cache):
+    listless = warmup_fake.library(["a"])
+
+    def raises(profile: str) -> list:
+        raise KeyError(profile)
+
+    listless.variants = raises
+    lines: list[str] = []
+    libs = [listless, warmup_fake.library(["b"])]
+    assert warmup.main(libs, "gpu", None, 2, True, str(cache), lines.append) == 1
+    assert "  fake failed: listing the variants: KeyError: 'gpu'" in lines
+    assert warmup_fake.asked(cache) == ["b"]
+
+
 def test_without_cuda_there_is_nothing_to_compile(cache, capsys):
     assert cli.main(["warmup", "--profile", "ci"]) == 0
     assert "no CUDA device here: nothing to compile" in capsys.readouterr().out
