@@ -213,7 +213,11 @@ def warm(
     tally = Tally(library.name)
     if not _ready(library, tally):
         return tally
-    todo = library.variants(profile)
+    try:
+        todo = library.variants(profile)
+    except Exception as e:  # noqa: BLE001 - the libraries beside it go on; the run fails
+        tally.failed.append(f"listing the variants: {type(e).__name__}: {e}")
+        return tally
     if library.plan is not None:
         tally = warm_ninja(library, todo, jobs, say, start)
     else:
