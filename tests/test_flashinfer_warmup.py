@@ -7,20 +7,17 @@ adapter runs. Checked here on the recording fake; the device run builds them.
 
 from __future__ import annotations
 
-from types import SimpleNamespace
+import sys
+from types import ModuleType, SimpleNamespace
 
 import pytest
 import torch
 
 from harness import backends
 from harness.core.batch import build_batch, make_inputs
-from harness.tools.flashinfer_warmup import (
-    GPU_VARIANT,
-    coverage_cases,
-    install_prebuilt,
-    module_probes,
-    pinned_cases,
-)
+from harness.tools import flashinfer_warmup
+from harness.tools.flashinfer_warmup import GPU_VARIANT, coverage_cases, module_probes, pinned_cases
+from harness.tools.warmup.ninja import Module
 from tests import flashinfer_fake as fake
 
 PROBES = [p for p in module_probes() if p.backend]
@@ -79,33 +76,35 @@ def test_coverage_runs_only_supported_cases_and_every_mode():
     }
 
 
-def _spec(tmp_path, name, built=True, is_aot=False):
-    jit = tmp_path / "jit" / name / f"{name}.so"
-    if built:
-        jit.parent.mkdir(parents=True)
-        jit.write_bytes(name.encode())
-    aot = tmp_path / "aot" / name / f"{name}.so"
-    return SimpleNamespace(name=name, jit_library_path=jit, aot_path=aot, is_aot=is_aot)
+def test_the_plan_writes_each_modules_build_file_and_leaves_prebuilt_ones(monkeypatch, tmp_path):
+    """ninja_plan (run in the warm-up's worker): each module found gets its build.ninja written and
+    its paths resolved (its outputs are resolved paths); a prebuilt one is left to FlashInfer; a
+    module that ninja does not build is an error naming it."""
+    written: list[str] = []
+    jit = tmp_path / "jit"
+    (tmp_path / "link").symlink_to(tmp_path)
 
+    def spec(name, is_aot=False):  # FlashInfer's JitSpecNvcc, as far as the plan reads it
+        build_dir = tmp_path / "link" / "jit" / name
+        return SimpleNamespace(
+            name=name,
+            is_aot=is_aot,
+            write_ninja=lambda: written.append(name),
+            ninja_path=build_dir / "build.ninja",
+            build_dir=build_dir,
+            jit_library_path=build_dir / f"{name}.so",
+        )
 
-def test_built_modules_are_installed_where_flashinfer_loads_prebuilt_ones(tmp_path):
-    """Each module the batch build made is copied to its prebuilt path (so its first use loads it
-    rather than building it again); prebuilt ones are left alone; a module that was not built, or a
-    directory that cannot be written, is reported by name, and the rest are still installed."""
-    specs = [
-        _spec(tmp_path, "a"),
-        _spec(tmp_path, "b", built=False),
-        _spec(tmp_path, "c", is_aot=True),
-        _spec(tmp_path, "d"),
-    ]
-    installed, problems = install_prebuilt(specs)
-    assert installed == ["a", "d"]
-    assert specs[0].aot_path.read_bytes() == b"a" and specs[3].aot_path.read_bytes() == b"d"
-    assert not specs[2].aot_path.exists()
-    assert len(problems) == 1 and problems[0].startswith("b: ") and "was not built" in problems[0]
-
-    blocked = _spec(tmp_path, "e")
-    blocked.aot_path.parent.parent.mkdir(parents=True, exist_ok=True)
-    blocked.aot_path.parent.write_text("a file where the module's directory should be")
-    installed, problems = install_prebuilt([blocked, _spec(tmp_path, "f")])
-    assert installed == ["f"] and len(problems) == 1 and problems[0].startswith("e: cannot write")
+    specs = {"b": spec("b"), "a": spec("a"), "pre": spec("pre", is_aot=True)}
+    monkeypatch.setattr(flashinfer_warmup, "discover_specs", lambda probes: specs)
+    monkeypatch.setitem(sys.modules, "flashinfer", ModuleType("flashinfer"))
+    jit_env = SimpleNamespace(FLASHINFER_JIT_DIR=tmp_path / "link" / "jit")
+    monkeypatch.setitem(sys.modules, "flashinfer.jit", SimpleNamespace(env=jit_env))
+    plan = flashinfer_warmup.ninja_plan([])
+    assert written == ["a", "b"] and plan.prebuilt == ("pre",)
+    a = jit.resolve() / "a"
+    assert plan.root == str(jit.resolve())
+    assert plan.modules[0] == Module("a", str(a / "build.ninja"), str(a), str(a / "a.so"))
+    specs["cute"] = SimpleNamespace(name="cute")
+    with pytest.raises(TypeError, match="module cute is a SimpleNamespace, not built by ninja"):
+        flashinfer_warmup.ninja_plan([])

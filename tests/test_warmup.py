@@ -1,9 +1,14 @@
 """The warm-up (harness/tools/warmup/): which variants each profile plans per library, that a second
-run with a warm cache compiles nothing (a fake library in real worker processes), how each real
-library tells a compile from a cache hit (against stand-ins), and the Makefile's wiring."""
+run with a warm cache compiles nothing (a fake library in real worker processes), the one-ninja
+build (fake modules built by the real ninja: progress, compiled vs cached, failures, and each
+module's own ninja finding it up to date), that the libraries run at once (the order of events),
+how each real library tells a compile from a cache hit (against stand-ins), and the Makefile's
+wiring."""
 
 from __future__ import annotations
 
+import os
+import re
 import shutil
 import subprocess
 import sys
@@ -16,11 +21,12 @@ from harness import cli
 from harness.run import cache_dir
 from harness.search.profiles import SIZES
 from harness.tools import warmup
-from harness.tools.warmup import libraries
+from harness.tools.warmup import libraries, ninja
 from harness.tools.warmup.libraries import FA4, FLASHINFER, FLEX, LIBRARIES
 from tests import warmup_fake
 
 ROOT = Path(__file__).resolve().parent.parent
+needs_ninja = pytest.mark.skipif(shutil.which("ninja") is None, reason="no ninja executable here")
 
 
 @pytest.fixture
@@ -126,6 +132,20 @@ def test_a_broken_library_fails_the_run(cache):
     assert warmup_fake.asked(cache) == []
 
 
+def test_a_library_that_cannot_list_its_variants_fails_the_run_and_the_others_go_on(cache):
+    listless = warmup_fake.library(["a"])
+
+    def raises(profile: str) -> list:
+        raise KeyError(profile)
+
+    listless.variants = raises
+    lines: list[str] = []
+    libs = [listless, warmup_fake.library(["b"])]
+    assert warmup.main(libs, "gpu", None, 2, True, str(cache), lines.append) == 1
+    assert "  fake failed: listing the variants: KeyError: 'gpu'" in lines
+    assert warmup_fake.asked(cache) == ["b"]
+
+
 def test_without_cuda_there_is_nothing_to_compile(cache, capsys):
     assert cli.main(["warmup", "--profile", "ci"]) == 0
     assert "no CUDA device here: nothing to compile" in capsys.readouterr().out
@@ -142,29 +162,118 @@ def test_bad_warmup_input_is_one_line_exit_2(cache, capsys):
         assert len(err.splitlines()) == 1 and needle in err, err
 
 
+# --- one ninja over every module ------------------------------------------------------------
+
+
+def own_ninja(module: ninja.Module, *args: str) -> str:
+    """What FlashInfer's JitSpecNvcc.build runs for one module: ninja in the module's directory."""
+    cmd = [ninja.binary(), "-C", module.build_dir, "-f", module.ninja_file, *args]
+    res = subprocess.run(cmd, capture_output=True, text=True)
+    assert res.returncode == 0, res.stdout + res.stderr
+    return res.stdout + res.stderr
+
+
+@needs_ninja
+def test_after_one_top_level_build_each_modules_own_ninja_has_nothing_to_do(tmp_path):
+    """The fix for the double compile: the top-level logs, copied into each module's directory, hold
+    that module's outputs (absolute paths, same commands), so its own ninja rebuilds nothing. Without
+    the copy it finds no deps there and rebuilds every object."""
+    root = tmp_path / "jit"
+    mods = tuple(warmup_fake.write_module(root, name) for name in ("a", "b"))
+    plan = ninja.Plan(str(root.resolve()), mods)
+    result = ninja.build(plan, 2, lambda line: None)
+    assert (sorted(result.compiled), result.cached, result.failed) == (["a", "b"], [], [])
+    assert f"subninja {mods[1].ninja_file}" in (root / ninja.TOP_FILE).read_text()
+    for m in mods:
+        built = os.stat(m.library).st_mtime_ns
+        assert "no work to do" in own_ninja(m, "-n")
+        assert "no work to do" in own_ninja(m)
+        assert os.stat(m.library).st_mtime_ns == built
+    for log in ninja.LOGS:
+        (Path(mods[0].build_dir) / log).unlink()
+    explained = own_ninja(mods[0], "-n", "-d", "explain")
+    assert "no work to do" not in explained and "deps for" in explained and "are missing" in explained
+
+
+@needs_ninja
+def test_the_ninja_library_reports_progress_and_each_module_compiled_or_cached(cache):
+    fake = warmup_fake.ninja_library(["many", "b", "prebuilt_c"])
+    lines: list[str] = []
+    assert warmup.main([fake], "gpu", None, 2, True, str(cache), lines.append) == 0
+    steps = [re.search(r"fakeninja: \[(\d+)/(\d+)\] build steps", line) for line in lines]
+    steps = [(int(m.group(1)), int(m.group(2))) for m in steps if m]
+    total = 24 + 1 + 2 + 1  # many: 24 compiles and a link; b: 2 and a link
+    assert steps[-1] == (total, total) and 3 <= len(steps) <= 11, steps  # every tenth, not every step
+    assert [k for k, _ in steps] == sorted(k for k, _ in steps)
+    assert "warmup: fakeninja: 2 modules to build in one ninja, 2 steps at a time (1 more prebuilt)" in lines
+    for module, what in (("b", "compiled"), ("many", "compiled"), ("prebuilt_c", "cached")):
+        assert any(re.fullmatch(rf"  \[\d/3\] fakeninja {module}: {what}", line) for line in lines), module
+    assert "warmup: 2 variants compiled into" in lines[-1]
+    table = next(line for line in lines if line.startswith("fakeninja"))
+    assert table.split()[1:5] == ["3", "2", "1", "0"]  # modules, compiled, cached, failed
+
+    lines.clear()
+    assert warmup.main([fake], "gpu", None, 2, True, str(cache), lines.append) == 0
+    assert not any("build steps" in line for line in lines)
+    assert lines[-1] == f"warmup: nothing compiled: every variant was already in the cache ({cache})"
+
+    source = cache / warmup_fake.NINJA_SUBDIR / "b" / "src1.c"
+    later = source.stat().st_mtime_ns + 10**9
+    os.utime(source, ns=(later, later))
+    lines.clear()
+    assert warmup.main([fake], "gpu", None, 2, True, str(cache), lines.append) == 0
+    assert "  [1/3] fakeninja b: compiled" in lines and "  [2/3] fakeninja many: cached" in lines
+
+
+@needs_ninja
+def test_a_failing_module_is_named_the_others_still_build_and_the_run_fails(cache):
+    fake = warmup_fake.ninja_library(["broken", "a", "b"])
+    lines: list[str] = []
+    assert warmup.main([fake], "gpu", None, 1, True, str(cache), lines.append) == 1
+    text = "\n".join(lines)
+    failed = r"  fakeninja failed: broken: src0\.o: /\S+/broken/src0\.c:1: error: broken does not compile"
+    assert any(re.fullmatch(failed, line) for line in lines), text
+    assert "  [1/3] fakeninja a: compiled" in lines and "  [2/3] fakeninja b: compiled" in lines
+    assert not any(re.search(r"fakeninja broken: (compiled|cached)", line) for line in lines)
+
+
+def test_a_ninja_library_that_cannot_plan_or_find_ninja_fails_the_run_others_go_on(cache, monkeypatch):
+    lines: list[str] = []
+    libs = [warmup_fake.ninja_library(["noplan", "a"]), warmup_fake.library(["x", "y"])]
+    assert warmup.main(libs, "gpu", None, 2, True, str(cache), lines.append) == 1
+    assert "  fakeninja failed: finding the modules: RuntimeError: the fake cannot find its modules" in lines
+    assert sorted(warmup_fake.asked(cache)) == ["x", "y"]
+
+    def missing() -> str:
+        raise FileNotFoundError("ninja is not on PATH (pip install ninja)")
+
+    monkeypatch.setattr(ninja, "binary", missing)
+    lines.clear()
+    fake = warmup_fake.ninja_library(["a"])
+    assert warmup.main([fake], "gpu", None, 2, True, str(cache), lines.append) == 1
+    assert "  fakeninja failed: ninja: ninja is not on PATH (pip install ninja)" in lines
+
+
+@needs_ninja
+def test_the_libraries_run_at_once_and_a_pool_grows_when_the_ninja_build_ends(cache):
+    """The ninja module "gated" waits until a pool variant has run, so it links only if the pool
+    runs beside it; the pool starts with 2 of its 4 workers and the "meet" variants wait until 4
+    workers have run one, which needs the other 2 to join once the build has ended."""
+    pool = warmup_fake.library(["a", "meet1", "meet2", "meet3", "meet4"])
+    lines: list[str] = []
+    libs = [warmup_fake.ninja_library(["gated", "b"]), pool]
+    assert warmup.main(libs, "gpu", None, 4, True, str(cache), lines.append) == 0, lines
+    events = warmup_fake.events(cache)
+    linked = max(i for i, e in enumerate(events) if e.startswith("ninja linked"))
+    assert min(i for i, e in enumerate(events) if e.startswith("pool ")) < events.index("ninja linked gated")
+    joined = [i for i, e in enumerate(events) if e.startswith(("pool warmup-fake-2 ", "pool warmup-fake-3 "))]
+    assert len(joined) == 2 and min(joined) > linked, events
+    assert "warmup: fake: 5 variants in 2 processes (4 once the ninja build has finished)" in lines
+    table = [line.split()[0] for line in lines if line.startswith(("fake ", "fakeninja "))]
+    assert table == ["fakeninja", "fake"]  # the summary keeps the libraries' order
+
+
 # --- how each library tells a compile from a cache hit ---------------------------------------
-
-
-def test_flashinfer_counts_a_module_as_compiled_only_when_its_library_was_built(monkeypatch, tmp_path):
-    so = tmp_path / "mod" / "mod.so"
-
-    class Spec:  # FlashInfer's JitSpecNvcc: build() runs ninja, which relinks only what changed
-        name, jit_library_path = "mod", so
-
-        def build(self) -> None:
-            if not so.exists():
-                so.parent.mkdir(exist_ok=True)
-                so.write_text("built")
-
-    core = types.SimpleNamespace(JitSpecNvcc=Spec, JitSpec=Spec)
-    monkeypatch.setitem(sys.modules, "flashinfer", types.ModuleType("flashinfer"))
-    monkeypatch.setitem(sys.modules, "flashinfer.jit", types.SimpleNamespace(core=core))
-    monkeypatch.setattr(libraries, "_run_on_gpu", lambda backend, case: Spec().build())
-    monkeypatch.setattr(libraries, "_backend", lambda name: None)
-    probe = FLASHINFER.variants("gpu")[0].task
-    assert libraries.compile_flashinfer(probe) == warmup.COMPILED
-    assert libraries.compile_flashinfer(probe) == warmup.CACHED
-    assert Spec.build.__name__ == "build" and Spec.build.__qualname__.startswith("test_")  # restored
 
 
 def test_fa4_counts_a_variant_as_compiled_when_cute_compile_ran(monkeypatch):

@@ -89,7 +89,8 @@ DIFFERENCES = (
         "0.7.0",
         "jit/core.py:500 (0.7.2.post1) JitSpec.is_aot reads AOT providers (aot_artifacts); 0.6.18.post1 "
         "jit/core.py:367 checks aot_path exists",
-        "none: flashinfer_warmup copies each built module to spec.aot_path, which both load from",
+        "none: the warm-up (flashinfer_warmup.ninja_plan) asks spec.is_aot, which both have, and leaves "
+        "prebuilt modules to FlashInfer",
     ),
 )
 

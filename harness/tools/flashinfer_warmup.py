@@ -2,9 +2,10 @@
 
     python -m harness.tools.flashinfer_warmup [--jobs N]
 
-Phase 1 finds each module with one small probe per variant, builds them all in one ninja run and
-installs them as prebuilt modules, so each variant compiles once; phase 2 runs every adapter over
-the profile's feature combinations and flags a probe that still compiled. docs/flashinfer.md.
+A diagnostic beside `python -m harness warmup` (which builds the same way): phase 1 finds each
+module with one small probe per variant and builds them all in one ninja run (`ninja_plan`,
+harness/tools/warmup/ninja.py), so each variant compiles once; phase 2 runs every adapter over the
+profile's feature combinations and flags a probe that still compiled. docs/flashinfer.md.
 """
 
 from __future__ import annotations
@@ -12,13 +13,13 @@ from __future__ import annotations
 import argparse
 import itertools
 import os
-import shutil
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from harness.core.case import Case, Request
+from harness.tools.warmup import ninja
 
 GPU_SHAPE = dict(num_q_heads=8, num_kv_heads=2, page_size=16)
 GPU_VARIANT = ("bfloat16", 128)  # the gpu profile's only dtype and head_dim
@@ -224,54 +225,36 @@ def list_modules() -> list[str]:
     return sorted(names)
 
 
+def ninja_plan(probes: list[Probe]) -> ninja.Plan:
+    """Find the module of every probe (a GPU run up to its first module load) and write each
+    module's build.ninja: what `ninja.build` then builds in one run. Modules FlashInfer has prebuilt
+    (an AOT package) are left to it; a module that ninja does not build (none today) is an error."""
+    from flashinfer.jit import env as jit_env
+
+    modules, prebuilt = [], []
+    for name, spec in sorted(discover_specs(probes).items()):
+        if not hasattr(spec, "write_ninja"):
+            raise TypeError(f"module {name} is a {type(spec).__name__}, not built by ninja")
+        if spec.is_aot:
+            prebuilt.append(name)
+            continue
+        spec.write_ninja()
+        paths = (spec.ninja_path, spec.build_dir, spec.jit_library_path)  # resolved, as the outputs are
+        modules.append(ninja.Module(name, *(str(Path(x).resolve()) for x in paths)))
+    return ninja.Plan(str(jit_env.FLASHINFER_JIT_DIR.resolve()), tuple(modules), tuple(prebuilt))
+
+
 def build(jobs: int) -> bool:
     """Phase 1: find every module, then build them in one ninja. True if the build succeeded."""
-    from flashinfer.jit import build_jit_specs
-
-    specs = discover_specs(module_probes())
-    print(f"phase 1: {len(specs)} modules to build or load:")
-    for name in sorted(specs):
-        print(f"  {name}")
-    os.environ["FLASHINFER_JIT_PREBUILD_MAX_JOBS"] = str(jobs)
-    try:
-        build_jit_specs(list(specs.values()), verbose=False, skip_prebuilt=True)
-    except Exception as e:  # noqa: BLE001 - phase 2 still runs and reports what each adapter does
-        print(f"build failed: {type(e).__name__}: {str(e)[-2000:]}")
-        return False
-    installed, problems = install_prebuilt(list(specs.values()))
-    print(f"phase 1: {len(installed)} built modules installed as prebuilt")
-    for problem in problems:
-        print(f"  not installed: {problem}")
-    return True
-
-
-def install_prebuilt(specs: list) -> tuple[list[str], list[str]]:
-    """Copy each module the batch build made into FlashInfer's prebuilt (AOT) directory, where its
-    loader takes it without building; returns (installed names, problems).
-
-    Without this every module compiled twice on a fresh machine (measured on the H100: build 139 s,
-    then 12 to 24 s again at the first use of each module, 383 s in all; with it 153 s and no probe
-    compiled): `build_jit_specs` runs one ninja from the JIT root, which keeps its dependency log
-    there, but `build_and_load` runs ninja again inside the module's own directory, where `ninja -d
-    explain` reports "deps for ... are missing" and rebuilds every object. A saved module directory
-    restored there on another machine loads the same way.
-    """
-    installed, problems = [], []
-    for spec in specs:
-        built, dest = Path(spec.jit_library_path), Path(spec.aot_path)
-        if spec.is_aot:  # already prebuilt: build_jit_specs skipped it
-            continue
-        if not built.is_file():
-            problems.append(f"{spec.name}: {built} was not built")
-            continue
-        try:
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(built, dest)
-        except OSError as e:
-            problems.append(f"{spec.name}: cannot write {dest}: {e}")
-            continue
-        installed.append(spec.name)
-    return installed, problems
+    plan = ninja_plan(module_probes())
+    print(f"phase 1: {len(plan.modules)} modules to build or load ({len(plan.prebuilt)} prebuilt):")
+    for m in plan.modules:
+        print(f"  {m.name}")
+    result = ninja.build(plan, jobs, print)
+    print(f"phase 1: {len(result.compiled)} modules compiled, {len(result.cached)} cached")
+    for line in result.failed:
+        print(f"  FAILED {line}")
+    return not result.failed
 
 
 def check_coverage() -> int:

@@ -2,30 +2,37 @@
 
 A fresh GPU runner otherwise compiles inside the check: FlashInfer's modules, FA4's kernels and
 flex_compiled's inductor graphs, one worker at a time, each paying its own (issue 24). Here each
-JIT library (libraries.py) lists its variants for the profile, and a pool of worker processes
-(harness/run/workers.py) runs each variant once, so the compiles spread over the machine's cores
-and land in the cache directory (harness/run/cache_dir.py) that the check then loads from. Each
-variant reports whether it compiled or found everything cached, so a second run says it compiled
-nothing. What a variant is per library: libraries.py, docs/flashinfer.md, docs/flash_attn.md.
+JIT library (libraries.py) lists its variants for the profile, and every library runs at once, so
+the machine's cores stay busy until the last compile:
+- a library with a `plan` (FlashInfer) finds its modules in one worker process and builds them all
+  in ONE ninja run, `jobs` steps at a time (ninja.py);
+- the others run each variant once in a pool of worker processes (harness/run/workers.py).
+Everything lands in the cache directory (harness/run/cache_dir.py) that the check then loads from.
+Each variant or module reports whether it compiled or found everything cached, so a second run says
+it compiled nothing. What a variant is per library: libraries.py, docs/flashinfer.md,
+docs/flash_attn.md.
 """
 
 from __future__ import annotations
 
 import os
+import queue
 import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from harness.run import workers
+from harness.tools.warmup import ninja
 
 COMPILED, CACHED = "compiled", "cached"
-VARIANT_TIMEOUT = 900.0  # seconds for one variant in a worker (a FlashInfer module: about 20 to 120)
+VARIANT_TIMEOUT = 900.0  # seconds for one variant, or one plan, in a worker
 
 
 @dataclass(frozen=True)
 class Variant:
-    """One thing to compile: `task` is what the library's `compile` gets in a worker (picklable)."""
+    """One thing to compile: `task` is what the library's `compile` (or `plan`) gets in a worker
+    (picklable)."""
 
     library: str
     label: str
@@ -38,23 +45,26 @@ class Library:
 
     `backends`: the harness backends that draw its variants (a check of none of them needs nothing
     from it); `unavailable()`: why it cannot compile here (not installed, no CUDA), or None;
-    `variants(profile)`; `compile`: an importable function run in a worker on one variant's task,
-    returning COMPILED or CACHED; `processes(jobs)`: workers to use for `jobs` cores; `env`: variables
-    its workers start with."""
+    `variants(profile)`; then either `plan`: an importable function run once in a worker on every
+    variant's task, returning the ninja.Plan of the modules they need (built by one ninja, `jobs`
+    at a time), or `compile`: an importable function run in a worker on one variant's task,
+    returning COMPILED or CACHED. `processes(jobs)`: pool workers to use for `jobs` cores once no
+    ninja runs beside them; `env`: variables its workers start with."""
 
     name: str
     backends: tuple[str, ...]
     unavailable: Callable[[], str | None]
     variants: Callable[[str], list[Variant]]
-    compile: Callable[[object], str]
+    compile: Callable[[object], str] | None = None
+    plan: Callable[[list], ninja.Plan] | None = None
     processes: Callable[[int], int] = lambda jobs: jobs
     env: Callable[[int], dict[str, str]] = lambda jobs: {}
 
 
 @dataclass
 class Tally:
-    """One library's outcome: how many variants, compiled vs already cached, failures, seconds; or
-    why it was skipped."""
+    """One library's outcome: how many variants (modules, for a ninja library), compiled vs already
+    cached, failures, seconds; or why it was skipped."""
 
     library: str
     variants: int = 0
@@ -72,36 +82,92 @@ def select(libraries: Sequence[Library], backends: Sequence[str] | None) -> list
     return [lib for lib in libraries if any(b in lib.backends for b in backends)]
 
 
-def warm(
-    library: Library, profile: str, jobs: int, say: Callable[[str], None], start: float | None = None
-) -> Tally:
-    """Compile every variant of `library` for `profile` in worker processes; progress lines through
-    `say` (what, N of M, compiled or cached, seconds since `start`)."""
-    t0 = time.monotonic()
-    start = t0 if start is None else start
-    tally = Tally(library.name)
+def _ready(library: Library, tally: Tally) -> bool:
+    """False (and the tally says why) when the library cannot compile here or is broken."""
     try:
         why = library.unavailable()
     except Exception as e:  # noqa: BLE001 - a library installed but broken: skipped, and it fails the run
         tally.skipped, tally.failed = f"broken: {e}", [f"{library.name}: {e}"]
+        return False
+    tally.skipped = why
+    return not why
+
+
+def _error(out: workers.Outcome) -> str:
+    """One line for a worker call that did not return normally."""
+    if out.kind == "ok":
+        return f"returned {out.value!r}"
+    why = out.error_line if out.kind == "raised" else out.kind
+    return why or out.output[-300:]
+
+
+def _call(worker: workers.Worker, fn: Callable, task: object) -> workers.Outcome:
+    try:
+        return worker.call(fn, (task,), VARIANT_TIMEOUT)
+    except workers.WorkerError as e:  # the worker could not start: this call fails, the rest go on
+        return workers.Outcome("raised", error=str(e).splitlines()[0])
+
+
+def warm_ninja(
+    library: Library, todo: list[Variant], jobs: int, say: Callable[[str], None], start: float
+) -> Tally:
+    """Find the modules of every variant in one worker (`library.plan`), then build them in one ninja
+    run of `jobs` parallel steps here (ninja.build); a line per module: compiled or cached."""
+    tally = Tally(library.name)
+    say(f"warmup: {library.name}: {len(todo)} variants: finding their modules in 1 process")
+    worker = workers.Worker(f"warmup-{library.name}-plan", env=library.env(jobs), preload=())
+    try:
+        out = _call(worker, library.plan, [v.task for v in todo])
+    finally:
+        worker.stop()
+    if out.kind != "ok" or not isinstance(out.value, ninja.Plan):
+        tally.failed.append(f"finding the modules: {_error(out)}")
         return tally
-    if why:
-        tally.skipped = why
+    plan = out.value
+    tally.variants = len(plan.modules) + len(plan.prebuilt)
+    say(
+        f"warmup: {library.name}: {len(plan.modules)} modules to build in one ninja, {jobs} steps at a time"
+        + (f" ({len(plan.prebuilt)} more prebuilt)" if plan.prebuilt else "")
+    )
+    try:
+        result = ninja.build(plan, jobs, lambda line: say(f"  {library.name}: {line}"), start)
+    except OSError as e:  # no ninja executable, or the top-level file cannot be written
+        tally.failed.append(f"ninja: {e}")
         return tally
-    todo = library.variants(profile)
-    tally.variants = len(todo)
+    for i, name in enumerate(sorted(result.compiled + result.cached), 1):
+        what = COMPILED if name in result.compiled else CACHED
+        say(f"  [{i}/{tally.variants}] {library.name} {name}: {what}")
+    tally.compiled, tally.cached, tally.failed = len(result.compiled), len(result.cached), result.failed
+    for line in result.failed:
+        say(f"  {library.name}: FAILED {line}")
+    return tally
+
+
+def warm_pool(
+    library: Library,
+    todo: list[Variant],
+    jobs: int,
+    say: Callable[[str], None],
+    start: float,
+    built: threading.Event,
+) -> Tally:
+    """Compile every variant in worker processes; progress lines through `say` (what, N of M,
+    compiled or cached, seconds since `start`). Half the pool works while a ninja build runs beside
+    it (see `run`); the rest joins once `built` is set."""
+    tally = Tally(library.name, variants=len(todo))
     count = min(len(todo), max(1, library.processes(jobs)))
-    say(f"warmup: {library.name}: {len(todo)} variants in {count} processes")
+    first = count if built.is_set() else max(1, count // 2)
+    later = f" ({count} once the ninja build has finished)" if first < count else ""
+    say(f"warmup: {library.name}: {len(todo)} variants in {first} processes{later}")
     pool = [
         workers.Worker(f"warmup-{library.name}-{i}", env=library.env(jobs), preload=()) for i in range(count)
     ]
-    lock, done = threading.Lock(), [0]
+    lock, done, waiting = threading.Lock(), [0], queue.Queue()
+    for v in todo:
+        waiting.put(v)
 
     def one(worker: workers.Worker, v: Variant) -> None:
-        try:
-            out = worker.call(library.compile, (v.task,), VARIANT_TIMEOUT)
-        except workers.WorkerError as e:  # the worker could not start: this variant fails, the rest go on
-            out = workers.Outcome("raised", error=str(e).splitlines()[0])
+        out = _call(worker, library.compile, v.task)
         with lock:
             done[0] += 1
             if out.kind == "ok" and out.value in (COMPILED, CACHED):
@@ -109,19 +175,56 @@ def warm(
                 tally.cached += out.value == CACHED
                 what = out.value
             else:
-                why = out.error_line if out.kind == "raised" else out.kind
-                if out.kind == "ok":
-                    why = f"returned {out.value!r}"
-                tally.failed.append(f"{v.label}: {why or out.output[-300:]}")
-                what = f"FAILED ({why})"
+                tally.failed.append(f"{v.label}: {_error(out)}")
+                what = f"FAILED ({_error(out)})"
             elapsed = time.monotonic() - start
             say(f"  [{done[0]}/{len(todo)}] {library.name} {v.label}: {what}  ({elapsed:.0f} s)")
 
+    def drain(worker: workers.Worker, wait: bool) -> None:
+        if wait:
+            built.wait()
+        while True:
+            try:
+                v = waiting.get_nowait()
+            except queue.Empty:
+                return
+            one(worker, v)
+
     try:
-        workers.spread(pool, todo, one)
+        workers.concurrently([lambda i=i, w=w: drain(w, i >= first) for i, w in enumerate(pool)])
     finally:
         for w in pool:
             w.stop()
+    return tally
+
+
+def warm(
+    library: Library,
+    profile: str,
+    jobs: int,
+    say: Callable[[str], None],
+    start: float | None = None,
+    built: threading.Event | None = None,
+) -> Tally:
+    """Compile every variant of `library` for `profile`: one ninja (a library with a `plan`) or a
+    pool of workers; `built`: set once no ninja build runs beside this library (None: none does)."""
+    t0 = time.monotonic()
+    start = t0 if start is None else start
+    tally = Tally(library.name)
+    if not _ready(library, tally):
+        return tally
+    try:
+        todo = library.variants(profile)
+    except Exception as e:  # noqa: BLE001 - the libraries beside it go on; the run fails
+        tally.failed.append(f"listing the variants: {type(e).__name__}: {e}")
+        return tally
+    if library.plan is not None:
+        tally = warm_ninja(library, todo, jobs, say, start)
+    else:
+        if built is None:
+            built = threading.Event()
+            built.set()
+        tally = warm_pool(library, todo, jobs, say, start, built)
     tally.seconds = time.monotonic() - t0
     return tally
 
@@ -129,9 +232,33 @@ def warm(
 def run(
     libraries: Sequence[Library], profile: str, jobs: int, say: Callable[[str], None] = print
 ) -> list[Tally]:
-    """Every library in turn (each already spreads over the cores); a Tally each."""
-    start = time.monotonic()
-    return [warm(lib, profile, jobs, say, start) for lib in libraries]
+    """Every library at once, each from its own thread; a Tally each, in order.
+
+    Sizing: a ninja build (FlashInfer's nvcc, the longest) runs `jobs` steps at a time from the
+    start, and each pool library starts with half its workers beside it, so the cores are shared
+    about 2 to 1 rather than each library taking all of them (nvcc and a worker each take GBs of
+    memory); once every ninja build has ended the pools grow to their full size, so the cores stay
+    busy to the end. Workers start (import torch) in parallel, during FlashInfer's module search."""
+    start, printing = time.monotonic(), threading.Lock()
+    built, building = threading.Event(), [sum(lib.plan is not None for lib in libraries)]
+    if not building[0]:
+        built.set()
+
+    def said(line: str) -> None:
+        with printing:
+            say(line)
+
+    def one(library: Library) -> Tally:
+        try:
+            return warm(library, profile, jobs, said, start, built)
+        finally:
+            if library.plan is not None:
+                with printing:
+                    building[0] -= 1
+                    if not building[0]:
+                        built.set()
+
+    return workers.concurrently([lambda lib=lib: one(lib) for lib in libraries])
 
 
 def summary(tallies: Sequence[Tally], cache: str) -> list[str]:

@@ -1,14 +1,15 @@
 """The JIT libraries the warm-up compiles for, and how each compiles one variant in a worker.
 
-- FlashInfer: one small probe per module (harness/tools/flashinfer_warmup.py's `module_probes`), run
-  through its adapter: FlashInfer builds the module with its own ninja in the module's directory,
-  so a later process finds ninja's dependency log there and only loads it. Compiled: the module's
-  library file was (re)linked. Each worker's ninja gets NVCC_JOBS jobs (MAX_JOBS).
+- FlashInfer: one small probe per module (harness/tools/flashinfer_warmup.py's `module_probes`); one
+  worker runs them all up to their module's JitSpec (`ninja_plan`) and writes each module's
+  build.ninja, then one ninja builds every module (ninja.py), and its logs are copied into each
+  module's directory, so FlashInfer's own ninja there later finds the module up to date and only
+  loads it. Compiled: the module's library file was (re)linked.
 - FA4: one case per compile variant (harness/tools/fa4_precompile.py's `variant_cases`), run through
   the adapter on the GPU, into FA4's disk cache. Compiled: `cute.compile` was called.
 - flex_compiled: per dtype x head_dim x heads, one case per mode, through the adapter. Compiled:
   inductor's FX graph cache missed.
-Each worker function returns COMPILED or CACHED and raises when the variant cannot run.
+Each pool worker function returns COMPILED or CACHED and raises when the variant cannot run.
 """
 
 from __future__ import annotations
@@ -16,12 +17,11 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable
 from functools import cache
-from pathlib import Path
 
 from harness.run import cache_dir
+from harness.tools import flashinfer_warmup
 from harness.tools.warmup import CACHED, COMPILED, Library, Variant
 
-NVCC_JOBS = 2  # ninja jobs per FlashInfer worker: a module has up to ten translation units
 # One request shape per mode for flex_compiled's variants (CROSS: 30 encoder keys).
 FLEX_REQUESTS = {
     "EXTEND": ((40, 24, 0, None), (0, 24, 0, None)),
@@ -66,40 +66,7 @@ def _backend(name: str):  # noqa: ANN202 - a Backend, loaded once per worker
 
 
 def flashinfer_variants(profile: str) -> list[Variant]:
-    from harness.tools.flashinfer_warmup import module_probes
-
-    return [Variant("flashinfer", p.label, p) for p in module_probes(profile)]
-
-
-def _mtime(path: Path) -> float | None:
-    return path.stat().st_mtime_ns if path.exists() else None
-
-
-def compile_flashinfer(probe) -> str:  # noqa: ANN001 - a flashinfer_warmup.Probe
-    """Run one probe; COMPILED if a module's library was built or rebuilt on the way."""
-    from flashinfer.jit import core
-
-    from harness.tools import flashinfer_warmup
-
-    spec_class = getattr(core, "JitSpecNvcc", core.JitSpec)
-    original = spec_class.build
-    built: list[str] = []
-
-    def build(self, *args, **kwargs):  # noqa: ANN001, ANN202 - FlashInfer's signature
-        before = _mtime(Path(self.jit_library_path))
-        original(self, *args, **kwargs)
-        if _mtime(Path(self.jit_library_path)) != before:
-            built.append(self.name)
-
-    spec_class.build = build
-    try:
-        if probe.call:
-            flashinfer_warmup._call(probe.call)
-        else:
-            _run_on_gpu(_backend(probe.backend), probe.case)
-    finally:
-        spec_class.build = original
-    return COMPILED if built else CACHED
+    return [Variant("flashinfer", p.label, p) for p in flashinfer_warmup.module_probes(profile)]
 
 
 FLASHINFER = Library(
@@ -107,9 +74,7 @@ FLASHINFER = Library(
     backends=tuple(f"flashinfer_{path}" for path in ("paged", "ragged", "dec_tc", "dec_cc", "enc")),
     unavailable=_available("flashinfer_paged"),
     variants=flashinfer_variants,
-    compile=compile_flashinfer,
-    processes=lambda jobs: max(1, jobs // NVCC_JOBS),
-    env=lambda jobs: {"MAX_JOBS": str(NVCC_JOBS)},
+    plan=flashinfer_warmup.ninja_plan,
 )
 
 
