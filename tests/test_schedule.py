@@ -144,20 +144,22 @@ def test_describe_names_each_backend_once_with_its_shards_and_source():
 def test_costs_come_from_the_last_run_of_the_same_selection_else_the_defaults(tmp_path):
     names = ["flex_eager", "torch_native", "mine:make"]
     got, sources = costs.expected(names, "sel", tmp_path)  # no file yet
-    assert got == {"flex_eager": 273.0, "torch_native": 91.0, "mine:make": costs.UNKNOWN_SECONDS}
+    default = costs.DEFAULT_SECONDS
+    assert got == {"flex_eager": default["flex_eager"], "torch_native": default["torch_native"],
+                   "mine:make": costs.UNKNOWN_SECONDS}
     assert sources == {"flex_eager": "default", "torch_native": "default", "mine:make": "unknown"}
     costs.save(tmp_path, "sel", {"torch_native": 12.5})
     costs.save(tmp_path, "other", {"flex_eager": 1.0})
     costs.save(tmp_path, "sel", {"mine:make": 3.0})  # merged with what the selection had
     got, sources = costs.expected(names, "sel", tmp_path)
-    assert got == {"flex_eager": 273.0, "torch_native": 12.5, "mine:make": 3.0}
+    assert got == {"flex_eager": default["flex_eager"], "torch_native": 12.5, "mine:make": 3.0}
     assert sources["torch_native"] == "measured" and sources["flex_eager"] == "default"
 
 
 @pytest.mark.parametrize("text", ["not json", "[]", '{"format": "x", "selections": {}}'])
 def test_an_unreadable_timings_file_means_the_defaults(tmp_path, text):
     (tmp_path / costs.TIMINGS).write_text(text)
-    assert costs.expected(["fa4"], "sel", tmp_path)[0] == {"fa4": 117.0}
+    assert costs.expected(["fa4"], "sel", tmp_path)[0] == {"fa4": costs.DEFAULT_SECONDS["fa4"]}
     costs.save(tmp_path, "sel", {"fa4": 5.0})
     assert json.loads((tmp_path / costs.TIMINGS).read_text())["selections"] == {"sel": {"fa4": 5.0}}
 

@@ -18,16 +18,17 @@ from harness.run.schedule import STARTUP_S
 
 TIMINGS = "timings.json"  # in the cache directory (harness/run/cache_dir.py)
 FORMAT = "attn-harness-timings"
-# `make check` on the H100, gpu profile, caches warm (issue 24's table; the rest: the parts of a
-# 10-process run on 2026-11-24, which ran slower than 4 at once would). fa2/fa3: not installed there,
-# every test skipped; installed they check, so they get UNKNOWN_SECONDS' guess instead.
+# `make check` on the H100, gpu profile, caches warm, 4 processes at once: fa4, flex_eager, torch_native
+# and torch_split from the check after the warm-up on a fresh machine (2026-11-25); the rest from issue
+# 24's table (flex_compiled) and the parts of a 10-process run on 2026-11-24 (FlashInfer).
+# fa2/fa3: not installed there, every test skipped; installed they check, so they get UNKNOWN_SECONDS.
 DEFAULT_SECONDS = {
-    "flex_eager": 273.0,
     "flex_compiled": 256.0,
-    "fa4": 117.0,
-    "torch_native": 91.0,
+    "torch_native": 108.0,
+    "flex_eager": 101.0,
+    "fa4": 79.0,
     "flashinfer_paged": 57.0,
-    "torch_split": 52.0,
+    "torch_split": 50.0,
     "flashinfer_ragged": 47.0,
     "flashinfer_dec_tc": 47.0,
     "flashinfer_dec_cc": 45.0,
