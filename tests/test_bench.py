@@ -16,9 +16,8 @@ from harness.core.modes import Mode
 from harness.mutants import by_name
 from harness.run import mutation
 from harness.tools import bench
-from harness.tools.bench import opcount
+from harness.tools.bench import opcount, throughput
 from harness.tools.bench import phases as bench_phases
-from harness.tools.bench import throughput
 from harness.tools.bench.cases import MAX_BATCH, MAX_TOKENS, MIX_SHAPE, mix
 from harness.tools.bench.processes import parallel_passes
 from harness.tools.bench.scale import SCALE_WINDOW, scale_row
@@ -238,8 +237,11 @@ def test_on_a_gpu_only_reads_of_device_tensors_are_syncs():
     assert not counter.is_sync(aten._local_scalar_dense.default, (host,), {})  # host-side data
     assert not counter.is_sync(aten._to_copy.default, (host,), to_host)
     assert not counter.is_sync(aten._to_copy.default, (dev,), {"dtype": torch.float64})
-    assert not counter.is_sync(aten.copy_.default, (dev, host), {})  # an upload does not wait
-    assert not counter.is_sync(aten.index.Tensor, (dev, [torch.zeros(1, dtype=torch.long, device="meta")]), {})
+    assert counter.is_sync(aten.copy_.default, (dev, host), {})  # from pageable memory: waits for the stream
+    assert counter.is_sync(aten._to_copy.default, (host,), {"device": torch.device("cuda")})
+    assert not counter.is_sync(aten.copy_.default, (host, host), {})
+    rows = torch.zeros(1, dtype=torch.long, device="meta")
+    assert not counter.is_sync(aten.index.Tensor, (dev, [rows]), {})
     assert not counter.is_sync(aten.add.Tensor, (dev, dev), {})
 
 

@@ -8,8 +8,9 @@ included. Counted in a pass of its own (the counting slows every operation down)
 - syncs: reads of a tensor's values by the host: `_local_scalar_dense` (item, float, int, bool,
   index), operations whose output shape depends on the values (nonzero, a boolean index, ...) and
   device-to-host copies (tolist, cpu). On a GPU only reads of device tensors count, each a wait for
-  the device. On the CPU every read counts (tolist and numpy of host tensors included, which on a GPU
-  may be host-side data and cost no wait): an upper bound, comparable between two versions of the code.
+  the device, and so do uploads from pageable host memory (CUDA waits for the stream before one). On
+  the CPU every read counts (tolist and numpy of host tensors included, which on a GPU may be
+  host-side data and cost no wait): an upper bound, comparable between two versions of the code.
 """
 
 from __future__ import annotations
@@ -69,11 +70,14 @@ class Counter(timing.Recorder):
         """Whether an aten operation reads values back (on a GPU: from a device tensor)."""
         tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
         on_device = [t for t in tensors if t.device.type != "cpu"] if self.on_gpu else tensors
-        if func in COPIES:  # a copy to the host from the device
+        if func in COPIES:  # between the host and the device: a download, or an upload from pageable memory
             dest = args[0] if func is aten.copy_.default else kwargs.get("device")
             src = args[1] if func is aten.copy_.default else args[0]
-            dest_cpu = dest is not None and torch.device(getattr(dest, "device", dest)).type == "cpu"
-            return self.on_gpu and dest_cpu and src.device.type != "cpu"
+            if dest is None or not self.on_gpu:
+                return False
+            to_host = torch.device(getattr(dest, "device", dest)).type == "cpu"
+            from_host = src.device.type == "cpu"
+            return (not from_host and to_host) or (from_host and not to_host and not src.is_pinned())
         if not on_device:
             return False
         if func in VALUE_READS:
