@@ -4,7 +4,8 @@ A small check on a GPU is bound by launches (several microseconds each) and by t
 the device, not by arithmetic, so these counts say where a check's time goes on any machine, the CPU
 included. Counted in a pass of its own (the counting slows every operation down):
 - ops: every aten operation dispatched (torch's dispatch mode): about one launch each on a GPU, and
-  host dispatch time on every device;
+  host dispatch time on every device (a library calling its kernels through its own bindings, not
+  torch's dispatcher, launches kernels this does not see: FlashInfer's, in `kernel` and `plan`);
 - syncs: reads of a tensor's values by the host: `_local_scalar_dense` (item, float, int, bool,
   index), operations whose output shape depends on the values (nonzero, a boolean index, ...) and
   device-to-host copies (tolist, cpu). On a GPU only reads of device tensors count, each a wait for
