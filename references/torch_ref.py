@@ -108,24 +108,29 @@ def _scores(qb, k, scale, cap, scratch, s):  # noqa: ANN001, ANN202 - hot inner 
 
 
 def _normaliser(m, l_sum, sink):  # noqa: ANN001, ANN202 - shared by the loop and the padded batch
-    """(top, rescale, safe denominator, has_keys) from a softmax's running max and sum; a sink is
-    one more virtual key whose logit counts in the denominator only."""
-    if sink is not None:
-        top = torch.maximum(m, sink)
-        denom = l_sum * torch.exp(m - top) + torch.exp(sink - top)
-        rescale = torch.exp(m - top)
-    else:
-        top, denom, rescale = m, l_sum, torch.ones_like(m)
-    safe = torch.where(denom > 0, denom, torch.ones_like(denom))
-    return top, rescale, safe, l_sum > 0
+    """(top, rescale or None, safe denominator, has_keys) from a softmax's running max and sum; a sink
+    is one more virtual key whose logit counts in the denominator only (without one, the denominator
+    is the sum and nothing is rescaled: None)."""
+    has_keys = l_sum > 0
+    if sink is None:
+        return m, None, torch.where(has_keys, l_sum, 1.0), has_keys
+    top = torch.maximum(m, sink)
+    rescale = torch.exp(m - top)
+    denom = l_sum * rescale + torch.exp(sink - top)
+    return top, rescale, torch.where(denom > 0, denom, 1.0), has_keys
+
+
+def _out_scale(rescale, safe):  # noqa: ANN001, ANN202
+    """The factor that normalises an output accumulated against the running max: rescale / safe."""
+    return safe.reciprocal() if rescale is None else rescale / safe
 
 
 def _finish(ob, m, l_sum, has_keys):  # noqa: ANN001, ANN202
-    """Output and natural-log LSE; a query with no visible key gets 0 and -inf."""
+    """Output and natural-log LSE (m + log(sum)); a query with no visible key gets 0 and -inf. `ob`
+    is the caller's fresh tensor and is zeroed in place."""
     none = ~has_keys
-    out = ob.masked_fill(none.unsqueeze(-1), 0.0)
-    lse = m.masked_fill(none, 0.0).add_(l_sum.masked_fill(none, 1.0).log_())
-    return out, lse.masked_fill_(none, -torch.inf)
+    out = ob.masked_fill_(none.unsqueeze(-1), 0.0)
+    return out, torch.log(l_sum).add_(m).masked_fill_(none, -torch.inf)
 
 
 def _request(
@@ -185,7 +190,7 @@ def _request(
             m = m_new
         top, rescale, safe, has_keys = _normaliser(m, l_sum, sink)
         if round_to is None:
-            ob = o * (rescale / safe).unsqueeze(-1)
+            ob = o * _out_scale(rescale, safe).unsqueeze(-1)
         else:
             # Second pass: normalised probabilities rounded to the dtype, as a low-precision P @ V.
             ob = torch.zeros_like(o)
@@ -309,7 +314,7 @@ def _padded_softmax(qh, kh, vh, hidden, sink, scale, cap, round_to, g):  # noqa:
         p.copy_(p.to(round_to))
     ob = torch.matmul(p.view(bsz, hkv, -1, t), vh).view(bsz, hkv, g, -1, vh.shape[-1])
     if round_to is None:
-        ob.mul_((rescale / safe).unsqueeze(-1))
+        ob.mul_(_out_scale(rescale, safe).unsqueeze(-1))
     else:
         ob = ob.to(round_to).to(p.dtype)
     return _finish(ob, m, l_sum, has_keys)

@@ -7,6 +7,7 @@ import statistics
 from types import SimpleNamespace
 
 import pytest
+import torch
 
 from harness.backends import load
 from harness.cli import main
@@ -15,8 +16,8 @@ from harness.core.modes import Mode
 from harness.mutants import by_name
 from harness.run import mutation
 from harness.tools import bench
+from harness.tools.bench import opcount, throughput
 from harness.tools.bench import phases as bench_phases
-from harness.tools.bench import throughput
 from harness.tools.bench.cases import MAX_BATCH, MAX_TOKENS, MIX_SHAPE, mix
 from harness.tools.bench.processes import parallel_passes
 from harness.tools.bench.scale import SCALE_WINDOW, scale_row
@@ -43,7 +44,17 @@ THROUGHPUT = {
     "parallel_cases_per_s",
     "parallel_pass_seconds",
 }
-PHASES = {"backend", "device", "checked", "wall_seconds", "ms_per_case", "fractions", "overhead"}
+PHASES = {
+    "backend",
+    "device",
+    "checked",
+    "wall_seconds",
+    "ms_per_case",
+    "fractions",
+    "overhead",
+    "ops_per_case",
+    "syncs_per_case",
+}
 SCALE = {
     "device",
     "tokens",
@@ -100,6 +111,9 @@ def test_the_json_has_every_section_with_its_documented_fields(tmp_path, monkeyp
     assert sum(ph["fractions"].values()) <= 1.0 + 1e-9
     assert ph["fractions"]["reference"] > 0 and ph["fractions"]["kernel"] > 0 and ph["fractions"]["plan"] > 0
     assert ph["overhead"] == pytest.approx(1 - ph["fractions"]["kernel"] - ph["fractions"]["reference"])
+    assert set(ph["ops_per_case"]) == set(ph["syncs_per_case"]) == {*bench_phases.PHASES, "other"}
+    assert ph["ops_per_case"]["reference"] > 0 and ph["syncs_per_case"]["compare"] >= 1  # its one readback
+    assert "ops/syncs per case" in text
 
     assert [(r["tokens"], r["window_left"]) for r in doc["scale"]] == [(64, -1), (64, SCALE_WINDOW)]
     for r in doc["scale"]:
@@ -192,6 +206,43 @@ def test_phases_are_exclusive_and_free_when_not_recording(monkeypatch):
                 clock[0] += 0.03
     assert dict(rec.seconds) == {"kernel": pytest.approx(0.02), "plan": pytest.approx(0.03)}
     assert timing._active is None
+
+
+def test_ops_and_syncs_are_counted_in_the_phase_that_runs_them():
+    x = torch.arange(6.0)
+    with opcount.counting("cpu") as counter:
+        y = x * 2  # outside every phase: other
+        with timing.phase("compare"):
+            z = (y + 1).sum()
+            float(z)  # a scalar read
+            with timing.phase("plan"):  # nested: its own
+                x.tolist()  # a host read without an aten operation on the CPU
+                (x > 2).nonzero()  # an output sized by the values
+            y[y > 3]  # a boolean index
+    assert dict(counter.ops)["other"] == 1 and counter.syncs["other"] == 0
+    assert counter.ops["compare"] >= 3 and counter.syncs["compare"] == 2  # float and the boolean index
+    assert counter.syncs["plan"] == 2
+    assert timing._active is None
+
+
+def test_on_a_gpu_only_reads_of_device_tensors_are_syncs():
+    counter = opcount.Counter("cuda")  # is_sync alone: a meta tensor stands in for a device tensor
+    host, dev = torch.ones(3), torch.ones(3, device="meta")
+    aten = torch.ops.aten
+    to_host = {"device": torch.device("cpu")}
+    assert counter.is_sync(aten._local_scalar_dense.default, (dev,), {})
+    assert counter.is_sync(aten._to_copy.default, (dev,), to_host)
+    assert counter.is_sync(aten.copy_.default, (host, dev), {})
+    assert counter.is_sync(aten.index.Tensor, (dev, [dev > 0]), {})
+    assert not counter.is_sync(aten._local_scalar_dense.default, (host,), {})  # host-side data
+    assert not counter.is_sync(aten._to_copy.default, (host,), to_host)
+    assert not counter.is_sync(aten._to_copy.default, (dev,), {"dtype": torch.float64})
+    assert counter.is_sync(aten.copy_.default, (dev, host), {})  # from pageable memory: waits for the stream
+    assert counter.is_sync(aten._to_copy.default, (host,), {"device": torch.device("cuda")})
+    assert not counter.is_sync(aten.copy_.default, (host, host), {})
+    rows = torch.zeros(1, dtype=torch.long, device="meta")
+    assert not counter.is_sync(aten.index.Tensor, (dev, [rows]), {})
+    assert not counter.is_sync(aten.add.Tensor, (dev, dev), {})
 
 
 def test_help_and_bad_input(capsys):

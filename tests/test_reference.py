@@ -13,6 +13,7 @@ from harness.core.batch import make_inputs
 from harness.core.modes import FAMILIES
 from harness.search.profiles import SIZES
 from harness.search.strategies import cases
+from harness.tools.bench.cases import mix
 from references import torch_ref
 from references.torch_ref import reference
 from tests.helpers import case
@@ -107,6 +108,23 @@ def test_reference_matches_the_naive_loop(family):
                 assert torch.allclose(ref.lse, lse, atol=1e-10, rtol=0)
 
     check()
+
+
+def test_the_bench_mix_matches_the_naive_loop():
+    """The cases the bench times (every mode, windows, verify trees, 8 q / 2 kv heads x 128, bfloat16),
+    shortened, with windows narrowed to bind: the padded batch a GPU runs and the CPU's per-request
+    loop give the naive loop's output and LSE, and agree with each other in native precision."""
+    for drawn in mix(0, 12, CAPS, max_tokens=40):
+        c = drawn.replace(window_left=drawn.window_left % 8) if drawn.window_left >= 0 else drawn
+        inputs = make_inputs(c)
+        out, lse = naive(c, inputs)
+        loop = torch_ref.references(c, inputs, ("exact", "native"), padded=False)
+        pad = torch_ref.references(c, inputs, ("exact", "native"), padded=True)
+        for exact in (loop[0], pad[0]):
+            assert torch.allclose(exact.out, out, atol=1e-10, rtol=0), c
+            assert torch.allclose(exact.lse, lse, atol=1e-10, rtol=0), c
+        eps = torch.finfo(torch.bfloat16).eps  # native: one rounding flip at most (the test below)
+        assert (loop[1].out - pad[1].out).abs().max() <= eps * max(1.0, float(loop[1].out.abs().max())), c
 
 
 @pytest.mark.parametrize("family", FAMILIES)

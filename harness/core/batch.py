@@ -100,7 +100,8 @@ def make_inputs(case: Case, device: torch.device | str = "cpu") -> Inputs:
     def randn(*shape: int) -> torch.Tensor:
         return torch.randn(*shape, generator=gen, device=device)
 
-    q_all = (randn(sum(q_lens), hq, d) * case.q_amplitude).to(dt)
+    q_all = randn(sum(q_lens), hq, d)
+    q_all = (q_all if case.q_amplitude == 1 else q_all * case.q_amplitude).to(dt)  # x * 1 is x
     kv_all = randn(2, sum(kv_lens), hkv, d)
     kv_all = kv_all.to(dt) if case.kv_dtype is None else _fp8_values(case, kv_all)
     sinks = (randn(hq) * 2.0).float() if case.sinks else None

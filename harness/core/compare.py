@@ -136,8 +136,9 @@ def compare(
         rows = [lse, lse_native] + ([lse_rounded_kv] if lse_rounded_kv is not None else [])
         both = torch.stack([x.to(lse.device) for x in rows]).double()  # the backend's, native's(, rounded)
         over = torch.where(finite, both - le, 0.0)
-        norms = torch.linalg.vector_norm(over, float("inf"), dim=(1, 2)) if le.numel() else [_max_abs(le)] * 3
-        scalars += [norms[0], sum(norms[1 : len(rows)]), _rounding(torch.where(finite, le, 0.0), "float32")]
+        no_rows = le.new_zeros(len(rows))
+        norms = torch.linalg.vector_norm(over, float("inf"), dim=(1, 2)) if le.numel() else no_rows
+        scalars += [norms[0], norms[1:].sum(), _rounding(torch.where(finite, le, 0.0), "float32")]
     values = torch.stack(scalars).tolist()
     flat_at, err, native_err, rounding, spread = values[:5]
     rule = mult * native_err + 2.0 * rounding

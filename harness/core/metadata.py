@@ -142,5 +142,8 @@ def upload_int32(device: torch.device, parts: list[HostInts]) -> list[torch.Tens
     for a, size in zip(arrays, sizes):
         buf[at : at + a.size] = a.ravel()
         at += size
-    dev = torch.from_numpy(buf).to(device).split(sizes)
-    return [d[: a.size].view(a.shape) for d, a in zip(dev, arrays)]
+    # One split into each part and the padding after it (every piece a view, made in one operation);
+    # only a part of more than one dimension takes a view of its own shape.
+    cuts = [n for a, size in zip(arrays, sizes) for n in (a.size, size - a.size)]
+    pieces = torch.from_numpy(buf).to(device).split(cuts)
+    return [d if a.ndim == 1 else d.view(a.shape) for d, a in zip(pieces[::2], arrays)]

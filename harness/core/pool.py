@@ -46,6 +46,12 @@ def storage_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.uint8 if is_fp8(dtype) else dtype
 
 
+def as_storage(x: torch.Tensor) -> torch.Tensor:
+    """`x` viewed in its storage dtype (an FP8 pool's bytes); `x` itself otherwise, with no view made."""
+    dtype = storage_dtype(x.dtype)
+    return x if dtype == x.dtype else x.view(dtype)
+
+
 def stored(value: float, dtype: torch.dtype) -> float | int:
     """A value as a pool of `dtype` stores it: itself, or its FP8 code's byte (NaN stays NaN)."""
     if not is_fp8(dtype):
@@ -87,7 +93,7 @@ class PagedPool:
 
     def _buffers(self) -> tuple[torch.Tensor, torch.Tensor]:
         """k and v as indexed by `_at`, in their storage dtype (an FP8 pool's bytes)."""
-        k, v = (x.view(storage_dtype(x.dtype)) for x in (self.k, self.v))
+        k, v = as_storage(self.k), as_storage(self.v)
         if self.kv_layout == "NHD":
             return k.view(-1, *k.shape[2:]), v.view(-1, *v.shape[2:])
         return k, v
@@ -142,9 +148,14 @@ def empty_pool(
     `scales`: (k_scale, v_scale) an FP8 pool quantizes with."""
     shape = (num_pages, page_size, heads, dim) if kv_layout == "NHD" else (num_pages, heads, page_size, dim)
     poison = stored(POISON, dtype)
+
+    def buffer() -> torch.Tensor:
+        buf = torch.full(shape, poison, dtype=storage_dtype(dtype), device=device)
+        return buf if buf.dtype == dtype else buf.view(dtype)
+
     return PagedPool(
-        k=torch.full(shape, poison, dtype=storage_dtype(dtype), device=device).view(dtype),
-        v=torch.full(shape, poison, dtype=storage_dtype(dtype), device=device).view(dtype),
+        k=buffer(),
+        v=buffer(),
         page_size=page_size,
         kv_layout=kv_layout,
         k_scale=scales[0],

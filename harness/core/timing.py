@@ -57,10 +57,11 @@ def phase(name: str) -> Iterator[None]:
 
 
 @contextmanager
-def recording() -> Iterator[Recorder]:
-    """Activate a fresh recorder for the enclosed code (not re-entrant: one bench at a time)."""
+def recording(recorder: Recorder | None = None) -> Iterator[Recorder]:
+    """Activate `recorder` (a fresh one by default) for the enclosed code (not re-entrant: one bench at
+    a time). A subclass may keep something else per phase (the bench's op counts)."""
     global _active
-    previous, _active = _active, Recorder()
+    previous, _active = _active, recorder or Recorder()
     try:
         yield _active
     finally:

@@ -1,4 +1,5 @@
-"""The bench's phases section: where each check's wall time goes (harness/core/timing.py)."""
+"""The bench's phases section: where each check's wall time goes (harness/core/timing.py), and how
+many torch operations and host syncs each phase costs per case (opcount.py)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from harness.backends.base import Backend
 from harness.checks.numeric import check_case
 from harness.core import timing
 from harness.core.case import Case
+from harness.tools.bench import opcount
 
 # Phases in the order a check runs them; `other` is the rest of the wall time (availability and
 # support checks, the result record). "crossref" is the CPU-only reference-vs-reference check.
@@ -24,10 +26,13 @@ class PhaseRow:
     ms_per_case: float
     fractions: dict[str, float]  # PHASES + "other", of the wall time; they sum to 1
     overhead: float  # 1 - kernel - reference: everything the harness adds around them
+    ops_per_case: dict[str, float]  # aten operations per checked case, per phase (and other)
+    syncs_per_case: dict[str, float]  # host reads of tensor values per checked case, per phase (and other)
 
 
 def phase_row(backend: Backend, device: str, cases: list[Case]) -> PhaseRow:
-    """One recorded pass: each phase's exclusive time over the summed wall time of the checks."""
+    """One recorded pass: each phase's exclusive time over the summed wall time of the checks; then
+    one counted pass (untimed: counting slows every operation down)."""
     wall = 0.0
     checked = 0
     with timing.recording() as rec:
@@ -38,6 +43,7 @@ def phase_row(backend: Backend, device: str, cases: list[Case]) -> PhaseRow:
             checked += res.status != "skip"
     fractions = {p: (rec.seconds.get(p, 0.0) / wall if wall > 0 else 0.0) for p in PHASES}
     fractions["other"] = max(0.0, 1.0 - sum(fractions.values()))
+    ops, syncs = opcount.count_cases(backend, device, cases)
     return PhaseRow(
         backend=backend.name,
         device=device,
@@ -46,4 +52,6 @@ def phase_row(backend: Backend, device: str, cases: list[Case]) -> PhaseRow:
         ms_per_case=1000 * wall / max(checked, 1),
         fractions=fractions,
         overhead=max(0.0, 1.0 - fractions["kernel"] - fractions["reference"]),
+        ops_per_case={p: ops.get(p, 0.0) for p in (*PHASES, opcount.OTHER)},
+        syncs_per_case={p: syncs.get(p, 0.0) for p in (*PHASES, opcount.OTHER)},
     )

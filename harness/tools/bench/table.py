@@ -92,6 +92,21 @@ def _phases(doc: dict) -> list[str]:
     out += _grid(head, rows)
     out.append("  overhead = 1 - kernel - reference; target on the H100: under 0.5")
     out.append("")
+    out.append("ops/syncs per case: aten operations / host reads of tensor values, by phase")
+    head = ("backend", *PHASES, "other", "total")
+    names = (*PHASES, "other")
+    cells = [
+        (
+            r["backend"],
+            *(f"{r['ops_per_case'][p]:.0f}/{r['syncs_per_case'][p]:.1f}" for p in names),
+            f"{sum(r['ops_per_case'].values()):.0f}/{sum(r['syncs_per_case'].values()):.1f}",
+        )
+        for r in doc["phases"]
+    ]
+    out += _grid(head, cells)
+    if doc["meta"]["device"] == "cpu":
+        out.append("  on the CPU every read counts, host-side data included: an upper bound of a GPU's syncs")
+    out.append("")
     return out
 
 
