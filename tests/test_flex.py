@@ -207,7 +207,8 @@ def test_compiled_is_batch_invariant_in_deterministic_mode():
 @pytest.mark.parametrize("backend", [FlexEager(), _EagerVirtualSink()], ids=["lse", "virtual_key"])
 def test_eager_mask_lookup_is_flex_own_evaluation_of_the_mask_mod(backend, c):
     """flex_eager hands flex a lookup into mask_mod evaluated once by broadcasting; flex's own vmapped
-    evaluation of the same mask_mod (create_mask) must give the same grid, launch by launch."""
+    evaluation of the same mask_mod (create_mask) must give the same grid, launch by launch (the
+    whole batch in one launch, as the CUDA path packs it, and as the CPU path splits it)."""
     from torch.nn.attention.flex_attention import create_mask
 
     batch = batch_of(c)
@@ -215,7 +216,8 @@ def test_eager_mask_lookup_is_flex_own_evaluation_of_the_mask_mod(backend, c):
         launch = backend.pack(batch, requests)
         lq, lk = launch.q.shape[2], launch.k.shape[2]
         want = create_mask(backend.mask_mod(launch), 1, 1, lq, lk, device="cpu")[0, 0]
-        got = create_mask(backend.flex_mask_mod(launch), 1, 1, lq, lk, device="cpu")[0, 0]
+        lookup = backend.flex_mask_mod(launch, backend.visible_grid(launch))
+        got = create_mask(lookup, 1, 1, lq, lk, device="cpu")[0, 0]
         assert want.any() and not want.all(), "a mask that hides nothing or everything proves nothing"
         assert torch.equal(got, want)
 
@@ -327,3 +329,15 @@ def test_eager_output_is_unchanged_by_the_direct_block_mask(c):
 
     direct, reference = FlexEager().run(batch_of(c)), _ThroughCreateBlockMask().run(batch_of(c))
     assert torch.equal(direct.out, reference.out) and torch.equal(direct.lse, reference.lse)
+
+
+def test_eager_splits_a_launch_where_the_packed_grid_is_mostly_waste(monkeypatch):
+    """On the CPU the unfused kernel's arithmetic over other requests' blocks of the packed grid costs
+    more than another launch: long requests get launches of their own, short ones share one; each
+    request exactly once, in order. With the waste allowed (CUDA's setting), one launch."""
+    c = case("EXTEND", ((0, 300), (2, 3), (1, 4), (0, 300), (5, 1)), num_q_heads=8, num_kv_heads=2)
+    batch = batch_of(c)
+    assert FlexEager().launches(batch) == [[0, 1, 2], [3, 4]]
+    monkeypatch.setitem(FlexEager.waste_per_launch, "cpu", FlexEager.waste_per_launch["cuda"])
+    assert FlexEager().launches(batch) == [[0, 1, 2, 3, 4]]
+    assert FlexEager().launches(batch_of(c.replace(deterministic=True))) == [[r] for r in range(5)]

@@ -470,8 +470,16 @@ class FlexEager(FlexBase):
     """flex_attention without torch.compile: flex's own unfused implementation (scores in fp32)."""
 
     name = "flex_eager"
-    # The unfused path materialises [Hq, Lq, Lk] scores: launches are split to bound that.
+    # The unfused path materialises [Hq, Lq, Lk] scores over the whole packed grid (every request's
+    # queries against every request's keys): launches are split to bound that.
     max_scores = 1 << 27
+    # Wasted scores (query head x query x another request's key, in the packed grid) that cost about
+    # as much as one more launch's host time (pack, BlockMask, flex's vmaps). CPU: tuned on the
+    # bench mix on the CPU runner (2^14 wasted pairs x 8 heads: 29 ms per case against 84 ms with the
+    # whole batch in one launch; docs/flex.md). CUDA: an estimate (about 2 ms of host time per launch
+    # against ~10 fp32 passes per score at the H100's bandwidth), not a measurement, which keeps the
+    # bench's batches in one launch there.
+    waste_per_launch = {"cpu": 1 << 17, "cuda": 1 << 26}
 
     def mask_terms(self, launch: Launch) -> frozenset[str]:
         """Only the terms the batch needs: the unfused path evaluates each one through vmap on every
@@ -479,21 +487,26 @@ class FlexEager(FlexBase):
         return launch.terms
 
     def launches(self, batch: Batch) -> list[list[int]]:
+        """Consecutive requests share a launch while the packed grid stays under `max_scores` and its
+        cross-request waste under `waste_per_launch` (one launch per request in deterministic mode)."""
         if batch.case.deterministic:
             return super().launches(batch)
+        heads, waste = batch.case.num_q_heads, self.waste_per_launch.get(batch.device.type, 1 << 26)
         groups: list[list[int]] = []
         qo = batch.cpu_list("qo_indptr")
         kv = self.kv_extents(batch)
-        nq = nk = 0
+        nq = nk = own = 0
         for r in range(batch.batch_size):
             q, k = qo[r + 1] - qo[r], kv[r] + 1
-            if groups and (nq + q) * (nk + k) * batch.case.num_q_heads > self.max_scores:
+            grid = (nq + q) * (nk + k)
+            too_big, too_wasteful = grid * heads > self.max_scores, (grid - own - q * k) * heads > waste
+            if groups and (too_big or too_wasteful):
                 groups.append([])
-                nq = nk = 0
+                nq = nk = own = 0
             if not groups:
                 groups.append([])
             groups[-1].append(r)
-            nq, nk = nq + q, nk + k
+            nq, nk, own = nq + q, nk + k, own + q * k
         return groups
 
     def flex_mask_mod(self, launch: Launch, visible: torch.Tensor) -> MaskMod:
@@ -508,7 +521,9 @@ class FlexEager(FlexBase):
         grid = visible if (nq, nk) == (lq, lk) else torch.nn.functional.pad(visible, (0, lk - nk, 0, lq - nq))
 
         def looked_up(b, h, q, k):  # noqa: ANN001, ANN202 - flex's mask_mod signature
-            return grid[q, k]
+            # aten.index directly: `grid[q, k]` becomes flex's ModIndex autograd function under its
+            # vmaps, twice the host time for the same lookup
+            return torch.ops.aten.index.Tensor(grid, [q, k])
 
         return looked_up
 
