@@ -475,8 +475,8 @@ class FlexEager(FlexBase):
     max_scores = 1 << 27
     # Wasted scores (query head x query x another request's key, in the packed grid) that cost about
     # as much as one more launch's host time (pack, BlockMask, flex's vmaps). CPU: tuned on the
-    # bench mix on the CPU runner (2^14 wasted pairs x 8 heads: 29 ms per case against 84 ms with the
-    # whole batch in one launch; docs/flex.md). CUDA: an estimate (about 2 ms of host time per launch
+    # bench mix on the CPU runner (up to 2^14 wasted pairs x 8 heads: 29-33 ms per case against 84 ms
+    # with the whole batch in one launch; docs/flex.md). CUDA: an estimate (about 2 ms of host time per launch
     # against ~10 fp32 passes per score at the H100's bandwidth), not a measurement, which keeps the
     # bench's batches in one launch there.
     waste_per_launch = {"cpu": 1 << 17, "cuda": 1 << 26}
