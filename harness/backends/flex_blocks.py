@@ -38,7 +38,7 @@ def block_counts(visible: torch.Tensor, lengths: tuple[int, int], block: int = B
     bq, bk = -(-nq // block), -(-nk // block)
     if (bq * block, bk * block) != (nq, nk):
         visible = torch.nn.functional.pad(visible, (0, bk * block - nk, 0, bq * block - nq))
-    counts = visible.view(bq, block, bk, block).sum(dim=(1, 3))
+    counts = visible.reshape(bq, block, bk, block).sum(dim=(1, 3))
     return torch.nn.functional.pad(counts, (0, -(-lk // block) - bk, 0, -(-lq // block) - bq))
 
 
