@@ -207,7 +207,8 @@ def test_compiled_is_batch_invariant_in_deterministic_mode():
 @pytest.mark.parametrize("backend", [FlexEager(), _EagerVirtualSink()], ids=["lse", "virtual_key"])
 def test_eager_mask_lookup_is_flex_own_evaluation_of_the_mask_mod(backend, c):
     """flex_eager hands flex a lookup into mask_mod evaluated once by broadcasting; flex's own vmapped
-    evaluation of the same mask_mod (create_mask) must give the same grid, launch by launch."""
+    evaluation of the same mask_mod (create_mask) must give the same grid, launch by launch (the
+    whole batch in one launch, as the CUDA path packs it, and as the CPU path splits it)."""
     from torch.nn.attention.flex_attention import create_mask
 
     batch = batch_of(c)
@@ -215,7 +216,8 @@ def test_eager_mask_lookup_is_flex_own_evaluation_of_the_mask_mod(backend, c):
         launch = backend.pack(batch, requests)
         lq, lk = launch.q.shape[2], launch.k.shape[2]
         want = create_mask(backend.mask_mod(launch), 1, 1, lq, lk, device="cpu")[0, 0]
-        got = create_mask(backend.flex_mask_mod(launch), 1, 1, lq, lk, device="cpu")[0, 0]
+        lookup = backend.flex_mask_mod(launch, backend.visible_grid(launch))
+        got = create_mask(lookup, 1, 1, lq, lk, device="cpu")[0, 0]
         assert want.any() and not want.all(), "a mask that hides nothing or everything proves nothing"
         assert torch.equal(got, want)
 
@@ -265,3 +267,77 @@ def test_eager_call_traces_no_graph_and_leaves_flex_flag_as_it_was():
     assert res.status == "pass", res.failure_text()
     assert counters["stats"]["unique_graphs"] == before, "eager flex went through dynamo"
     assert fa._FLEX_ATTENTION_DISABLE_COMPILE_DEBUG is False
+
+
+# The direct BlockMask (flex_blocks.py) against create_block_mask over the glue's own mask_mod: the
+# `dev` sizes (several 128-blocks per launch), every family with and without a window (trees, the
+# hybrid pool, sinks as a virtual key included), at flex's block (128) and at 16 (many partial and
+# full blocks even in small launches), for both variants' launches (compiled: every mask term, padded).
+def _same_block_mask(got, want) -> None:  # noqa: ANN001 - flex BlockMasks
+    assert got.BLOCK_SIZE == want.BLOCK_SIZE and got.seq_lengths == want.seq_lengths
+    for name in ("kv_num_blocks", "kv_indices", "full_kv_num_blocks", "full_kv_indices"):
+        assert torch.equal(getattr(got, name), getattr(want, name)), name
+    assert torch.equal(got.to_dense(), want.to_dense())
+
+
+@pytest.mark.parametrize("family,window", TARGETS, ids=[f"{f}-{w}" for f, w in TARGETS])
+def test_direct_block_mask_is_create_block_mask(family, window):
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    from harness.backends.flex_blocks import block_mask_from_grid
+
+    sizes = dataclasses.replace(profiles.SIZES["dev"], max_batch=4)
+    backends = [_CompiledHere(), FlexEager(), _EagerVirtualSink()]
+    strategy = cases(family, window == "swa", backends[0].capabilities, sizes)
+
+    @settings(max_examples=6, derandomize=True, database=None, deadline=None)
+    @given(strategy)
+    def check(c):  # noqa: ANN001, ANN202
+        batch = batch_of(c.replace(sinks=c.sinks or c.seed % 2 == 0))
+        for backend in backends:
+            for requests in backend.launches(batch):
+                launch = backend.pack(batch, requests)
+                lengths = (launch.q.shape[2], launch.k.shape[2])
+                mask_mod = backend.mask_mod(launch)
+                for block in (128, 16):
+                    want = create_block_mask(mask_mod, 1, None, *lengths, device="cpu", BLOCK_SIZE=block)
+                    got = block_mask_from_grid(backend.visible_grid(launch), lengths, mask_mod, block)
+                    _same_block_mask(got, want)
+                assert backend.block_mask(launch).mask_mod is not None
+
+    check()
+
+
+@pytest.mark.parametrize(
+    "c",
+    [
+        case("EXTEND", ((200, 300), (3, 20), (0, 150)), window_left=70, soft_cap=5.0),
+        case("TARGET_VERIFY", ((150, 5, 0, (-1, 0, 0, 1, 2)), (300, 5, 0, (-1, 0, 1, 1, 3))), window_left=3),
+        case("CROSS", ((0, 5, 300), (2, 1, 3))),
+        case("ENCODER_ONLY", ((0, 300), (0, 7)), window_left=40, window_right=20),
+    ],
+    ids=["extend", "tree", "cross", "encoder"],
+)
+def test_eager_output_is_unchanged_by_the_direct_block_mask(c):
+    """flex's output (and LSE) with the direct BlockMask is bitwise what create_block_mask's gives."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    class _ThroughCreateBlockMask(FlexEager):
+        def block_mask(self, launch):  # noqa: ANN001, ANN202
+            lengths = (launch.q.shape[2], launch.k.shape[2])
+            return create_block_mask(self.mask_mod(launch), 1, None, *lengths, device="cpu")
+
+    direct, reference = FlexEager().run(batch_of(c)), _ThroughCreateBlockMask().run(batch_of(c))
+    assert torch.equal(direct.out, reference.out) and torch.equal(direct.lse, reference.lse)
+
+
+def test_eager_splits_a_launch_where_the_packed_grid_is_mostly_waste(monkeypatch):
+    """On the CPU the unfused kernel's arithmetic over other requests' blocks of the packed grid costs
+    more than another launch: long requests get launches of their own, short ones share one; each
+    request exactly once, in order. With the waste allowed (CUDA's setting), one launch."""
+    c = case("EXTEND", ((0, 300), (2, 3), (1, 4), (0, 300), (5, 1)), num_q_heads=8, num_kv_heads=2)
+    batch = batch_of(c)
+    assert FlexEager().launches(batch) == [[0, 1, 2], [3, 4]]
+    monkeypatch.setitem(FlexEager.waste_per_launch, "cpu", FlexEager.waste_per_launch["cuda"])
+    assert FlexEager().launches(batch) == [[0, 1, 2, 3, 4]]
+    assert FlexEager().launches(batch_of(c.replace(deterministic=True))) == [[r] for r in range(5)]

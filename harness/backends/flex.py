@@ -23,6 +23,7 @@ import torch
 from torch.utils._python_dispatch import _disable_current_modes
 
 from harness.backends.base import ALL_CAPABILITIES, BackendOutput
+from harness.backends.flex_blocks import block_mask_from_grid
 from harness.backends.glue import EngineGlue
 from harness.backends.graph_glue import GraphGlue, GraphLimits, GraphState, StaticInputs
 from harness.backends.library import import_library
@@ -93,6 +94,7 @@ class Launch:
     cap: torch.Tensor  # float32 scalar: soft cap, 0 for none
     sink_logit: torch.Tensor  # float32 [Hq]: per-head sink logit (zeros without sinks)
     num_queries: int  # real query rows (the rest is padding)
+    num_keys: int  # keys up to the last real one (the rest is padding, seen by no query)
     terms: frozenset[str]  # the mask terms this launch needs, of MASK_TERMS
     scores_modified: bool  # a soft cap or a virtual sink key: the score_mod has something to do
 
@@ -106,8 +108,8 @@ def bucket(n: int) -> int:
 
 
 @cache
-def _flex_api() -> tuple[Callable, Callable, dict]:
-    """flex_attention, create_block_mask, and the keyword that asks for the LSE in this torch.
+def _flex_api() -> tuple[Callable, dict]:
+    """flex_attention, and the keyword that asks for the LSE in this torch.
 
     torch >= 2.9 takes `return_aux=AuxRequest(lse=True)` (and deprecates `return_lse`); older
     versions only know `return_lse=True`. Both return the LSE in natural log.
@@ -118,7 +120,7 @@ def _flex_api() -> tuple[Callable, Callable, dict]:
         lse_kwargs = {"return_aux": fa.AuxRequest(lse=True)}
     else:
         lse_kwargs = {"return_lse": True}
-    return fa.flex_attention, fa.create_block_mask, lse_kwargs
+    return fa.flex_attention, lse_kwargs
 
 
 def _unpack_lse(result: tuple) -> tuple[torch.Tensor, torch.Tensor]:
@@ -365,17 +367,31 @@ class FlexBase(EngineGlue):
                 else torch.zeros(case.num_q_heads, dtype=torch.float32, device=dev)
             ),
             num_queries=nq,
+            num_keys=nk,
             terms=frozenset(terms),
             scores_modified=case.soft_cap > 0 or virtual_sink,
         )
 
-    def block_mask(self, launch: Launch, device: torch.device):  # noqa: ANN201 - a flex BlockMask
-        """The launch's BlockMask, always built on the batch's device (the default would be CUDA)."""
-        _, create_block_mask, _ = _flex_api()
-        lq, lk = launch.q.shape[2], launch.k.shape[2]
-        return create_block_mask(self.flex_mask_mod(launch), 1, None, lq, lk, device=device)
+    def visible_grid(self, launch: Launch) -> torch.Tensor:
+        """`mask_mod` evaluated once over the launch's real rows and keys, [num_queries, num_keys] bool,
+        by broadcasting its index tensors: a dozen tensor operations, where flex's own evaluation
+        (create_block_mask, the eager kernel) goes through four nested vmaps with Python dispatch for
+        each operation. Padding rows and keys (document ids -1 / -2) see nothing and are left out."""
+        nq, nk = launch.num_queries, launch.num_keys
+        dev = launch.q.device
+        zero = torch.zeros((), dtype=torch.int64, device=dev)
+        rows = torch.arange(nq, device=dev)[:, None]
+        cols = torch.arange(nk, device=dev)[None, :]
+        return self.mask_mod(launch)(zero, zero, rows, cols).expand(nq, nk)
 
-    def flex_mask_mod(self, launch: Launch) -> MaskMod:
+    def block_mask(self, launch: Launch):  # noqa: ANN201 - a flex BlockMask
+        """The launch's BlockMask, reduced from its visibility grid (flex_blocks.py: the blocks
+        create_block_mask would find, without its vmaps), with `flex_mask_mod` for partial blocks."""
+        visible = self.visible_grid(launch)
+        lengths = (launch.q.shape[2], launch.k.shape[2])
+        return block_mask_from_grid(visible, lengths, self.flex_mask_mod(launch, visible))
+
+    def flex_mask_mod(self, launch: Launch, visible: torch.Tensor) -> MaskMod:
         """The mask_mod handed to flex (the BlockMask carries it into the kernel): `mask_mod` itself."""
         return self.mask_mod(launch)
 
@@ -412,7 +428,7 @@ class FlexBase(EngineGlue):
         want_lse: bool,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """One flex call: output [1, Hq, Lq, D], and the LSE (natural log) when `want_lse`."""
-        _, _, lse_kwargs = _flex_api()
+        _, lse_kwargs = _flex_api()
         device = launch.q.device.type
         kwargs = {**(lse_kwargs if want_lse else {}), **self.kernel_kwargs(device)}
         gqa = launch.q.shape[1] != launch.k.shape[1]
@@ -435,7 +451,7 @@ class FlexBase(EngineGlue):
         for requests in self.launches(batch):
             with phase("plan"):  # packing the launch and building its BlockMask
                 launch = self.pack(batch, requests)
-                block_mask = self.block_mask(launch, batch.device)
+                block_mask = self.block_mask(launch)
             o, l_ = self.call_flex(launch, self.score_mod(launch), block_mask, case.scale, want_lse)
             if batch.sinks is not None and self.sinks_via_lse(batch):
                 o = self.apply_sinks(o, l_, batch.sinks)
@@ -454,8 +470,16 @@ class FlexEager(FlexBase):
     """flex_attention without torch.compile: flex's own unfused implementation (scores in fp32)."""
 
     name = "flex_eager"
-    # The unfused path materialises [Hq, Lq, Lk] scores: launches are split to bound that.
+    # The unfused path materialises [Hq, Lq, Lk] scores over the whole packed grid (every request's
+    # queries against every request's keys): launches are split to bound that.
     max_scores = 1 << 27
+    # Wasted scores (query head x query x another request's key, in the packed grid) that cost about
+    # as much as one more launch's host time (pack, BlockMask, flex's vmaps). CPU: tuned on the
+    # bench mix on the CPU runner (up to 2^14 wasted pairs x 8 heads: 29-33 ms per case against 84 ms
+    # with the whole batch in one launch; docs/flex.md). CUDA: an estimate (about 2 ms of host time per launch
+    # against ~10 fp32 passes per score at the H100's bandwidth), not a measurement, which keeps the
+    # bench's batches in one launch there.
+    waste_per_launch = {"cpu": 1 << 17, "cuda": 1 << 26}
 
     def mask_terms(self, launch: Launch) -> frozenset[str]:
         """Only the terms the batch needs: the unfused path evaluates each one through vmap on every
@@ -463,39 +487,43 @@ class FlexEager(FlexBase):
         return launch.terms
 
     def launches(self, batch: Batch) -> list[list[int]]:
+        """Consecutive requests share a launch while the packed grid stays under `max_scores` and its
+        cross-request waste under `waste_per_launch` (one launch per request in deterministic mode)."""
         if batch.case.deterministic:
             return super().launches(batch)
+        heads, waste = batch.case.num_q_heads, self.waste_per_launch.get(batch.device.type, 1 << 26)
         groups: list[list[int]] = []
         qo = batch.cpu_list("qo_indptr")
         kv = self.kv_extents(batch)
-        nq = nk = 0
+        nq = nk = own = 0
         for r in range(batch.batch_size):
             q, k = qo[r + 1] - qo[r], kv[r] + 1
-            if groups and (nq + q) * (nk + k) * batch.case.num_q_heads > self.max_scores:
+            grid = (nq + q) * (nk + k)
+            too_big, too_wasteful = grid * heads > self.max_scores, (grid - own - q * k) * heads > waste
+            if groups and (too_big or too_wasteful):
                 groups.append([])
-                nq = nk = 0
+                nq = nk = own = 0
             if not groups:
                 groups.append([])
             groups[-1].append(r)
-            nq, nk = nq + q, nk + k
+            nq, nk, own = nq + q, nk + k, own + q * k
         return groups
 
-    def flex_mask_mod(self, launch: Launch) -> MaskMod:
-        """`mask_mod` evaluated once over the launch's whole [Lq, Lk] grid by broadcasting its index
-        tensors, and flex given a lookup into the result. The eager kernel and create_block_mask each
-        evaluate a mask_mod through four nested vmaps, where every tensor operation of the mask costs
-        pytree and functorch dispatch in Python (most of the 32 ms of host time a launch cost on the CPU
-        runner; docs/flex.md); a lookup is one operation. The same terms decide the same visibility, so
-        it is the same mask."""
+    def flex_mask_mod(self, launch: Launch, visible: torch.Tensor) -> MaskMod:
+        """A lookup into the launch's visibility grid (`visible_grid`: the glue's `mask_mod` evaluated
+        once by broadcasting). The eager kernel evaluates its mask_mod through four nested vmaps, where
+        every tensor operation of the mask costs pytree and functorch dispatch in Python (most of the
+        32 ms of host time a launch cost on the CPU runner; docs/flex.md); a lookup is one operation.
+        The same terms decide the same visibility, so it is the same mask."""
+
         lq, lk = launch.q.shape[2], launch.k.shape[2]
-        dev = launch.q.device
-        zero = torch.zeros((), dtype=torch.int64, device=dev)
-        rows = torch.arange(lq, device=dev)[:, None]
-        cols = torch.arange(lk, device=dev)[None, :]
-        dense = self.mask_mod(launch)(zero, zero, rows, cols).expand(lq, lk)
+        nq, nk = visible.shape
+        grid = visible if (nq, nk) == (lq, lk) else torch.nn.functional.pad(visible, (0, lk - nk, 0, lq - nq))
 
         def looked_up(b, h, q, k):  # noqa: ANN001, ANN202 - flex's mask_mod signature
-            return dense[q, k]
+            # aten.index directly: `grid[q, k]` becomes flex's ModIndex autograd function under its
+            # vmaps, twice the host time for the same lookup
+            return torch.ops.aten.index.Tensor(grid, [q, k])
 
         return looked_up
 
@@ -543,7 +571,7 @@ def _eager_without_dynamo() -> Iterator[None]:
 
 @cache
 def _compiled_flex(dynamic: bool) -> Callable:
-    flex, _, _ = _flex_api()
+    flex, _ = _flex_api()
     return torch.compile(flex, dynamic=dynamic, fullgraph=True)
 
 
@@ -729,6 +757,7 @@ class FlexCompiled(FlexBase, GraphGlue):
             cap=b["cap"],
             sink_logit=static.sinks.float() if virtual_sink else b["no_sink_logit"],
             num_queries=rows,
+            num_keys=k.shape[2],
             terms=MASK_TERMS,
             scores_modified=state.layer.case.soft_cap > 0 or virtual_sink,
         )
@@ -760,18 +789,19 @@ class FlexCompiled(FlexBase, GraphGlue):
                     **{name: getattr(whole, name)[rows] for name in self.GRAPH_Q},
                     **{name: getattr(whole, name)[keys] for name in self.GRAPH_KV if name != "kv_slot"},
                     num_queries=n,
+                    num_keys=lk,
                 )
             )
         return out
 
     def graph_kernel(self, state: GraphState, static: StaticInputs) -> torch.Tensor:
-        """Per launch, the BlockMask built from the buffers (create_block_mask: torch ops, no host
+        """Per launch, the BlockMask built from the buffers (block_mask: torch ops, no host
         sync), then the compiled kernel at the fixed shapes; sinks through the LSE where it has one."""
         want_lse = self.returns_lse_on(state.device.type)
         scale, call = state.layer.case.scale, opaque_kernel(self.graph_call_flex)
         outs = []
         for launch in self.graph_launches(state, self.graph_launch(state, static), static.bs):
-            block_mask = self.block_mask(launch, state.device)
+            block_mask = self.block_mask(launch)
             o, lse = call(launch, self.score_mod(launch), block_mask, scale, want_lse)
             if static.sinks is not None and self.sinks_via_lse(state.layer):
                 o = self.apply_sinks(o, lse, static.sinks)
