@@ -43,13 +43,12 @@ def test_on_any_other_version_the_same_failure_fails(version, installed):
 
 
 def test_each_issue_is_keyed_on_the_releases_its_script_failed_on():
-    """Measured on the H100 (docs/known-issues.md): the non-causal window bug on both tested releases,
-    the FP8 sink bug on 0.7.2.post1, and 0.6.18.post1's sink wrapper wrong with any cache dtype."""
+    """Measured on the H100 (docs/known-issues.md): the non-causal window bug and the sink module's
+    name collision, each on both tested releases."""
     keys = {issue.id: issue.versions for issue in known_issues.KNOWN_ISSUES}
     assert keys == {
         "flashinfer-noncausal-window": {"0.7.2.post1", "0.6.18.post1"},
-        "flashinfer-fp8-sink-unowned-slots": {"0.7.2.post1"},
-        "flashinfer-0.6-sink-wrong": {"0.6.18.post1"},
+        "flashinfer-sink-module-name": {"0.7.2.post1", "0.6.18.post1"},
     }
 
 
@@ -104,8 +103,8 @@ def test_xfail_is_counted_in_the_summary_and_is_a_skip_in_junit(version):
 
 
 def test_a_batch_invariance_failure_a_known_issue_reaches_is_xfail_on_its_version_only(version):
-    """The invariance check consults the known issues too (0.6.18.post1's sink bug moved a request's
-    output between batch compositions on the H100), and only on the release an entry names."""
+    """The invariance check consults the known issues too (on the H100, 0.6.18.post1's sink wrapper
+    moved a request's output between batch compositions), and only on the releases an entry names."""
     from harness.checks.invariance import invariance_result
 
     variant = by_name("torch_split~split_dropped_swa").make()  # its split follows the batch
@@ -114,20 +113,20 @@ def test_a_batch_invariance_failure_a_known_issue_reaches_is_xfail_on_its_versio
                 dtype="float32", head_dim=32, num_q_heads=4, num_kv_heads=4)
     version("0.6.18.post1")
     res = invariance_result(variant, case)
-    assert res.status == "xfail" and res.reason.startswith("known issue flashinfer-0.6-sink-wrong")
-    version("0.7.2.post1")
+    assert res.status == "xfail" and res.reason.startswith("known issue flashinfer-sink-module-name")
+    version("0.7.1")
     assert invariance_result(variant, case).status == "fail"
 
 
 def test_a_model_check_failure_a_known_issue_reaches_is_xfail_on_its_version_only(version):
     """The model-level check consults the known issues over the layer calls the backend served (on the
-    H100, 0.6.18.post1's sink bug failed the GPT-OSS-like model on flashinfer_paged)."""
+    H100, 0.6.18.post1's sink wrapper failed the GPT-OSS-like model on flashinfer_paged)."""
     from harness.checks.model import check as model_check
 
     wrong = by_name("torch_native~window_ignored").make()
     wrong.name = "flashinfer_paged"  # a backend the sink issue names, serving a model with sinks
     version("0.6.18.post1")
     res = model_check.check_model(wrong, "gpt_oss", "cpu", determinism=False)
-    assert res.status == "xfail" and res.reason.startswith("known issue flashinfer-0.6-sink-wrong")
-    version("0.7.2.post1")
+    assert res.status == "xfail" and res.reason.startswith("known issue flashinfer-sink-module-name")
+    version("0.7.1")
     assert model_check.check_model(wrong, "gpt_oss", "cpu", determinism=False).status == "fail"

@@ -42,23 +42,14 @@ KNOWN_ISSUES = (
         and any(r.extend_len > 256 for r in c.requests),
     ),
     KnownIssue(
-        "flashinfer-fp8-sink-unowned-slots",
+        "flashinfer-sink-module-name",
         "flashinfer-python",
-        frozenset({"0.7.2.post1"}),
+        frozenset({"0.7.2.post1", "0.6.18.post1"}),
         frozenset({"flashinfer_paged"}),
-        "the AttentionSink wrapper over an FP8 cache (e4m3 or e5m2) reads page slots past kv_len and "
-        "gives wrong outputs where a bf16 cache is right",
-        "known_issues/flashinfer_fp8_sink_nan.py",
-        lambda c: c.sinks and c.kv_dtype is not None,
-    ),
-    KnownIssue(
-        "flashinfer-0.6-sink-wrong",
-        "flashinfer-python",
-        frozenset({"0.6.18.post1"}),
-        frozenset({"flashinfer_paged"}),
-        "the AttentionSink wrapper gives wrong outputs with any cache dtype (bf16 too: one-key requests "
-        "off by 1.15e5, with and without a window); right on 0.7.2.post1",
-        "known_issues/flashinfer_fp8_sink_nan.py",
+        "the AttentionSink JIT module is named without the KV cache dtype or head dims: a process (or a "
+        "JIT directory) that built one sink variant runs it for another, reading the cache as the wrong "
+        "dtype",
+        "known_issues/flashinfer_sink_module_name.py",
         lambda c: c.sinks,
     ),
 )
