@@ -67,8 +67,12 @@ def calls(what: str) -> list[dict]:
     return [a for w, a in CALLS if w == what]
 
 
+MODULES: dict[str, tuple] = {}  # JIT module name -> the parameters it was first built with
+
+
 def reset() -> None:
     CALLS.clear()
+    MODULES.clear()
 
 
 def _attend(q, keys, vals, visible, scale, cap, sink):
@@ -209,10 +213,16 @@ class BatchPrefillWithPagedKVCacheWrapper(_Variant):
         custom_mask_buf=None,
         mask_indptr_buf=None,
         backend="auto",
+        jit_args=None,
         **kw,
     ):
         assert kv_layout in ("NHD", "HND")
         _takes("BatchPrefillWithPagedKVCacheWrapper.__init__", kw)
+        # As the library: a module is loaded once per name; a variant whose parameters differ from
+        # the loaded one's under the same name runs that one's kernel (here: a wrong output).
+        self._wrong_module = False
+        if jit_args:
+            self._wrong_module = MODULES.setdefault(jit_args[0], tuple(jit_args[1:7])) != tuple(jit_args[1:7])
         self._kv_layout = kv_layout
         graph = {"use_cuda_graph": True} if use_cuda_graph else {}
         CALLS.append(("paged.init", {"kv_layout": kv_layout, "backend": backend, **graph, **kw}))
@@ -380,6 +390,8 @@ class BatchPrefillWithPagedKVCacheWrapper(_Variant):
             outs.append(o)
             lses.append(lse)
         out, lse = self._v_scaled(torch.cat(outs), v_scale), torch.cat(lses)
+        if self._wrong_module:  # another variant's kernel: the cache read as the wrong dtype
+            out = out * 1e4
         return (out, lse) if return_lse else out
 
 
@@ -387,7 +399,15 @@ class BatchAttentionWithAttentionSinkWrapper(BatchPrefillWithPagedKVCacheWrapper
     sink_variant = True
 
     def __init__(self, float_workspace_buffer, kv_layout="NHD", use_cuda_graph=False, backend="auto", **kw):
-        super().__init__(float_workspace_buffer, kv_layout, use_cuda_graph, backend=backend, **kw)
+        dtypes = (kw.get("q_data_type", torch.bfloat16), kw.get("kv_data_type", torch.bfloat16))
+        dims = (kw.get("head_dim_qk", 128), kw.get("head_dim_vo", 128))
+        swa = kw.get("window_left", -1) >= 0
+        # the real name: the q dtype and the window only (known issue flashinfer-sink-module-name)
+        uri = f"batch_prefill_attention_sink_{str(dtypes[0]).removeprefix('torch.')}_swa_{swa}_{backend}"
+        jit_args = [uri, dtypes[0], dtypes[1], dtypes[0], torch.int32, *dims]
+        super().__init__(
+            float_workspace_buffer, kv_layout, use_cuda_graph, backend=backend, jit_args=jit_args, **kw
+        )
         self._ctor_swa = kw.get("window_left", -1) >= 0
         self._ctor_dtypes = (kw.get("q_data_type", torch.bfloat16), kw.get("kv_data_type", torch.bfloat16))
 

@@ -175,3 +175,23 @@ def test_numeric_mutant_is_caught_under_the_fake(mutant):
     d = hunt(dataclasses.replace(mutant, device="cpu", make=_cpu(mutant.make)), mutant.families[0])
     assert d.caught, f"{mutant.name} survived {d.examples} examples: {mutant.bug}"
     print(f"{mutant.name}: {d.examples} examples, {d.seconds:.1f}s, shrunk to {d.shrunk.to_json()}")
+
+
+def test_sink_variants_sharing_flashinfers_module_name_each_run_their_own_kernel():
+    """FlashInfer names the AttentionSink module without the KV dtype or head dims (known issue
+    flashinfer-sink-module-name; the fake, as the library, runs the first-loaded variant for another
+    of the same name). The adapter's wrapper adds them to the name, so a bf16 then an FP8 sink case,
+    and a head_dim 64 then 128 one, all pass in one process."""
+    from harness.backends.flashinfer_glue import sink_wrapper_class
+
+    first = fake.BatchAttentionWithAttentionSinkWrapper(None, kv_data_type=fake.torch.bfloat16)
+    second = fake.BatchAttentionWithAttentionSinkWrapper(None, kv_data_type=fake.torch.float8_e4m3fn)
+    assert not first._wrong_module and second._wrong_module  # the library's collision, modelled
+    fake.reset()
+    backend = fake.on_cpu(backends.load("flashinfer_paged"))
+    bf16 = Case("EXTEND", (Request(3, 1), Request(0, 2)), sinks=True, **H)
+    for case in (bf16, bf16.replace(**E4M3), bf16.replace(**E5M2), bf16.replace(head_dim=128)):
+        res = check_case(backend, case, "cpu")
+        assert res.status == "pass", (case.kv_dtype, case.head_dim, res.reason)
+    assert len(fake.MODULES) == 4 and all("_kv_" in name for name in fake.MODULES)
+    assert issubclass(sink_wrapper_class(fake), fake.BatchAttentionWithAttentionSinkWrapper)

@@ -72,6 +72,39 @@ def workspace(device: torch.device) -> torch.Tensor:
     return _WORKSPACES[key]
 
 
+def sink_module_name(uri: str, kv_dtype: torch.dtype, head_dim_qk: int, head_dim_vo: int) -> str:
+    """The AttentionSink module's name with what FlashInfer leaves out of it: the KV cache dtype and the
+    head dims (known issue flashinfer-sink-module-name)."""
+    return f"{uri}_kv_{str(kv_dtype).removeprefix('torch.')}_hd_{head_dim_qk}_{head_dim_vo}"
+
+
+_SINK_WRAPPERS: dict[int, type] = {}
+
+
+def sink_wrapper_class(fi: Any) -> type:
+    """FlashInfer's BatchAttentionWithAttentionSinkWrapper, its JIT module named per KV dtype and head dims.
+
+    The library names the module batch_prefill_attention_sink_{q dtype}_swa_{window on}_{backend}, so
+    an FP8 cache's variant shares the bf16 one's name: the first loaded serves both in a process, and a
+    prebuilt copy of one serves every process (docs/known-issues.md, measured on the H100). The sink
+    wrapper hands its jit_args (the name first, then q, KV and output dtypes, index dtype, head dims) to
+    the paged prefill wrapper's constructor; a class placed between the two in the method order adds
+    the missing parameters to the name, and changes nothing else.
+    """
+    if id(fi) not in _SINK_WRAPPERS:
+
+        class NamedSinkModule(fi.BatchPrefillWithPagedKVCacheWrapper):
+            def __init__(self, *args: Any, jit_args: list | None = None, **kwargs: Any) -> None:
+                if jit_args:
+                    name = sink_module_name(jit_args[0], jit_args[2], jit_args[5], jit_args[6])
+                    jit_args = [name, *jit_args[1:]]
+                super().__init__(*args, jit_args=jit_args, **kwargs)
+
+        bases = (fi.BatchAttentionWithAttentionSinkWrapper, NamedSinkModule)
+        _SINK_WRAPPERS[id(fi)] = type("AttentionSinkWrapper", bases, {})
+    return _SINK_WRAPPERS[id(fi)]
+
+
 def capabilities(
     modes_: set[Mode],
     features: tuple[str, ...],
@@ -273,7 +306,7 @@ class FlashInferGlue(GraphGlue):
             return fi.BatchPrefillWithPagedKVCacheWrapper(ws, c.kv_layout, backend=KERNEL_BACKEND)
         if kind == "sink":
             dt = TORCH_DTYPES[c.dtype]
-            return fi.BatchAttentionWithAttentionSinkWrapper(
+            return sink_wrapper_class(fi)(
                 ws,
                 c.kv_layout,
                 backend=KERNEL_BACKEND,
