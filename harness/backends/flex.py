@@ -794,14 +794,24 @@ class FlexCompiled(FlexBase, GraphGlue):
             )
         return out
 
+    def captured_block_mask(self, launch: Launch, device: torch.device):  # noqa: ANN201 - a flex BlockMask
+        """The graph path's BlockMask: create_block_mask over the launch's mask_mod, from the buffers
+        (torch ops, no host read). It runs once per capture, so its cost never reaches a replay, and
+        it is the build the replay check passed with on the H100; block_mask's direct build is the same
+        mask (tests/test_flex.py compares the two)."""
+        from torch.nn.attention.flex_attention import create_block_mask
+
+        lq, lk = launch.q.shape[2], launch.k.shape[2]
+        return create_block_mask(self.mask_mod(launch), 1, None, lq, lk, device=device)
+
     def graph_kernel(self, state: GraphState, static: StaticInputs) -> torch.Tensor:
-        """Per launch, the BlockMask built from the buffers (block_mask: torch ops, no host
-        sync), then the compiled kernel at the fixed shapes; sinks through the LSE where it has one."""
+        """Per launch, the BlockMask built from the buffers (captured_block_mask), then the compiled
+        kernel at the fixed shapes; sinks through the LSE where it has one."""
         want_lse = self.returns_lse_on(state.device.type)
         scale, call = state.layer.case.scale, opaque_kernel(self.graph_call_flex)
         outs = []
         for launch in self.graph_launches(state, self.graph_launch(state, static), static.bs):
-            block_mask = self.block_mask(launch)
+            block_mask = self.captured_block_mask(launch, state.device)
             o, lse = call(launch, self.score_mod(launch), block_mask, scale, want_lse)
             if static.sinks is not None and self.sinks_via_lse(state.layer):
                 o = self.apply_sinks(o, lse, static.sinks)
