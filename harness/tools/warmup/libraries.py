@@ -5,8 +5,10 @@
   build.ninja, then one ninja builds every module (ninja.py), and its logs are copied into each
   module's directory, so FlashInfer's own ninja there later finds the module up to date and only
   loads it. Compiled: the module's library file was (re)linked.
-- FA4: one case per compile variant (harness/tools/fa4_precompile.py's `variant_cases`), run through
-  the adapter on the GPU, into FA4's disk cache. Compiled: `cute.compile` was called.
+- FA4: the cases the check draws (the suite for fa4 in record mode, harness/run/record_mode.py),
+  grouped by what selects a kernel, each group run through the adapter in one worker, into FA4's
+  disk cache; graph replays and the model check from fa4_precompile's `variant_cases`; all of
+  `variant_cases` when the recording fails. Compiled: `cute.compile` was called.
 - flex_compiled: per dtype x head_dim x heads, one case per mode, through the adapter. Compiled:
   inductor's FX graph cache missed.
 Each pool worker function returns COMPILED or CACHED and raises when the variant cannot run.
