@@ -7,6 +7,8 @@ wiring."""
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
 import re
 import shutil
@@ -53,11 +55,94 @@ def test_flashinfer_plans_the_profiles_dtypes_and_head_dims():
         assert f"prefill[bfloat16,128,kv={kv},swa=True,cap=True]" in labels
 
 
-def test_fa4_plans_each_profiles_heads_and_head_dims():
-    gpu = [v.task for v in FA4.variants("gpu")]
+def _no_recording(monkeypatch) -> None:
+    """The recording run fails: FA4's variants are fa4_precompile's reachable list."""
+
+    def fail(profile: str) -> list:
+        raise libraries.RecordFailed("the recording run exited 1: boom")
+
+    monkeypatch.setattr(libraries, "record_fa4_cases", fail)
+
+
+def _fa4_cases(profile: str) -> list:
+    return [case for v in FA4.variants(profile) for _, case in v.task.cases]
+
+
+def test_fa4_falls_back_to_every_reachable_variant_when_the_recording_run_fails(monkeypatch):
+    from harness.tools.fa4_precompile import variant_cases
+
+    _no_recording(monkeypatch)
+    fa4 = libraries._backend("fa4")
+    reachable = [c for c in dict.fromkeys(variant_cases(SIZES["gpu"])) if fa4.supports(c) is None]
+    assert _fa4_cases("gpu") == reachable
+    assert FA4.note() == "the recording run exited 1: boom; compiling every reachable variant instead"
+    said = []
+    quiet = dataclasses.replace(FA4, unavailable=lambda: None, variants=lambda profile: [])
+    warmup.warm(quiet, "gpu", 1, said.append)
+    assert f"warmup: fa4: {FA4.note()}" in said  # the run says why, in one line
+
+
+def test_fa4_variants_are_the_recorded_cases_grouped_by_their_kernel_key(monkeypatch):
+    from harness.core.case import Case, Request
+
+    base = Case(mode="DECODE", requests=(Request(40, 1),), head_dim=128, num_q_heads=8, num_kv_heads=2)
+    same = base.replace(requests=(Request(900, 1), Request(3, 1)), seed=7)  # lengths and seed: one kernel
+    capped = base.replace(soft_cap=30.0)  # each soft cap value is its own score_mod
+    other_cap = base.replace(soft_cap=5.0)
+    long = base.replace(mode="EXTEND", requests=(Request(0, 300),))
+    drawn = [("numeric", base), ("numeric", capped), ("numeric", same), ("invariance", other_cap)]
+    drawn.append(("numeric", long))
+    recorded = [{"backend": "fa4", "family": "x", "kind": k, "case": c} for k, c in drawn]
+    monkeypatch.setattr(libraries, "record_fa4_cases", lambda profile: recorded)
+    variants = FA4.variants("gpu")
+    grouped = [v.task.cases for v in variants if "drawn)" in v.label]
+    assert grouped == [
+        (("numeric", base), ("numeric", same)),
+        (("numeric", capped),),
+        (("invariance", other_cap),),
+        (("numeric", long),),
+    ]
+    assert all(v.task.neighbours == (4096, 512) for v in variants if "drawn)" in v.label)
+    assert FA4.note().startswith("5 drawn cases in 4 groups (record mode)")
+    extra = [v.task.cases for v in variants if "drawn)" not in v.label]
+    assert extra and all(len(cases) == 1 for cases in extra)  # graph replays and the model check
+    keys = {libraries.fa4_key(c) for _, c in drawn}
+    assert all(libraries.fa4_key(cases[0][1]) not in keys for cases in extra)
+    graph_or_extend = {"EXTEND", "DECODE", "TARGET_VERIFY", "DRAFT_EXTEND_V2"}
+    assert {str(cases[0][1].mode) for cases in extra} <= graph_or_extend
+    assert any(cases[0][1].soft_cap == 4.0 for cases in extra)  # the model check's Gemma2-like cap
+
+
+def test_fa4_records_the_check_the_warmup_precedes(monkeypatch):
+    """The recording run is the suite's pytest, fa4 only, -m gpu, the profile, record mode on."""
+    seen = {}
+
+    def fake_run(cmd, cwd, env, **kwargs):  # noqa: ANN001, ANN003, ANN202
+        seen.update(cmd=cmd, env=env)
+        line = {"backend": "fa4", "family": "decode", "kind": "numeric", "device": "cuda"}
+        case = {"mode": "DECODE", "requests": [{"prefix_len": 4, "extend_len": 1}]}
+        with open(env["ATTN_HARNESS_RECORD"], "w") as f:
+            f.write(json.dumps(line | {"case": case}) + "\n")
+        return subprocess.CompletedProcess(cmd, 0, "1 passed", "")
+
+    monkeypatch.setattr(subprocess, "run", fake_run)
+    recorded = libraries.record_fa4_cases("dev")
+    assert [r["case"].requests[0].prefix_len for r in recorded] == [4]
+    cmd, env = seen["cmd"], seen["env"]
+    assert cmd[1:3] == ["-m", "pytest"] and cmd[cmd.index("-m", 3) + 1] == "gpu"
+    assert cmd[cmd.index("-k") + 1] == libraries.UNRECORDED_TESTS
+    assert env["ATTN_HARNESS_PROFILE"] == "dev" and env["ATTN_HARNESS_BACKENDS"] == "fa4"
+    monkeypatch.setattr(subprocess, "run", lambda cmd, **kw: subprocess.CompletedProcess(cmd, 2, "", "E bad"))
+    with pytest.raises(libraries.RecordFailed, match="exited 2: E bad"):
+        libraries.record_fa4_cases("gpu")
+
+
+def test_fa4_plans_each_profiles_heads_and_head_dims(monkeypatch):
+    _no_recording(monkeypatch)
+    gpu = _fa4_cases("gpu")
     assert {(c.num_q_heads, c.num_kv_heads) for c in gpu if c.head_dim == 128} == set(SIZES["gpu"].heads)
     assert {c.dtype for c in gpu} == {"bfloat16"}
-    ci = [v.task for v in FA4.variants("ci")]
+    ci = _fa4_cases("ci")
     model = [c for c in ci if c.soft_cap == 4.0]  # the model check's Gemma2-like cap, at its own shape
     assert model and {c.head_dim for c in model} == {128}
     assert {c.head_dim for c in ci if c.soft_cap != 4.0} == {32, 64}
@@ -277,7 +362,9 @@ def test_the_libraries_run_at_once_and_a_pool_grows_when_the_ninja_build_ends(ca
 
 
 def test_fa4_counts_a_variant_as_compiled_when_cute_compile_ran(monkeypatch):
-    case = FA4.variants("gpu")[0].task
+    _no_recording(monkeypatch)
+    task = FA4.variants("gpu")[0].task
+    case = task.cases[0][1]
     disk: set[str] = set()
     cute = types.SimpleNamespace(compile=lambda key: disk.add(key))
 
@@ -290,8 +377,8 @@ def test_fa4_counts_a_variant_as_compiled_when_cute_compile_ran(monkeypatch):
     monkeypatch.setitem(sys.modules, "cutlass.cute", cute)
     monkeypatch.setattr(libraries, "_run_on_gpu", run)
     monkeypatch.setattr(libraries, "_backend", lambda name: None)
-    assert libraries.compile_fa4(case) == warmup.COMPILED
-    assert libraries.compile_fa4(case) == warmup.CACHED
+    assert libraries.compile_fa4(task) == warmup.COMPILED
+    assert libraries.compile_fa4(task) == warmup.CACHED
     assert disk == {libraries._describe(case)}
 
 

@@ -28,6 +28,7 @@ from harness.checks.replay import replay_result
 from harness.core.case import Case
 from harness.core.graph_case import GraphCase
 from harness.core.results import CaseResult
+from harness.run import record_mode
 from harness.run.workers import Outcome, Worker, WorkerError, describe_exit, spread
 
 ISOLATE_ENV = "ATTN_HARNESS_ISOLATE"
@@ -237,6 +238,7 @@ class Search:
         device: str,
         check_kind: str = "numeric",
         neighbours: tuple[int, int] = (4096, 512),
+        family: str = "",
     ) -> None:
         if check_kind not in CHECK_KINDS:
             raise ValueError(f"unknown check {check_kind!r}: {', '.join(CHECK_KINDS)}")
@@ -244,6 +246,7 @@ class Search:
         self.device = device
         self.kind = check_kind
         self.neighbours = neighbours  # (long_kv, long_q) of the invariance check
+        self.family = family  # what record mode writes beside each case (harness/run/record_mode.py)
         self.isolated = enabled(device)
         self.seen: dict[str, CaseResult] = {}
         self.stopped: CaseResult | None = None
@@ -260,7 +263,11 @@ class Search:
             return self.seen[key]
         if self.stopped is not None:
             return None
-        if self.kind == "numeric":
+        if record_mode.path():
+            if self.kind == "graph":
+                raise WorkerError("record mode covers the numeric and invariance searches, not graph replays")
+            res = record_mode.record(self.backend, case, self.device, self.kind, self.family)
+        elif self.kind == "numeric":
             res = check(self.backend, case, self.device)
         elif self.kind == "graph":  # the case is a GraphCase
             res = check_replay(self.backend, case, self.device)

@@ -25,6 +25,7 @@ from harness.checks.probe import ProbeResult, probe
 from harness.core.results import REFUSALS_CHECK, CaseResult, summary_table, test_record
 from harness.report import environment, results_json, write_run
 from harness.report.progress import Progress
+from harness.run import record_mode
 from harness.search import profiles
 from harness.search.refusals import TooManyRefusals
 from harness.search.suite import Target
@@ -35,6 +36,7 @@ _PROGRESS_KEY = pytest.StashKey[Progress]()
 _STARTED_KEY = pytest.StashKey[tuple]()
 _SHARD_KEY = pytest.StashKey[tuple]()
 PROGRESS_EVERY_S = 5.0  # while a test runs; a line is also printed when a test ends (at most 1/s)
+RECORD_LINE = "attn-harness RECORD MODE: drawn cases recorded to"
 TRACEBACK_CHARS = 20000  # of a harness error's traceback kept in its record
 NOT_FAILURES = ("pass", "refused", "skip")
 
@@ -67,6 +69,12 @@ def parse_shard(text: str) -> tuple[int, int]:
     if count < 1 or not 0 <= index < count:
         raise pytest.UsageError(expected)
     return index, count
+
+
+def pytest_report_header(config: pytest.Config) -> str | None:
+    if record_mode.path():
+        return f"{RECORD_LINE} {record_mode.path()} (${record_mode.RECORD_ENV}): nothing is checked"
+    return None
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -279,6 +287,9 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config)
         terminalreporter.write_sep("=", "attn-harness summary (examples per backend and family)")
         terminalreporter.write_line(summary_table(results))
     path, report_dir = config.getoption("--harness-results"), config.getoption("--harness-report")
+    if record_mode.path():  # its passes were drawn, not checked: no results.json, no report
+        terminalreporter.write_line(f"{RECORD_LINE} {record_mode.path()}; no results or report written")
+        return
     if not (path or report_dir):
         return
     data = results_json.build(results, run_info(config, exitstatus), environment.collect())

@@ -72,7 +72,7 @@ def run(t: Target, record: Callable[[CaseResult], None] | None = None) -> None:
         lambda fam: cases(fam, windowed, backend.capabilities, sizes)
     )
     strategy = strategy.map(lambda c: c.replace(deterministic=True)).filter(backend.capabilities.admits)
-    search = isolation.Search(backend, t.device, "invariance", neighbour_sizes(sizes))
+    search = isolation.Search(backend, t.device, "invariance", neighbour_sizes(sizes), FAMILY)
     current = settings.default  # the active profile's settings
 
     @settings(max_examples=max(2, current.max_examples // EXAMPLES_DIVISOR))

@@ -128,7 +128,8 @@ def run_family(t: Target, record: Callable[[CaseResult], None] | None = None) ->
         if (c.window_left >= 0) == (t.window == "swa") and backend.supports(c) is None
     ]
 
-    search = isolation.Search(backend, t.device)  # a worker per case on CUDA: a crash is a result
+    # a worker per case on CUDA: a crash is a result
+    search = isolation.Search(backend, t.device, family=t.family)
 
     def check(case: Case) -> None:
         judge(search(case), search, record)

@@ -49,7 +49,8 @@ class Library:
     variant's task, returning the ninja.Plan of the modules they need (built by one ninja, `jobs`
     at a time), or `compile`: an importable function run in a worker on one variant's task,
     returning COMPILED or CACHED. `processes(jobs)`: pool workers to use for `jobs` cores once no
-    ninja runs beside them; `env`: variables its workers start with."""
+    ninja runs beside them; `env`: variables its workers start with; `note()`: a line on where the
+    variants came from, said once they are listed (None: nothing to say)."""
 
     name: str
     backends: tuple[str, ...]
@@ -59,6 +60,7 @@ class Library:
     plan: Callable[[list], ninja.Plan] | None = None
     processes: Callable[[int], int] = lambda jobs: jobs
     env: Callable[[int], dict[str, str]] = lambda jobs: {}
+    note: Callable[[], str | None] = lambda: None
 
 
 @dataclass
@@ -218,6 +220,9 @@ def warm(
     except Exception as e:  # noqa: BLE001 - the libraries beside it go on; the run fails
         tally.failed.append(f"listing the variants: {type(e).__name__}: {e}")
         return tally
+    note = library.note()
+    if note:
+        say(f"warmup: {library.name}: {note}")
     if library.plan is not None:
         tally = warm_ninja(library, todo, jobs, say, start)
     else:

@@ -5,8 +5,10 @@
   build.ninja, then one ninja builds every module (ninja.py), and its logs are copied into each
   module's directory, so FlashInfer's own ninja there later finds the module up to date and only
   loads it. Compiled: the module's library file was (re)linked.
-- FA4: one case per compile variant (harness/tools/fa4_precompile.py's `variant_cases`), run through
-  the adapter on the GPU, into FA4's disk cache. Compiled: `cute.compile` was called.
+- FA4: the cases the check draws (the suite for fa4 in record mode, harness/run/record_mode.py),
+  grouped by what selects a kernel, each group run through the adapter in one worker, into FA4's
+  disk cache; graph replays and the model check from fa4_precompile's `variant_cases`; all of
+  `variant_cases` when the recording fails. Compiled: `cute.compile` was called.
 - flex_compiled: per dtype x head_dim x heads, one case per mode, through the adapter. Compiled:
   inductor's FX graph cache missed.
 Each pool worker function returns COMPILED or CACHED and raises when the variant cannot run.
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable
+from dataclasses import dataclass
 from functools import cache
 
 from harness.run import cache_dir
@@ -91,13 +94,128 @@ def _describe(case) -> str:  # noqa: ANN001 - a Case
     )
 
 
+# Where record mode does not reach: graph replays (harness/search/graph_suite.py: fa4 captures DECODE,
+# TARGET_VERIFY and DRAFT_EXTEND_V2) and the model check (cases/test_model.py: soft cap 4). Their
+# variants still come from fa4_precompile's reachable list, the short-row and tree cases and the
+# model's soft cap, less those whose key a recorded group already has.
+UNRECORDED_TESTS = "not test_graph and not test_model"
+GRAPH_ROWS = 8  # a captured step has at most max_draft query rows per request
+LONG_ROWS = 128  # FA4's query tile on sm90: a request past it fills more than one tile
+RECORD_TIMEOUT = 600.0  # seconds for the recording run
+
+
+@dataclass(frozen=True)
+class FA4Task:
+    """What one fa4 variant runs in a worker: (check kind, Case) pairs, and the invariance check's
+    (long_kv, long_q)."""
+
+    cases: tuple
+    neighbours: tuple[int, int] = (0, 0)
+
+
+class RecordFailed(RuntimeError):
+    """The suite's record-mode run for fa4 did not give its drawn cases."""
+
+
+def fa4_key(case) -> tuple:  # noqa: ANN001 - a Case
+    """What plausibly selects an FA4 kernel (flash_attn/cute/interface.py's compile_key, as the adapter
+    fills it): mode (causal, tree mask_mod), dtype, head_dim, heads, soft cap value (score_mod's
+    hash), sinks, page size (paged TMA), window sides, deterministic, KV dtype, query rows (1, more,
+    past a tile: pack_gqa and tile shapes)."""
+    rows = max(r.extend_len for r in case.requests)
+    return (
+        str(case.mode), case.dtype, case.head_dim, case.num_q_heads, case.num_kv_heads, case.soft_cap,
+        case.sinks, case.page_size, case.window_left >= 0, case.window_right >= 0, case.deterministic,
+        case.kv_dtype, rows > 1, rows > LONG_ROWS,
+    )
+
+
+def record_fa4_cases(profile: str) -> list[dict]:
+    """The cases a `check --backend fa4` under `profile` draws: the suite for fa4 in record mode
+    (harness/run/record_mode.py), in a pytest process started as `check` starts it, `-m gpu`."""
+    import os
+    import subprocess
+    import sys
+    import tempfile
+
+    from harness.cli import suite
+    from harness.run import record_mode
+    from harness.search.suite import BACKENDS_ENV
+
+    where = suite()
+    with tempfile.TemporaryDirectory(prefix="attn-harness-record-") as tmp:
+        file = os.path.join(tmp, "drawn.jsonl")
+        cmd = [sys.executable, "-m", "pytest", str(where.path), "-q", *where.options]
+        cmd += ["-p", "no:cacheprovider", "-m", "gpu", "-k", UNRECORDED_TESTS]
+        env = {**os.environ, **where.env, "ATTN_HARNESS_PROFILE": profile, BACKENDS_ENV: "fa4"}
+        env[record_mode.RECORD_ENV] = file
+        try:
+            out = subprocess.run(
+                cmd, cwd=where.cwd, env=env, capture_output=True, text=True, timeout=RECORD_TIMEOUT
+            )
+        except subprocess.TimeoutExpired:
+            raise RecordFailed(f"the recording run took over {RECORD_TIMEOUT:g} s") from None
+        tail = ((out.stdout + out.stderr).strip().splitlines() or ["no output"])[-1]
+        if out.returncode != 0:
+            raise RecordFailed(f"the recording run exited {out.returncode}: {tail}")
+        if not os.path.isfile(file):
+            raise RecordFailed(f"the recording run drew no case: {tail}")
+        return record_mode.read(file)
+
+
+def _unrecorded_cases(profile: str) -> list:
+    """fa4_precompile's reachable cases for what record mode does not reach (see UNRECORDED_TESTS)."""
+    from harness.search.profiles import SIZES
+    from harness.tools.fa4_precompile import MODEL_SOFT_CAPS, variant_cases
+
+    graph_modes = {str(m) for m in _backend("fa4").capabilities.graph_modes}
+    return [
+        c
+        for c in variant_cases(SIZES[profile])
+        if c.soft_cap in MODEL_SOFT_CAPS
+        or (str(c.mode) in graph_modes | {"EXTEND"} and max(r.extend_len for r in c.requests) <= GRAPH_ROWS)
+    ]
+
+
+def fa4_groups(recorded: list[dict], neighbours: tuple[int, int]) -> list[Variant]:
+    """One variant per fa4_key of the recorded cases: its task runs every case of the group as its
+    check would (the forward, or the invariance check's batches), in one worker."""
+    groups: dict[tuple, list] = {}
+    for r in recorded:
+        groups.setdefault(fa4_key(r["case"]), []).append((r["kind"], r["case"]))
+    return [
+        Variant("fa4", f"{_describe(items[0][1])} ({len(items)} drawn)", FA4Task(tuple(items), neighbours))
+        for items in groups.values()
+    ]
+
+
+_NOTES: dict[str, str] = {}  # library -> the line its variants' listing left (Library.note)
+
+
 def fa4_variants(profile: str) -> list[Variant]:
+    """The groups of the cases a check will draw (record mode), plus the graph replay and model
+    check variants; the full reachable list when the recording run fails (one line says why)."""
+    from harness.checks.invariance import neighbour_sizes
     from harness.search.profiles import SIZES
     from harness.tools.fa4_precompile import variant_cases
 
     fa4 = _backend("fa4")
-    cases = [c for c in variant_cases(SIZES[profile]) if fa4.supports(c) is None]
-    return [Variant("fa4", _describe(c), c) for c in dict.fromkeys(cases)]
+    _NOTES.pop("fa4", None)
+    try:
+        recorded = [r for r in record_fa4_cases(profile) if r["backend"] == "fa4"]
+    except RecordFailed as e:
+        _NOTES["fa4"] = f"{e}; compiling every reachable variant instead"
+        cases = [c for c in variant_cases(SIZES[profile]) if fa4.supports(c) is None]
+        return [Variant("fa4", _describe(c), FA4Task((("numeric", c),))) for c in dict.fromkeys(cases)]
+    out = fa4_groups(recorded, neighbour_sizes(SIZES[profile]))
+    keys = {fa4_key(r["case"]) for r in recorded}
+    extra = [c for c in dict.fromkeys(_unrecorded_cases(profile)) if fa4.supports(c) is None]
+    extra = [c for c in extra if fa4_key(c) not in keys]
+    _NOTES["fa4"] = (
+        f"{len(recorded)} drawn cases in {len(out)} groups (record mode), {len(extra)} more for the graph "
+        "replays and the model check"
+    )
+    return out + [Variant("fa4", _describe(c), FA4Task((("numeric", c),))) for c in extra]
 
 
 def fa4_unavailable() -> str | None:
@@ -107,8 +225,8 @@ def fa4_unavailable() -> str | None:
     return why
 
 
-def compile_fa4(case) -> str:  # noqa: ANN001 - a Case
-    """Run the fa4 adapter on one variant's case; COMPILED if CuTe DSL compiled a kernel for it."""
+def compile_fa4(task: FA4Task) -> str:
+    """Run one variant's cases as their checks do; COMPILED if CuTe DSL compiled a kernel for any."""
     import cutlass.cute as cute
 
     original = cute.compile
@@ -120,7 +238,13 @@ def compile_fa4(case) -> str:  # noqa: ANN001 - a Case
 
     cute.compile = counting
     try:
-        _run_on_gpu(_backend("fa4"), case)
+        for kind, case in task.cases:
+            if kind == "invariance":
+                from harness.checks.invariance import invariance_result
+
+                invariance_result(_backend("fa4"), case, "cuda", *task.neighbours)
+            else:
+                _run_on_gpu(_backend("fa4"), case)
     finally:
         cute.compile = original
     return COMPILED if calls else CACHED
@@ -132,6 +256,7 @@ FA4 = Library(
     unavailable=fa4_unavailable,
     variants=fa4_variants,
     compile=compile_fa4,
+    note=lambda: _NOTES.get("fa4"),
 )
 
 

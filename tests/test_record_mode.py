@@ -1,0 +1,91 @@
+"""Record mode (harness/run/record_mode.py): a search in record mode draws exactly the cases a real
+passing run checks, records them, and checks none; a pytest run in record mode says so and writes
+no results."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from contextlib import contextmanager
+from pathlib import Path
+
+from hypothesis import Phase, settings
+
+from harness.run import isolation, record_mode
+from harness.search import profiles
+from harness.search.suite import Target, run_family
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@contextmanager
+def settings_profile(chosen: settings):  # noqa: ANN201
+    """`chosen` as hypothesis's default settings for the block (a temporary registered profile)."""
+    settings.register_profile("record-mode-test", chosen)
+    settings.load_profile("record-mode-test")
+    try:
+        yield
+    finally:
+        profiles.load("ci")
+
+
+def _checked_and_recorded(monkeypatch, tmp_path) -> tuple[list, list, list]:
+    """torch_native's decode family on the CPU, once checked (the cases its check ran) and once in
+    record mode (the cases recorded; the results the search saw)."""
+    monkeypatch.delenv(record_mode.RECORD_ENV, raising=False)
+    monkeypatch.setenv(isolation.ISOLATE_ENV, "0")
+    checked, real_check = [], isolation.check
+
+    def logging_check(backend, case, device):  # noqa: ANN001, ANN202
+        res = real_check(backend, case, device)
+        if res.status != "skip":
+            checked.append(case)
+        return res
+
+    monkeypatch.setattr(isolation, "check", logging_check)
+    target = Target("torch_native", "cpu", "decode", "full")
+    run_family(target)
+    really_checked = list(checked)
+    file = tmp_path / "drawn.jsonl"
+    monkeypatch.setenv(record_mode.RECORD_ENV, str(file))
+    results = []
+    run_family(target, results.append)
+    assert checked == really_checked  # nothing was checked in record mode
+    return really_checked, record_mode.read(str(file)), results
+
+
+def test_record_mode_draws_what_a_real_run_checks(monkeypatch, tmp_path):
+    """Without hypothesis's target phase (whose mutations follow the measured err/budget, which record
+    mode does not have) the two runs draw the same cases in the same order."""
+    profiles.load("ci")
+    phases = tuple(p for p in settings.default.phases if p != Phase.target)
+    with settings_profile(settings(settings.default, phases=phases)):
+        checked, recorded, results = _checked_and_recorded(monkeypatch, tmp_path)
+    assert len(checked) >= 10
+    assert [r["case"] for r in recorded] == checked
+    assert {(r["backend"], r["family"], r["kind"], r["device"]) for r in recorded} == {
+        ("torch_native", "decode", "numeric", "cpu")
+    }
+    assert {r.reason for r in results} == {record_mode.REASON}
+
+
+def test_record_mode_draws_a_real_runs_cases_up_to_its_target_phase(monkeypatch, tmp_path):
+    """With the profile's own phases: hypothesis starts targeting after max(max_examples // 2, 10)
+    valid examples (its engine's `optimise_at`); every case before that is the same."""
+    profiles.load("ci")
+    checked, recorded, _ = _checked_and_recorded(monkeypatch, tmp_path)
+    before_targeting = max(settings.default.max_examples // 2, 10)
+    assert [r["case"] for r in recorded][:before_targeting] == checked[:before_targeting]
+
+
+def test_a_pytest_run_in_record_mode_says_so_and_writes_no_results(tmp_path):
+    file, results = tmp_path / "drawn.jsonl", tmp_path / "results.json"
+    cmd = [sys.executable, "-m", "pytest", "cases/test_decode.py", "-q", "-p", "harness.run.pytest_plugin"]
+    cmd += ["-k", "torch_native and full", "--harness-results", str(results), "-p", "no:cacheprovider"]
+    env = {**os.environ, record_mode.RECORD_ENV: str(file), "ATTN_HARNESS_BACKENDS": "torch_native"}
+    out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    assert "RECORD MODE" in out.stdout and "no results or report written" in out.stdout
+    assert not results.exists()
+    assert len(record_mode.read(str(file))) >= 10
