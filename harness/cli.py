@@ -280,9 +280,13 @@ def _unavailable(names: list[str], device: str) -> list[str]:
 
 def cmd_check(args: argparse.Namespace) -> int:
     from harness import backends, report
+    from harness.run import record_mode
     from harness.search import profiles
     from harness.search.suite import BACKENDS_ENV
 
+    if record_mode.path():  # every case would pass unchecked (the warm-up sets it for its own run only)
+        raise UsageError(f"${record_mode.RECORD_ENV} is set: a check would record its cases, not check "
+                         "them; unset it")
     on_gpu = _default_device() == "cuda"
     profile = args.profile or ("gpu" if on_gpu and args.device != "cpu" else "ci")
     if profile not in profiles.SIZES:

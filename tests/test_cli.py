@@ -59,6 +59,15 @@ def test_bad_input_is_one_line_exit_2(capsys, tmp_path):
     one_line_error(capsys, ["check", "--profile", "fast"], "unknown profile 'fast'")
 
 
+def test_check_refuses_to_run_in_record_mode(capsys, monkeypatch, tmp_path):
+    """Record mode answers every drawn case with an unchecked pass (the warm-up's own run): a check
+    started with the variable set would pass without checking, so it stops before running."""
+    monkeypatch.setenv("ATTN_HARNESS_RECORD", str(tmp_path / "cases.jsonl"))
+    argv = ["check", "--backend", "torch_native", "--family", "decode"]
+    one_line_error(capsys, argv, "ATTN_HARNESS_RECORD")
+    assert not (tmp_path / "cases.jsonl").exists()
+
+
 def test_check_runs_a_family_and_prints_the_summary(capfd, tmp_path):
     assert (
         main(
