@@ -8,6 +8,8 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
+
 from harness.run import workers
 
 
@@ -126,3 +128,20 @@ def test_the_output_tail_keeps_the_fatal_line_and_drops_the_module_list():
     assert tail.startswith("Fatal Python error: Aborted\n[...]\n") and len(tail) <= 1000
     assert tail.endswith("Extension modules: 500 (list dropped)") and "ext_499" not in tail
     assert workers.output_tail("short output\n") == "short output"
+
+
+def test_a_worker_that_cannot_be_spawned_raises_one_error_and_stops_cleanly(monkeypatch):
+    """multiprocessing refuses to spawn from a script without a __main__ guard (a helper's demo hit it):
+    one WorkerError naming why, and the worker left stopped, so a later stop() (and the one at exit)
+    does not raise."""
+    import multiprocessing.context
+
+    def refuse(self):  # noqa: ANN001, ANN202
+        raise RuntimeError("An attempt has been made to start a new process before the bootstrapping phase")
+
+    monkeypatch.setattr(multiprocessing.context.SpawnProcess, "start", refuse)
+    w = workers.Worker("unspawnable", preload=())
+    with pytest.raises(workers.WorkerError, match="could not be spawned: RuntimeError"):
+        w.start()
+    assert w.proc is None and w.conn is None and w.log_path is None
+    w.stop()

@@ -167,13 +167,19 @@ class Worker:
         fd, self.log_path = tempfile.mkstemp(prefix="attn-harness-worker-", suffix=".log")
         os.close(fd)
         parent, child = ctx.Pipe()
+        self.conn = parent
         with _environ(self.env):
             self.proc = ctx.Process(
                 target=_serve, args=(child, self.log_path, self.preload), name=self.name, daemon=True
             )
-            self.proc.start()
+            try:
+                self.proc.start()
+            except Exception as e:  # e.g. spawn from a script without a __main__ guard: no process
+                child.close()
+                self.proc = None
+                self.stop()
+                raise WorkerError(f"worker could not be spawned: {type(e).__name__}: {e}") from e
         child.close()
-        self.conn = parent
         self.mark = 0
         self.started += 1
         if not parent.poll(STARTUP_TIMEOUT):
@@ -236,6 +242,7 @@ class Worker:
             if self.proc.is_alive():
                 self.proc.kill()
                 self.proc.join(10)
+        if self.conn is not None:
             self.conn.close()
         if self.log_path and os.path.exists(self.log_path):
             os.unlink(self.log_path)
