@@ -3,10 +3,11 @@
 `create_block_mask` evaluates the `mask_mod` through four nested `vmap`s (functorch and pytree
 dispatch in Python for every operation of the mask), then reduces the grid to blocks. Here the grid
 comes from the glue's own `mask_mod` evaluated once by broadcasting its index tensors (flex.py's
-`dense_mask`), and this module reduces it to blocks exactly as flex does (a block is partial when
+`visible_grid`), and this module reduces it to blocks exactly as flex does (a block is partial when
 some of its entries are visible, full when all are; `full` blocks skip the mask_mod in the kernel),
-then hands the ordered indices to the public `BlockMask.from_kv_blocks`. Plain tensor ops: no host
-sync, so the CUDA-graph path builds its BlockMask with it inside a capture. docs/flex.md says why.
+then hands the ordered indices to the public `BlockMask.from_kv_blocks`. The eager path's build; the
+CUDA-graph path keeps create_block_mask, once per capture (flex.py's `captured_block_mask`).
+docs/flex.md says why.
 """
 
 from __future__ import annotations
