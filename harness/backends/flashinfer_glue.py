@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import cache
 from typing import Any
 
 import torch
@@ -78,9 +79,7 @@ def sink_module_name(uri: str, kv_dtype: torch.dtype, head_dim_qk: int, head_dim
     return f"{uri}_kv_{str(kv_dtype).removeprefix('torch.')}_hd_{head_dim_qk}_{head_dim_vo}"
 
 
-_SINK_WRAPPERS: dict[int, type] = {}
-
-
+@cache
 def sink_wrapper_class(fi: Any) -> type:
     """FlashInfer's BatchAttentionWithAttentionSinkWrapper, its JIT module named per KV dtype and head dims.
 
@@ -91,18 +90,15 @@ def sink_wrapper_class(fi: Any) -> type:
     the paged prefill wrapper's constructor; a class placed between the two in the method order adds
     the missing parameters to the name, and changes nothing else.
     """
-    if id(fi) not in _SINK_WRAPPERS:
 
-        class NamedSinkModule(fi.BatchPrefillWithPagedKVCacheWrapper):
-            def __init__(self, *args: Any, jit_args: list | None = None, **kwargs: Any) -> None:
-                if jit_args:
-                    name = sink_module_name(jit_args[0], jit_args[2], jit_args[5], jit_args[6])
-                    jit_args = [name, *jit_args[1:]]
-                super().__init__(*args, jit_args=jit_args, **kwargs)
+    class NamedSinkModule(fi.BatchPrefillWithPagedKVCacheWrapper):
+        def __init__(self, *args: Any, jit_args: list | None = None, **kwargs: Any) -> None:
+            if jit_args:
+                name = sink_module_name(jit_args[0], jit_args[2], jit_args[5], jit_args[6])
+                jit_args = [name, *jit_args[1:]]
+            super().__init__(*args, jit_args=jit_args, **kwargs)
 
-        bases = (fi.BatchAttentionWithAttentionSinkWrapper, NamedSinkModule)
-        _SINK_WRAPPERS[id(fi)] = type("AttentionSinkWrapper", bases, {})
-    return _SINK_WRAPPERS[id(fi)]
+    return type("AttentionSinkWrapper", (fi.BatchAttentionWithAttentionSinkWrapper, NamedSinkModule), {})
 
 
 def capabilities(
