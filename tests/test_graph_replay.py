@@ -12,6 +12,7 @@ import pytest
 from harness import backends
 from harness.backends.flashinfer_dec import FlashInferDecTC
 from harness.backends.graph_glue import capture_sizes, padded_size
+from harness.checks import known_issues
 from harness.checks.replay import replay_result
 from harness.core.case import Case, CaseError, Request
 from harness.core.graph_case import GraphCase
@@ -345,3 +346,66 @@ def test_flashinfer_paged_refuses_deterministic_mode_under_a_graph_with_the_meas
     paged = backends.load("flashinfer_paged")
     assert "query tile" in paged.graph_supports(case)
     assert paged.graph_supports(dataclasses.replace(case, deterministic=False)) is None
+
+
+def test_a_graph_known_issue_excuses_a_replay_failure_on_its_version_only(monkeypatch):
+    """flashinfer-graph-unsplit-plan (FlashInfer writes the split bookkeeping only when a plan splits):
+    a deterministic dec_tc graph failure with an unsplit plan is xfail on the releases it names and a
+    failure on any other; the same failure on the eager path is not excused."""
+    wrong = next(m for m in MUTANTS if m.name.endswith("replay_capture_seq_lens")).make()
+    wrong = fake.on_cpu(wrong)
+    wrong.name = "flashinfer_dec_tc"
+    g = GraphCase((decode(40, 3, deterministic=True), decode(7, 2, deterministic=True)), 2, 80)
+    assert known_issues.has_unsplit_plan(g, FlashInferDecTC.split_tokens)  # the second replay (chunk 16)
+    monkeypatch.setattr(known_issues, "installed_version", lambda dist: "0.6.18.post1")
+    res = replay_result(wrong, g, "cpu")
+    assert res.status == "xfail" and res.reason.startswith("known issue flashinfer-graph-unsplit-plan (")
+    assert "known_issues/flashinfer_graph_unsplit_plan.py" in res.reason and "replay " in res.reason
+    assert known_issues.expected_failure("flashinfer_dec_tc", g.layer, "err") is None  # eager: not reached
+    monkeypatch.setattr(known_issues, "installed_version", lambda dist: "0.7.1")
+    assert replay_result(wrong, g, "cpu").status == "fail"
+
+
+def test_a_graph_known_issue_excuses_a_capture_crash_and_keeps_its_traceback(monkeypatch):
+    class FaultsAtCapture(FlashInferDecTC):
+        def capture_metadata(self, state, bs):
+            raise RuntimeError("CUDA error: operation not supported on global/shared address space")
+
+    g = GraphCase((decode(40, 3, deterministic=True, window_left=9),), 2, 80)
+    monkeypatch.setattr(known_issues, "installed_version", lambda dist: "0.6.18.post1")
+    res = replay_result(fake.on_cpu(FaultsAtCapture()), g, "cpu")
+    assert res.status == "xfail" and "capture: backend raised RuntimeError" in res.reason
+    assert "Traceback" in res.extra["traceback"]  # isolation retires the worker on it
+    monkeypatch.setattr(known_issues, "installed_version", lambda dist: "0.6.17")
+    assert replay_result(fake.on_cpu(FaultsAtCapture()), g, "cpu").status == "crash"
+
+
+@pytest.mark.parametrize(
+    "g,unsplit",
+    [
+        (GraphCase((decode(40, 3), decode(2)), 2, 80), False),  # not deterministic: no fixed chunk
+        (GraphCase((decode(40, 3, deterministic=True), decode(70, deterministic=True)), 2, 80), False),
+        (GraphCase((decode(40, 3, deterministic=True), decode(7, deterministic=True)), 2, 80), True),
+        (GraphCase((decode(9, 3, deterministic=True),), 2, 16), False),  # no plan splits, no window
+        (GraphCase((decode(40, 30, deterministic=True, window_left=9),), 2, 80), True),  # window < chunk
+    ],
+)
+def test_the_plans_0_6_gets_wrong_are_a_short_replay_after_a_split_capture_or_a_window_under_the_chunk(
+    g, unsplit
+):
+    assert known_issues.has_unsplit_plan(g, 16) == unsplit
+
+
+def test_the_pinned_graphs_are_checked_first_in_their_family(monkeypatch):
+    """harness/search/pinned.py's GraphCases (the split capture then unsplit replay that FlashInfer
+    gets wrong) run in every search of their family, not only when hypothesis draws them."""
+    from harness.search.graph_suite import pinned_graphs
+
+    load = backends.load
+    monkeypatch.setattr(backends, "load", lambda name: fake.on_cpu(load(name)))
+    profiles.load("ci")
+    records = []
+    run(GraphTarget("flashinfer_dec_tc", "cpu", "graph", "full", "decode"), records.append)
+    (pin,) = pinned_graphs("decode", windowed=False)
+    assert pin.max_kv == 2049 and pin.layer.deterministic
+    assert [r.status for r in records if r.repro_target == pin] == ["pass"]

@@ -100,6 +100,23 @@ def test_a_crash_keeps_its_fatal_line_after_a_long_extension_module_list(runner)
     assert "attn_harness_fake_extension_" not in res.reason and "(list dropped)" in res.reason
 
 
+def excused_crash(backend, case, device):
+    """What a check returns when a known library issue excuses a crash: xfail, keeping the traceback."""
+    from harness.core.results import CaseResult
+
+    return CaseResult("xfail", backend.name, device, case, reason="known issue x", extra={"traceback": "T"})
+
+
+def test_a_crash_a_known_issue_excuses_still_retires_its_worker(runner):
+    """The backend raised (its CUDA context may be gone) even though the result is xfail: the next
+    case gets a fresh worker."""
+    assert runner.run(check_case, TorchNative(), GOOD, "cpu").status == "pass"
+    assert runner.run(excused_crash, TorchNative(), GOOD, "cpu").status == "xfail"
+    assert runner.worker.started == 1
+    assert runner.run(check_case, TorchNative(), GOOD, "cpu").status == "pass"
+    assert runner.worker.started == 2
+
+
 def test_pool_spreads_cases_over_workers_and_isolates_each():
     pool = isolation.WorkerPool("cpu", size=2)  # the default limits: only a hang would meet them
     try:

@@ -57,11 +57,12 @@ def test_on_any_other_version_the_same_failure_fails(version, installed):
 
 def test_each_issue_is_keyed_on_the_releases_its_script_failed_on():
     """Measured on the H100 (docs/known-issues.md): the non-causal window bug and the sink module's
-    name collision, each on both tested releases."""
+    name collision and the graph path's unsplit plan, each on both tested releases."""
     keys = {issue.id: issue.versions for issue in known_issues.KNOWN_ISSUES}
     assert keys == {
         "flashinfer-noncausal-window": {"0.7.2.post1", "0.6.18.post1"},
         "flashinfer-sink-module-name": {"0.7.2.post1", "0.6.18.post1"},
+        "flashinfer-graph-unsplit-plan": {"0.7.2.post1", "0.6.18.post1"},
     }
 
 

@@ -4,7 +4,9 @@ A known issue names the library (its distribution), the exact versions it was re
 backends whose glue reaches the bug, the cases that reach it, and a standalone repro script under
 known_issues/ (docs/known-issues.md). A failing case that matches becomes `xfail` on those versions
 only: on any other version the same check is an ordinary pass or fail, so a release that fixes the
-bug (or one that still has it) shows up. A matching case that passes stays a pass.
+bug (or one that still has it) shows up. A matching case that passes stays a pass. An issue of the
+CUDA-graph path (`on_replay`) is matched by the replay check only, on the GraphCase, and excuses a
+crash there too (a fault in the library's kernel is how such a bug shows).
 """
 
 from __future__ import annotations
@@ -13,8 +15,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
 from importlib import metadata
+from typing import Any
 
+from harness.backends.flashinfer_dec import FlashInferDecTC
 from harness.core.case import Case
+from harness.core.graph_case import GraphCase, kv_extents
 from harness.core.modes import Mode
 
 
@@ -26,10 +31,23 @@ class KnownIssue:
     backends: frozenset[str]
     title: str
     repro: str  # the standalone script (torch + the library only)
-    reaches: Callable[[Case], bool]
+    reaches: Callable[[Any], bool]  # of a Case, or of a GraphCase where on_replay
     # Where the glue avoids the bug, if it does: then no backend reaches it (`backends` is empty), so
     # no suite failure is excused by it, and a GPU test runs the library itself to keep it in view.
     worked_around: str = ""
+    on_replay: bool = False  # reached only by CUDA-graph replay (harness/checks/replay.py)
+
+
+def has_unsplit_plan(g: GraphCase, chunk: int) -> bool:
+    """Whether a deterministic graph (a fixed split-KV chunk of `chunk` keys) has a plan FlashInfer
+    gets wrong (known issue flashinfer-graph-unsplit-plan): a window under the chunk, so no plan
+    splits; or a capture that split (its dummy requests hold max_kv keys) and a replay whose
+    requests all fit one chunk, which reads the capture's split bookkeeping."""
+    if not g.layer.deterministic:
+        return False
+    if 0 <= g.layer.window_left < chunk:
+        return True
+    return g.max_kv > chunk and any(max(kv_extents(c)) <= chunk for c in g.batches)
 
 
 KNOWN_ISSUES = (
@@ -57,6 +75,18 @@ KNOWN_ISSUES = (
         worked_around="flashinfer_paged names each sink variant's module "
         "(flashinfer_glue.sink_wrapper_class); tests/test_flashinfer_gpu.py runs FlashInfer's own wrapper",
     ),
+    KnownIssue(
+        "flashinfer-graph-unsplit-plan",
+        "flashinfer-python",
+        frozenset({"0.7.2.post1", "0.6.18.post1"}),
+        frozenset({"flashinfer_dec_tc"}),
+        "a CUDA-graph decode wrapper with fixed_split_size whose plan does not split (a replay of requests "
+        "shorter than the captured ones, or a window under the split chunk) leaves the split bookkeeping "
+        "stale or absent: wrong outputs or NaN (0.6.18.post1), an illegal memory access (both)",
+        "known_issues/flashinfer_graph_unsplit_plan.py",
+        lambda g: has_unsplit_plan(g, FlashInferDecTC.split_tokens),
+        on_replay=True,
+    ),
 )
 
 
@@ -69,17 +99,19 @@ def installed_version(distribution: str) -> str | None:
         return None
 
 
-def known_issue(backend_name: str, case: Case) -> tuple[KnownIssue, str] | None:
-    """The known issue (and the installed version) this backend's failure on `case` is, if any."""
+def known_issue(backend_name: str, case: Case | GraphCase) -> tuple[KnownIssue, str] | None:
+    """The known issue (and the installed version) this backend's failure on `case` is, if any: an
+    on_replay issue for a GraphCase, any other for a Case."""
+    replay = isinstance(case, GraphCase)
     for issue in KNOWN_ISSUES:
-        if backend_name in issue.backends and issue.reaches(case):
+        if issue.on_replay == replay and backend_name in issue.backends and issue.reaches(case):
             version = installed_version(issue.library)
             if version in issue.versions:
                 return issue, version
     return None
 
 
-def expected_failure(backend_name: str, case: Case, reason: str) -> str | None:
+def expected_failure(backend_name: str, case: Case | GraphCase, reason: str) -> str | None:
     """The xfail reason for a failing case that is a known issue on the installed version, else None."""
     found = known_issue(backend_name, case)
     if found is None:

@@ -10,7 +10,9 @@ left), lets `replay_metadata` write its metadata into the same buffers, and repl
 
 `replay_result` judges each replay's real rows against the references with the numeric check's
 compare() and budgets, and, when the case is deterministic, bitwise against the same adapter's eager
-`run()` on that batch. A failure names the replay index, the sequence of sizes and the repro.
+`run()` on that batch. A failure names the replay index, the sequence of sizes and the repro; a
+failure or crash a known library issue of the graph path reaches is `xfail` on its versions
+(harness/checks/known_issues.py).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import torch
 
 from harness.backends.base import Backend
 from harness.backends.graph_glue import GraphGlue, GraphLimits, StaticInputs, capture_sizes, padded_size
+from harness.checks.known_issues import expected_failure
 from harness.checks.numeric import REFERENCES
 from harness.core.batch import Batch, build_batch, make_inputs
 from harness.core.compare import compare
@@ -150,12 +153,14 @@ def replay_result(backend: Backend, g: GraphCase, device: str = "cpu") -> CaseRe
     def result(status: str, reason: str, **more: object) -> CaseResult:
         where = "capture" if at < 0 else f"replay {at}"
         case = g.batches[max(at, 0)]
+        text = f"{where}: {reason}; {seq}" if status != "pass" else f"{reason}; {seq}"
+        known = expected_failure(backend.name, g, text) if status in ("fail", "crash") else None
         return CaseResult(
-            status,
+            "xfail" if known else status,
             backend.name,
             device,
             case,
-            reason=f"{where}: {reason}; {seq}" if status != "pass" else f"{reason}; {seq}",
+            reason=known or text,
             seconds=time.perf_counter() - start,
             extra={**extra, "replay": at, **more},
         )

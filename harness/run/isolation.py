@@ -114,7 +114,8 @@ class IsolatedRunner:
         out = self._call(backend, fn, (case, device, *more))
         if out.kind == "ok":
             res = out.value
-            if res.status == "crash":  # the backend raised: its CUDA context may be gone
+            raised = res.status == "crash" or "traceback" in res.extra  # an excused crash keeps its traceback
+            if raised:  # the backend raised: its CUDA context may be gone
                 tail = self.worker.log_tail()
                 if tail:
                     res.extra["worker_output"] = tail
