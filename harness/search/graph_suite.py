@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 
 from harness import backends
 from harness.core.graph_case import GraphCase
@@ -24,6 +24,7 @@ from harness.core.modes import FAMILY_MODE
 from harness.core.results import GRAPH_CHECK, CaseResult
 from harness.run import isolation
 from harness.search import profiles
+from harness.search.pinned import PINNED_GRAPHS
 from harness.search.refusals import search_with_refusals
 from harness.search.strategies import GRAPH_FAMILIES, graph_cases
 from harness.search.suite import WINDOWS, Target, judge, selected_backends
@@ -63,6 +64,12 @@ def params() -> list:
     return out
 
 
+def pinned_graphs(graph_family: str, windowed: bool) -> list[GraphCase]:
+    """The GraphCases pinned for this graph family (harness/search/pinned.py), windowed or not."""
+    pins = [GraphCase.from_dict(d) for d in PINNED_GRAPHS.get(graph_family, [])]
+    return [g for g in pins if (g.layer.window_left >= 0) == windowed]
+
+
 def run(t: GraphTarget, record: Callable[[CaseResult], None] | None = None) -> None:
     """Search replay sequences; fail with the GraphCase, the replay that failed and its repro."""
     backend = t.backend()
@@ -82,6 +89,11 @@ def run(t: GraphTarget, record: Callable[[CaseResult], None] | None = None) -> N
     @given(strategy)
     def check(g: GraphCase) -> None:
         judge(search(g), search, record)
+
+    for g in pinned_graphs(t.graph_family, t.window == "swa"):
+        drawable = all(caps.admits(c) and backend.supports(c) is None for c in g.batches)
+        if drawable and backend.graph_supports(g.layer) is None:
+            check = example(g)(check)
 
     what = f"{backend.name} on {t.device}, graph {t.graph_family} ({t.window})"
     search_with_refusals(check, search.seen.values, what)
