@@ -38,6 +38,22 @@ class Probe:
     case: Case | None = None
     call: str | None = None  # "merge_state" or "segment_packbits"
 
+    @property
+    def users(self) -> tuple[str, ...]:
+        """The backends whose cases load this probe's module (its kind is the label's head)."""
+        return MODULE_USERS[self.label.split("[")[0]]
+
+
+# Which backends load each kind of module: the fa2 prefill module also runs tensor-core decode and
+# cross-attention; merge_state is ragged's cascade; plan() packs a custom (tree) mask with packbits.
+MODULE_USERS = {
+    "prefill": ("flashinfer_paged", "flashinfer_ragged", "flashinfer_dec_tc", "flashinfer_enc"),
+    "decode_cc": ("flashinfer_dec_cc",),
+    "sink": ("flashinfer_paged",),
+    "cascade": ("flashinfer_ragged",),
+    "packbits": ("flashinfer_paged", "flashinfer_enc"),
+}
+
 
 def _case(
     mode: str,

@@ -32,11 +32,19 @@ VARIANT_TIMEOUT = 900.0  # seconds for one variant, or one plan, in a worker
 @dataclass(frozen=True)
 class Variant:
     """One thing to compile: `task` is what the library's `compile` (or `plan`) gets in a worker
-    (picklable)."""
+    (picklable); `users`: the backends that need it (empty: every backend of the library)."""
 
     library: str
     label: str
     task: object
+    users: tuple[str, ...] = ()
+
+
+def needed(variants: list[Variant], backends: Sequence[str] | None) -> list[Variant]:
+    """The variants a check of `backends` (None: every backend) loads."""
+    if not backends:
+        return variants
+    return [v for v in variants if not v.users or set(v.users) & set(backends)]
 
 
 @dataclass
@@ -207,16 +215,18 @@ def warm(
     say: Callable[[str], None],
     start: float | None = None,
     built: threading.Event | None = None,
+    backends: Sequence[str] | None = None,
 ) -> Tally:
-    """Compile every variant of `library` for `profile`: one ninja (a library with a `plan`) or a
-    pool of workers; `built`: set once no ninja build runs beside this library (None: none does)."""
+    """Compile every variant of `library` for `profile` that a check of `backends` (None: every
+    backend) loads: one ninja (a library with a `plan`) or a pool of workers; `built`: set once no
+    ninja build runs beside this library (None: none does)."""
     t0 = time.monotonic()
     start = t0 if start is None else start
     tally = Tally(library.name)
     if not _ready(library, tally):
         return tally
     try:
-        todo = library.variants(profile)
+        todo = needed(library.variants(profile), backends)
     except Exception as e:  # noqa: BLE001 - the libraries beside it go on; the run fails
         tally.failed.append(f"listing the variants: {type(e).__name__}: {e}")
         return tally
@@ -235,9 +245,14 @@ def warm(
 
 
 def run(
-    libraries: Sequence[Library], profile: str, jobs: int, say: Callable[[str], None] = print
+    libraries: Sequence[Library],
+    profile: str,
+    jobs: int,
+    say: Callable[[str], None] = print,
+    backends: Sequence[str] | None = None,
 ) -> list[Tally]:
-    """Every library at once, each from its own thread; a Tally each, in order.
+    """Every library at once, each from its own thread, compiling what a check of `backends` (None:
+    every backend) loads; a Tally each, in order.
 
     Sizing: a ninja build (FlashInfer's nvcc, the longest) runs `jobs` steps at a time from the
     start, and each pool library starts with half its workers beside it, so the cores are shared
@@ -255,7 +270,7 @@ def run(
 
     def one(library: Library) -> Tally:
         try:
-            return warm(library, profile, jobs, said, start, built)
+            return warm(library, profile, jobs, said, start, built, backends)
         finally:
             if library.plan is not None:
                 with printing:
@@ -311,7 +326,7 @@ def main(
         say(f"attn-harness warmup: none of {', '.join(backends or [])} compiles anything: nothing to do")
         return 0
     say(f"attn-harness warmup: profile {profile}; {jobs} cores; cache directory {cache}")
-    tallies = run(chosen, profile, jobs, say)
+    tallies = run(chosen, profile, jobs, say, backends)
     for line in summary(tallies, cache):
         say(line)
     return 1 if any(t.failed for t in tallies) else 0

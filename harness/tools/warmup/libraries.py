@@ -69,7 +69,7 @@ def _backend(name: str):  # noqa: ANN202 - a Backend, loaded once per worker
 
 
 def flashinfer_variants(profile: str) -> list[Variant]:
-    return [Variant("flashinfer", p.label, p) for p in flashinfer_warmup.module_probes(profile)]
+    return [Variant("flashinfer", p.label, p, p.users) for p in flashinfer_warmup.module_probes(profile)]
 
 
 FLASHINFER = Library(
