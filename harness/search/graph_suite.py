@@ -77,11 +77,11 @@ def run(t: GraphTarget, record: Callable[[CaseResult], None] | None = None) -> N
     why = backend.available(t.device) or caps.graph_reason(FAMILY_MODE.get(t.graph_family))
     if why:
         pytest.skip(why)
-    strategy = graph_cases(t.graph_family, t.window == "swa", caps, profiles.sizes())
-    # Not drawn: what the backend declares it cannot combine (`exclusive`) or run under a graph.
-    strategy = strategy.filter(
-        lambda g: all(caps.admits(c) for c in g.batches) and backend.graph_supports(g.layer) is None
-    )
+    def admitted(g: GraphCase) -> bool:
+        """Not drawn: what the backend declares it cannot combine (`exclusive`) or run under a graph."""
+        return all(caps.admits(c) for c in g.batches) and backend.graph_supports(g.layer) is None
+
+    strategy = graph_cases(t.graph_family, t.window == "swa", caps, profiles.sizes()).filter(admitted)
     search = isolation.Search(backend, t.device, "graph")
     current = settings.default
 
@@ -91,8 +91,7 @@ def run(t: GraphTarget, record: Callable[[CaseResult], None] | None = None) -> N
         judge(search(g), search, record)
 
     for g in pinned_graphs(t.graph_family, t.window == "swa"):
-        drawable = all(caps.admits(c) and backend.supports(c) is None for c in g.batches)
-        if drawable and backend.graph_supports(g.layer) is None:
+        if admitted(g) and all(backend.supports(c) is None for c in g.batches):
             check = example(g)(check)
 
     what = f"{backend.name} on {t.device}, graph {t.graph_family} ({t.window})"

@@ -185,8 +185,9 @@ def warm_pool(
                 tally.cached += out.value == CACHED
                 what = out.value
             else:
-                tally.failed.append(f"{v.label}: {_error(out)}")
-                what = f"FAILED ({_error(out)})"
+                why = _error(out)
+                tally.failed.append(f"{v.label}: {why}")
+                what = f"FAILED ({why})"
             elapsed = time.monotonic() - start
             say(f"  [{done[0]}/{len(todo)}] {library.name} {v.label}: {what}  ({elapsed:.0f} s)")
 
