@@ -390,7 +390,7 @@ def test_a_graph_known_issue_excuses_a_capture_crash_and_keeps_its_traceback(mon
         (GraphCase((decode(40, 30, deterministic=True, window_left=9),), 2, 80), True),  # window < chunk
     ],
 )
-def test_the_plans_0_6_gets_wrong_are_a_short_replay_after_a_split_capture_or_a_window_under_the_chunk(
+def test_the_plans_flashinfer_gets_wrong_are_a_short_replay_after_a_split_capture_or_a_window_under_it(
     g, unsplit
 ):
     assert known_issues.has_unsplit_plan(g, 16) == unsplit
