@@ -9,8 +9,9 @@ TORCH ?= torch==2.13.0
 EXTRAS ?= hf,dev
 PROFILE ?=
 ARGS ?=
-# `make check` compiles every JIT variant first (`make warmup`); WARMUP=no checks without it, and
-# WARMUP_ARGS narrows it, e.g. WARMUP_ARGS="--backend fa4".
+# On a GPU `make check` compiles the JIT variants it draws beside the check (each backend starts once
+# its libraries are compiled); WARMUP=no leaves each backend to compile in its own processes.
+# `make warmup` compiles them alone (WARMUP_ARGS narrows it, e.g. WARMUP_ARGS="--backend fa4").
 WARMUP ?= yes
 WARMUP_ARGS ?=
 
@@ -31,15 +32,15 @@ endif
 
 # Compile every JIT variant the profile draws (FlashInfer, FA4, flex_compiled) over all cores into the
 # cache directory (ATTN_HARNESS_CACHE, default ~/.cache/attn-harness); a warm cache compiles nothing.
-# Without a GPU it says there is nothing to compile.
+# Without a GPU it says there is nothing to compile. `make check` does this beside the check itself.
 warmup: $(SETUP)
 	$(PYTHON) -m harness warmup $(if $(PROFILE),--profile $(PROFILE)) $(WARMUP_ARGS)
 
 # The suite (cases/) over every backend available here, with the per-family summary table.
 # A runner that must test some backends: ARGS="--require fa4,flashinfer_paged" (or ATTN_HARNESS_REQUIRE)
 # exits 2 before running when one of them is unavailable or broken here.
-check: $(SETUP) $(if $(filter yes,$(WARMUP)),warmup)
-	$(PYTHON) -m harness check $(if $(PROFILE),--profile $(PROFILE)) $(ARGS)
+check: $(SETUP)
+	$(PYTHON) -m harness check $(if $(PROFILE),--profile $(PROFILE)) $(if $(filter no,$(WARMUP)),--no-warmup) $(ARGS)
 
 # The project's tests: self-tests (tests/) and the suite under the ci profile. pytest's exit
 # status 5 (nothing collected, e.g. every test deselected) is reported, not mistaken for success.

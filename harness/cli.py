@@ -18,7 +18,10 @@ import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import NamedTuple, NoReturn
+from typing import TYPE_CHECKING, NamedTuple, NoReturn
+
+if TYPE_CHECKING:
+    from harness.run.warm_gate import WarmGate
 
 PACKAGE = Path(__file__).resolve().parent
 ROOT = PACKAGE.parent  # the repository, in a checkout; site-packages, installed
@@ -27,7 +30,8 @@ PLUGIN = "harness.run.pytest_plugin"
 REQUIRE_ENV = "ATTN_HARNESS_REQUIRE"  # comma-separated backends `check` requires, as --require (CI)
 NOTHING_CHECKED = 3  # repro's exit status when the case did not run (a SKIP: unsupported, no device)
 PYTEST_USAGE_ERROR = 4
-JOBS_PER_GPU = 4  # check's default pytest processes per GPU (a process keeps a core busy, not the GPU)
+JOBS_PER_GPU = 8  # check's default pytest processes per GPU (a process keeps a core busy, not the GPU)
+CORES_PER_JOB = 2  # a pytest process and its isolation worker
 
 
 class UsageError(Exception):
@@ -237,7 +241,14 @@ def add_check(p: argparse.ArgumentParser) -> None:
         "--jobs",
         type=int,
         help="pytest processes at once, the longest backends first; one that would bound the wall time "
-        f"is split into shards (default 1; on CUDA 1 per 4 cores, up to {JOBS_PER_GPU} per GPU)",
+        f"is split into shards (default 1; on CUDA 1 per {CORES_PER_JOB} cores, "
+        f"{JOBS_PER_GPU} a GPU at most)",
+    )
+    p.add_argument(
+        "--no-warmup",
+        action="store_true",
+        help="on CUDA, do not compile the JIT variants beside the check (harness/run/warm_gate.py); "
+        "each backend then compiles what it draws in its own processes",
     )
     p.add_argument(
         "--gpus",
@@ -339,14 +350,25 @@ def cmd_check(args: argparse.Namespace) -> int:
     if args.gpus:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
     env.update(where.env)
+    gate = None
+    if on_gpu and args.device != "cpu" and not args.no_warmup:
+        from harness.run.warm_gate import WarmGate
+        from harness.tools import warmup
+        from harness.tools.warmup.libraries import LIBRARIES
+
+        say = lambda line: print(line, flush=True)  # noqa: E731
+        gate = WarmGate(LIBRARIES, profile, warmup.default_jobs(), names, say)
+        gate.start()
     if jobs > 1:  # no cache: processes at once would overwrite each other's last-failed set (--lf)
         cmd += ["-p", "no:cacheprovider"]
         selection = f"profile {profile}; -m {' and '.join(marks)}; -k {args.k or ''}"
         code = _check_parallel(
             cmd, env, names, jobs, gpus, run_dir, profile, args.results, selection, where.cwd,
-            args.command_line,
+            args.command_line, gate,
         )
     else:
+        if gate is not None:  # one process checks every backend: it waits for the whole warm-up
+            print("\n".join(gate.join()), flush=True)
         cmd += ["--harness-report", str(run_dir), "--harness-run-id", run_dir.name]
         if args.results:
             cmd += ["--harness-results", str(Path(args.results).resolve())]
@@ -387,13 +409,13 @@ def _gpus(requested: str | None, cuda: bool) -> list[str]:
 
 def _jobs(requested: int | None, cuda: bool, gpus: int = 1) -> int:
     """pytest processes at once: as asked; else one on the CPU (CI's two cores are busy with one)
-    and, on a CUDA machine, one per four cores up to JOBS_PER_GPU per GPU (a check keeps a core
-    busy, not the GPU)."""
+    and, on a CUDA machine, one per CORES_PER_JOB cores up to JOBS_PER_GPU per GPU (a check keeps
+    cores busy, not the GPU)."""
     if requested is not None:
         if requested < 1:
             raise UsageError(f"--jobs must be at least 1, got {requested}")
         return requested
-    return max(1, min(JOBS_PER_GPU * max(1, gpus), (os.cpu_count() or 1) // 4)) if cuda else 1
+    return max(1, min(JOBS_PER_GPU * max(1, gpus), (os.cpu_count() or 1) // CORES_PER_JOB)) if cuda else 1
 
 
 def _check_parallel(
@@ -408,10 +430,12 @@ def _check_parallel(
     selection: str,
     cwd: Path,
     command_line: str,
+    gate: WarmGate | None = None,
 ) -> int:
     """The suite as pytest processes, one per backend or per shard of one, `jobs` at once over
     `gpus`, in the schedule's order (harness/run/schedule.py, costs from harness/run/costs.py),
-    merged into one results.json and report in run_dir; the measured costs saved for the next run."""
+    merged into one results.json and report in run_dir; the measured costs saved for the next run.
+    With a `gate` (the warm-up running beside the check) a backend's parts wait for its libraries."""
     import time
 
     from harness import report
@@ -431,10 +455,16 @@ def _check_parallel(
         flush=True,
     )
     print("\n".join(schedule.describe(plan, sources)), flush=True)
-    parts = parallel.run(cmd, env, BACKENDS_ENV, plan, run_dir / "parts", cwd)
+    ready = gate.ready if gate is not None else (lambda backend: True)
+    nice = gate.nice if gate is not None else (lambda: 0)
+    parts = parallel.run(cmd, env, BACKENDS_ENV, plan, run_dir / "parts", cwd, ready=ready, nice=nice)
+    warmed = gate.join() if gate is not None else []
     code = parallel.combined_code([p.code for p in parts])
     elapsed = time.monotonic() - t0
-    costs.save(kept, selection, costs.measured([(p.backend, p.code, p.seconds) for p in parts]))
+    if gate is None or not gate.compiled():
+        costs.save(kept, selection, costs.measured([(p.backend, p.code, p.seconds) for p in parts]))
+    else:  # the parts shared the cores with the compiles: their times are not the check's cost
+        print(f"timings not saved to {kept / costs.TIMINGS}: the warm-up compiled beside the check")
     records = [r for p in parts for r in p.records]
     environment = next((p.environment for p in parts if p.environment), {})
     run = {
@@ -446,10 +476,12 @@ def _check_parallel(
         "exit_status": code,
         "parts": parallel.part_records(parts),
     }
+    if gate is not None and gate.seconds is not None:
+        run["warmup_s"] = round(gate.seconds, 3)  # beside the check: part of elapsed_s, not added to it
     data = results_json.build(records, run, environment)
     if records:
         print(summary_table(records))
-    print("\n".join(parallel.gpu_lines(parts, elapsed)))
+    print("\n".join(warmed + parallel.gpu_lines(parts, elapsed)))
     if results_path:
         results_json.dump(Path(results_path).resolve(), data)
         print(f"results: {Path(results_path).resolve()}")

@@ -1,6 +1,8 @@
-"""A stand-in for `python -m harness` in the bench's cold-start tests: `warmup` "compiles" two variants
-into --cache-dir (none when they are there), `check` needs them; each logs its call and whether a
-compile-cache variable reached it from the parent's environment. FAKE_WARMUP_EXIT: warmup's status."""
+"""A stand-in for `python -m harness` in the bench's cold-start tests: `check` "compiles" two variants
+into --cache-dir beside itself (none when they are there), printing the warm-up's lines as a CUDA
+check does, and passes only if both are there; it logs its call and whether a compile-cache
+variable reached it from the parent's environment. FAKE_WARMUP_FAILED: variants that fail to
+compile; FAKE_CHECK_EXIT: the check's status."""
 
 from __future__ import annotations
 
@@ -18,15 +20,17 @@ def main(argv: list[str]) -> int:
     leaked = [v for v in LEAKED if v in os.environ]
     with (fake.parent.parent / "calls.log").open("a") as log:
         log.write(f"{command} {' '.join(argv[1:])} leaked={','.join(leaked)}\n")
-    if command == "warmup":
-        todo = [v for v in ("a", "b") if not (fake / v).exists()]
-        for v in todo:
-            (fake / v).write_text("x" * 1000)
-        print("library  variants  compiled")
-        print(f"fake  2  {len(todo)}")
-        print(f"warmup: {len(todo)} variants compiled into {cache}" if todo else "warmup: nothing compiled")
-        return int(os.environ.get("FAKE_WARMUP_EXIT", "0"))
-    return 0 if all((fake / v).exists() for v in ("a", "b")) else 1
+    todo = [v for v in ("a", "b") if not (fake / v).exists()]
+    for v in todo:
+        (fake / v).write_text("x" * 1000)
+    failed = int(os.environ.get("FAKE_WARMUP_FAILED", "0"))
+    print("warmup: beside the check: fake, 2 cores")
+    print("library  variants  compiled")
+    print(f"fake  2  {len(todo)}")
+    tail = f"; {failed} failed" if failed else ""
+    print(f"warmup: {len(todo)} variants compiled in 3 s beside the check{tail}")
+    print("decode  10 pass")
+    return int(os.environ.get("FAKE_CHECK_EXIT", "0"))
 
 
 if __name__ == "__main__":

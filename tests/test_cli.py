@@ -11,6 +11,8 @@ import pytest
 
 from harness.cli import main
 from harness.report import results_json
+from harness.run import warm_gate
+from tests.helpers import IdleGate
 from tests.report_helpers import PINNED_QUERY_LINE, ROOT, WINDOW_IGNORED, mutant_run
 
 SHORT = "harness.mutants.torch_native:_WindowShort"
@@ -177,6 +179,7 @@ def test_check_on_a_cuda_machine_runs_the_cuda_backends_unless_told(
     monkeypatch.setattr(cli, "_default_device", lambda: "cuda")
     monkeypatch.setattr(cli.os, "cpu_count", lambda: 2)  # one pytest process (--jobs: test_parallel.py)
     monkeypatch.setattr(cli.subprocess, "run", fake_run)
+    monkeypatch.setattr(warm_gate, "WarmGate", IdleGate)
     args = ["check", "--reports", str(tmp_path)] + (["--device", device] if device else [])
     assert main(args) == 0
     assert seen["cmd"][seen["cmd"].index("-m", 3) + 1] == mark and seen["profile"] == profile

@@ -10,7 +10,8 @@ import pytest
 
 from harness import cli
 from harness.cli import main
-from harness.run import isolation, parallel, schedule
+from harness.run import isolation, parallel, schedule, warm_gate
+from tests.helpers import IdleGate
 
 CHILD = """
 import json, os, sys
@@ -75,12 +76,13 @@ def two_gpus(monkeypatch):
 
     monkeypatch.setattr(cli, "_check_parallel", fake_parallel)
     monkeypatch.setattr(cli.subprocess, "run", fake_run)
+    monkeypatch.setattr(warm_gate, "WarmGate", IdleGate)
     return seen
 
 
 @pytest.mark.parametrize(
     ("args", "jobs", "gpus"),
-    [([], 8, ["0", "1"]), (["--gpus", "1"], 4, ["1"]), (["--gpus", "1,0", "--jobs", "3"], 3, ["1", "0"])],
+    [([], 16, ["0", "1"]), (["--gpus", "1"], 8, ["1"]), (["--gpus", "1,0", "--jobs", "3"], 3, ["1", "0"])],
 )
 def test_check_spreads_over_every_visible_gpu_unless_told_and_scales_its_jobs(
     two_gpus, tmp_path, args, jobs, gpus

@@ -78,6 +78,24 @@ def test_the_layout_puts_each_request_at_its_fixed_offset():
     assert launches[0].kv_doc.tolist()[:16] == [0] * 15 + [-2] and launches[1].q_doc.tolist()[0] == -1
 
 
+def test_deterministic_launches_pin_flex_main_kernel_on_cuda():
+    """In deterministic mode both paths call flex's main kernel on CUDA (FORCE_USE_FLEX_ATTENTION): the
+    decoding kernel would tile the keys by the launch's length, the graph's stride vs the eager
+    request's own. Other launches keep inductor's choice; the CPU takes no kernel options."""
+    backend = _CompiledHere()
+    pins = [("draft_extend_v2_deterministic", True), ("decode_swa_soft_cap_sinks", False)]
+    for g, pinned in ((GRAPH_CASES[name], pinned) for name, pinned in pins):
+        batches = [build_batch(c, make_inputs(c, "cpu"), "cpu") for c in g.batches]
+        runner = GraphRunner(backend, limits_of(g), batches)
+        backend.replay_metadata(runner.state, batches[0], 4)
+        graph = backend.graph_launches(runner.state, backend.graph_launch(runner.state, runner.static(4)), 4)
+        eager = [backend.pack(batches[0], r) for r in backend.launches(batches[0])]
+        for launch in graph + eager:
+            options = backend.kernel_kwargs("cuda", launch)["kernel_options"]
+            assert options.get("FORCE_USE_FLEX_ATTENTION", False) is pinned
+            assert options["BLOCK_M"] == 64 and backend.kernel_kwargs("cpu", launch) == {}
+
+
 GRAPH_MUTANTS = [m for m in MUTANTS if m.check == "graph"]
 
 

@@ -22,12 +22,12 @@ def test_one_exit_status_for_the_run(codes, expected):
     assert parallel.combined_code(codes) == expected
 
 
-def test_default_jobs_one_on_the_cpu_and_per_four_cores_on_cuda_up_to_four_per_gpu(monkeypatch):
+def test_default_jobs_one_on_the_cpu_and_per_two_cores_on_cuda_up_to_eight_per_gpu(monkeypatch):
     monkeypatch.setattr(cli.os, "cpu_count", lambda: 16)
-    assert cli._jobs(None, cuda=False) == 1 and cli._jobs(None, cuda=True) == 4
-    assert cli._jobs(None, cuda=True, gpus=2) == 4  # 16 cores: still 4
+    assert cli._jobs(None, cuda=False) == 1 and cli._jobs(None, cuda=True) == 8
+    assert cli._jobs(None, cuda=True, gpus=2) == 8  # 16 cores: still 8
     monkeypatch.setattr(cli.os, "cpu_count", lambda: 32)
-    assert cli._jobs(None, cuda=True, gpus=1) == 4 and cli._jobs(None, cuda=True, gpus=2) == 8
+    assert cli._jobs(None, cuda=True, gpus=1) == 8 and cli._jobs(None, cuda=True, gpus=2) == 16
     monkeypatch.setattr(cli.os, "cpu_count", lambda: 2)
     assert cli._jobs(None, cuda=True) == 1 and cli._jobs(3, cuda=False) == 3
 

@@ -23,7 +23,7 @@ from harness import cli
 from harness.run import cache_dir
 from harness.search.profiles import SIZES
 from harness.tools import warmup
-from harness.tools.warmup import libraries, ninja
+from harness.tools.warmup import libraries, ninja, stamp
 from harness.tools.warmup.libraries import FA4, FLASHINFER, FLEX, LIBRARIES
 from tests import warmup_fake
 
@@ -56,19 +56,20 @@ def test_flashinfer_plans_the_profiles_dtypes_and_head_dims():
 
 
 def _no_recording(monkeypatch) -> None:
-    """The recording run fails: FA4's variants are fa4_precompile's reachable list."""
+    """The recording run fails: FA4's variants are fa4_precompile's reachable list, flex_compiled's
+    one case per mode of each shape."""
 
-    def fail(profile: str) -> list:
+    def fail(profile: str, backend: str) -> list:
         raise libraries.RecordFailed("the recording run exited 1: boom")
 
-    monkeypatch.setattr(libraries, "record_fa4_cases", fail)
+    monkeypatch.setattr(libraries, "record_cases", fail)
 
 
 def _fa4_cases(profile: str) -> list:
     return [case for v in FA4.variants(profile) for _, case in v.task.cases]
 
 
-def test_fa4_falls_back_to_every_reachable_variant_when_the_recording_run_fails(monkeypatch):
+def test_fa4_falls_back_to_every_reachable_variant_when_the_recording_run_fails(monkeypatch, cache):
     from harness.tools.fa4_precompile import variant_cases
 
     _no_recording(monkeypatch)
@@ -93,7 +94,7 @@ def test_fa4_variants_are_the_recorded_cases_grouped_by_their_kernel_key(monkeyp
     drawn = [("numeric", base), ("numeric", capped), ("numeric", same), ("invariance", other_cap)]
     drawn.append(("numeric", long))
     recorded = [{"backend": "fa4", "family": "x", "kind": k, "case": c} for k, c in drawn]
-    monkeypatch.setattr(libraries, "record_fa4_cases", lambda profile: recorded)
+    monkeypatch.setattr(libraries, "record_cases", lambda profile, backend: recorded)
     variants = FA4.variants("gpu")
     grouped = [v.task.cases for v in variants if "drawn)" in v.label]
     assert grouped == [
@@ -126,7 +127,7 @@ def test_fa4_records_the_check_the_warmup_precedes(monkeypatch):
         return subprocess.CompletedProcess(cmd, 0, "1 passed", "")
 
     monkeypatch.setattr(subprocess, "run", fake_run)
-    recorded = libraries.record_fa4_cases("dev")
+    recorded = libraries.record_cases("dev", "fa4")
     assert [r["case"].requests[0].prefix_len for r in recorded] == [4]
     cmd, env = seen["cmd"], seen["env"]
     assert cmd[1:3] == ["-m", "pytest"] and cmd[cmd.index("-m", 3) + 1] == "gpu"
@@ -134,7 +135,7 @@ def test_fa4_records_the_check_the_warmup_precedes(monkeypatch):
     assert env["ATTN_HARNESS_PROFILE"] == "dev" and env["ATTN_HARNESS_BACKENDS"] == "fa4"
     monkeypatch.setattr(subprocess, "run", lambda cmd, **kw: subprocess.CompletedProcess(cmd, 2, "", "E bad"))
     with pytest.raises(libraries.RecordFailed, match="exited 2: E bad"):
-        libraries.record_fa4_cases("gpu")
+        libraries.record_cases("gpu", "fa4")
 
 
 def test_fa4_plans_each_profiles_heads_and_head_dims(monkeypatch):
@@ -152,11 +153,13 @@ def test_fa4_plans_each_profiles_heads_and_head_dims(monkeypatch):
     assert len({v.label for v in FA4.variants("gpu")}) == len(gpu)  # one label per variant
 
 
-def test_flex_plans_one_variant_per_dtype_head_dim_and_heads_with_every_mode():
-    gpu = {v.label for v in FLEX.variants("gpu")}
-    assert {f"bfloat16,d=128,heads={q}/{k}" for q, k in SIZES["gpu"].heads} <= gpu
-    for v in FLEX.variants("gpu"):
-        assert {c.mode for c in v.task} == {
+def test_flex_without_a_recording_plans_each_shape_with_every_mode_and_the_model_checks(monkeypatch):
+    _no_recording(monkeypatch)
+    variants = FLEX.variants("gpu")
+    shapes = [v for v in variants if v.task.model is None]
+    assert {f"bfloat16,d=128,heads={q}/{k}" for q, k in SIZES["gpu"].heads} <= {v.label for v in shapes}
+    for v in shapes:
+        assert {c.mode for _, c in v.task.cases} == {
             "EXTEND",
             "DECODE",
             "DRAFT_EXTEND_V2",
@@ -164,8 +167,36 @@ def test_flex_plans_one_variant_per_dtype_head_dim_and_heads_with_every_mode():
             "CROSS",
             "ENCODER_ONLY",
         }
-    ci = {v.label.split(",d=")[0] for v in FLEX.variants("ci")}
+    from harness.checks.model.check import MODELS
+
+    assert [v.task.model for v in variants if v.task.model] == list(MODELS)  # each model check whole
+    assert FLEX.note() == "the recording run exited 1: boom; one case per mode of each shape instead"
+    ci = {v.label.split(",d=")[0] for v in FLEX.variants("ci") if v.task.model is None}
     assert ci == {"bfloat16", "float16"}
+
+
+def test_flex_variants_are_the_recorded_cases_grouped_by_what_compiles_anew(monkeypatch):
+    from harness.core.case import Case, Request
+
+    base = Case(mode="DECODE", requests=(Request(40, 1), Request(9, 1)), num_q_heads=8, num_kv_heads=2)
+    same = base.replace(requests=(Request(900, 1), Request(3, 1), Request(7, 1)), soft_cap=30.0, seed=3)
+    scaled = base.replace(sm_scale=0.05)  # the scale is a constant of the kernel
+    one_row = base.replace(requests=(Request(40, 1),))  # dynamo specialises a size of 1
+    long = base.replace(mode="EXTEND", requests=(Request(0, 100), Request(0, 100)))  # 200 rows: main kernel
+    per_request = long.replace(deterministic=True)  # a launch per request: 100 rows each
+    drawn = [("numeric", c) for c in (base, same, scaled, one_row, long)] + [("invariance", per_request)]
+    recorded = [{"backend": "flex_compiled", "family": "x", "kind": k, "case": c} for k, c in drawn]
+    monkeypatch.setattr(libraries, "record_cases", lambda profile, backend: recorded)
+    groups = [v.task.cases for v in FLEX.variants("gpu") if v.task.model is None]
+    assert groups == [
+        (("numeric", base), ("numeric", same)),
+        (("numeric", scaled),),
+        (("numeric", one_row),),
+        (("numeric", long),),
+        (("invariance", per_request),),
+    ]
+    assert libraries.flex_key(per_request)[-2:] == (False, True) and libraries.flex_key(long)[-1] is False
+    assert FLEX.note() == "6 drawn cases in 5 groups (record mode), 3 model checks"
 
 
 def test_only_the_libraries_of_the_chosen_backends():
@@ -207,14 +238,37 @@ def test_a_second_run_with_a_warm_cache_compiles_nothing_and_says_so(cache):
     fake = warmup_fake.library(["a", "b", "c"])
     lines: list[str] = []
     assert warmup.main([fake], "gpu", None, 2, True, str(cache), lines.append) == 0
+    shutil.rmtree(cache / stamp.SUBDIR)  # without its stamp each variant is run, and finds itself cached
     (first,) = warmup.run([fake], "gpu", 2, lines.append)  # the same again: all cached
     assert warmup_fake.asked(cache) and sorted(warmup_fake.asked(cache)) == sorted(["a", "b", "c"] * 2)
     assert (first.variants, first.compiled, first.cached, first.failed) == (3, 0, 3, [])
     assert any("[3/3] fake gpu:" in line for line in lines)
     assert "warmup: 3 variants compiled into" in "\n".join(lines)
     lines.clear()
+    shutil.rmtree(cache / stamp.SUBDIR)
     assert warmup.main([fake], "gpu", None, 2, True, str(cache), lines.append) == 0
     assert f"warmup: nothing compiled: every variant was already in the cache ({cache})" in lines
+
+
+def test_a_library_stamped_for_the_same_key_is_skipped_and_any_change_warms_it_again(cache, monkeypatch):
+    fake = warmup_fake.library(["a", "b"])
+    lines: list[str] = []
+    assert warmup.main([fake], "gpu", None, 2, True, str(cache), lines.append) == 0
+    assert warmup.main([fake], "gpu", ["fake_backend"], 2, True, str(cache), lines.append) == 0
+    assert sorted(warmup_fake.asked(cache)) == ["a", "b"]  # the second run ran nothing
+    skipped = [line for line in lines if line.startswith("warmup: fake: warmed on ")]
+    assert len(skipped) == 1 and str(stamp.path(cache, "fake")) in skipped[0]
+    assert skipped[0].endswith("nothing to do")
+    assert lines[-1] == f"warmup: nothing compiled: every variant was already in the cache ({cache})"
+    assert warmup.main([fake], "ci", None, 2, True, str(cache), lines.append) == 0  # another key
+    assert len(warmup_fake.asked(cache)) == 4
+    monkeypatch.setattr(stamp, "source_digest", lambda: "the harness changed")
+    assert warmup.main([fake], "ci", None, 2, True, str(cache), lines.append) == 0
+    assert len(warmup_fake.asked(cache)) == 6
+    broken = warmup_fake.library(["broken"])
+    broken.name = "fakebroken"
+    assert warmup.main([broken], "gpu", None, 1, True, str(cache), lines.append) == 1
+    assert not stamp.path(cache, "fakebroken").exists()  # a failed warm-up leaves no stamp
 
 
 def test_a_failed_variant_fails_the_run_and_an_unavailable_library_is_skipped(cache):
@@ -323,6 +377,7 @@ def test_the_ninja_library_reports_progress_and_each_module_compiled_or_cached(c
     assert table.split()[1:5] == ["3", "2", "1", "0"]  # modules, compiled, cached, failed
 
     lines.clear()
+    shutil.rmtree(cache / stamp.SUBDIR)  # without its stamp the build runs, and finds the modules built
     assert warmup.main([fake], "gpu", None, 2, True, str(cache), lines.append) == 0
     assert not any("build steps" in line for line in lines)
     assert lines[-1] == f"warmup: nothing compiled: every variant was already in the cache ({cache})"
@@ -331,6 +386,7 @@ def test_the_ninja_library_reports_progress_and_each_module_compiled_or_cached(c
     later = source.stat().st_mtime_ns + 10**9
     os.utime(source, ns=(later, later))
     lines.clear()
+    shutil.rmtree(cache / stamp.SUBDIR)
     assert warmup.main([fake], "gpu", None, 2, True, str(cache), lines.append) == 0
     assert "  [1/3] fakeninja b: compiled" in lines and "  [2/3] fakeninja many: cached" in lines
 
@@ -379,8 +435,31 @@ def test_the_libraries_run_at_once_and_a_pool_grows_when_the_ninja_build_ends(ca
     joined = [i for i, e in enumerate(events) if e.startswith(("pool warmup-fake-2 ", "pool warmup-fake-3 "))]
     assert len(joined) == 2 and min(joined) > linked, events
     assert "warmup: fake: 5 variants in 2 processes (4 once the ninja build has finished)" in lines
+    lowered = f"nice={os.nice(0) + warmup.BESIDE_NINJA_NICE}"  # the pool yields to the build
+    assert all(e.endswith(lowered) for e in events if e.startswith("pool ")), events
     table = [line.split()[0] for line in lines if line.startswith(("fake ", "fakeninja "))]
     assert table == ["fakeninja", "fake"]  # the summary keeps the libraries' order
+
+
+def test_pool_workers_waiting_for_a_build_leave_once_nothing_is_left(cache):
+    """The half of a pool that waits for the ninja build to end does not wait when the first half has
+    taken every variant: the library ends (and its backends' checks start) without the build."""
+    import threading
+
+    never = threading.Event()  # a build that does not end within the test
+    said: list[str] = []
+    result: list = []
+    pool = warmup_fake.library(["a", "b"])
+    pool.processes = lambda jobs: 4
+    todo = pool.variants("gpu")
+    thread = threading.Thread(
+        target=lambda: result.append(warmup.warm_pool(pool, todo, 4, said.append, 0.0, never)), daemon=True
+    )
+    thread.start()
+    thread.join(warmup_fake.GUARD_S)  # a guard against hanging, not a measured duration
+    assert not thread.is_alive() and not never.is_set(), said
+    assert result[0].compiled == 2
+    assert "warmup: fake: 2 variants in 1 processes (2 once the ninja build has finished)" in said
 
 
 # --- how each library tells a compile from a cache hit ---------------------------------------
@@ -410,7 +489,9 @@ def test_fa4_counts_a_variant_as_compiled_when_cute_compile_ran(monkeypatch):
 def test_flex_counts_a_variant_as_compiled_when_inductors_cache_missed(monkeypatch):
     from torch._dynamo.utils import counters
 
+    _no_recording(monkeypatch)
     cases = FLEX.variants("gpu")[0].task
+    model = next(v.task for v in FLEX.variants("gpu") if v.task.model == "gemma2")
     graphs: set[str] = set()
 
     def run(backend, case) -> None:  # noqa: ANN001 - inductor: a miss compiles, then hits
@@ -422,6 +503,11 @@ def test_flex_counts_a_variant_as_compiled_when_inductors_cache_missed(monkeypat
     monkeypatch.setattr(libraries, "_backend", lambda name: None)
     assert libraries.compile_flex(cases) == warmup.COMPILED
     assert libraries.compile_flex(cases) == warmup.CACHED
+    from harness.checks.model import check
+
+    served = []
+    monkeypatch.setattr(check, "check_model", lambda backend, model, device: served.append((model, device)))
+    assert libraries.compile_flex(model) == warmup.CACHED and served == [("gemma2", "cuda")]
 
 
 # --- make --------------------------------------------------------------------------------------
@@ -436,13 +522,14 @@ def make_n(*args: str) -> list[str]:
 
 
 @pytest.mark.skipif(shutil.which("make") is None, reason="no make here")
-def test_make_check_warms_up_first_with_the_same_profile():
-    assert make_n("check") == ["py -m harness warmup", "py -m harness check"]
-    assert make_n("check", "PROFILE=dev", "ARGS=--jobs 3") == [
-        "py -m harness warmup --profile dev",
-        "py -m harness check --profile dev --jobs 3",
+def test_make_check_is_one_command_that_warms_up_beside_the_check():
+    """The warm-up runs inside `check` (harness/run/warm_gate.py), with the check's profile and
+    backends; WARMUP=no turns it off; `make warmup` still runs it alone."""
+    assert [line.split() for line in make_n("check")] == [["py", "-m", "harness", "check"]]
+    assert [line.split() for line in make_n("check", "PROFILE=dev", "ARGS=--jobs 3")] == [
+        ["py", "-m", "harness", "check", "--profile", "dev", "--jobs", "3"]
     ]
-    assert make_n("check", "WARMUP=no") == ["py -m harness check"]
+    assert make_n("check", "WARMUP=no")[0].split() == ["py", "-m", "harness", "check", "--no-warmup"]
     assert make_n("warmup") == ["py -m harness warmup"]
-    narrowed = make_n("check", "WARMUP_ARGS=--backend fa4")[0]
+    narrowed = make_n("warmup", "WARMUP_ARGS=--backend fa4")[0]
     assert narrowed.split() == ["py", "-m", "harness", "warmup", "--backend", "fa4"]

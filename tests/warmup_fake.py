@@ -54,7 +54,7 @@ def compile_variant(name: str) -> str:
         raise RuntimeError("the fake compiler cannot compile 'broken'")
     top = cache_dir.root()
     top.mkdir(parents=True, exist_ok=True)
-    _log_event(top, f"pool {multiprocessing.current_process().name} {name}")
+    _log_event(top, f"pool {multiprocessing.current_process().name} {name} nice={os.nice(0)}")
     (top / "gate").touch()  # what the "gated" ninja module waits for
     if name.startswith("meet"):
         _meet(top)

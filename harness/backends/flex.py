@@ -48,6 +48,12 @@ SHAPES_ENV = "ATTN_HARNESS_FLEX_SHAPES"
 # inductor raised NoValidChoicesError on some launches. 64 x 64 tiles in two stages fit, and
 # divide the block mask's 128 x 128 blocks as flex requires.
 CUDA_KERNEL_OPTIONS = {"BLOCK_M": 64, "BLOCK_N": 64, "num_stages": 2, "num_warps": 4}
+# Deterministic mode also pins flex's main kernel. For a short query inductor otherwise picks its
+# decoding kernel, which splits the keys into SPLIT_KV tiles of cdiv(KV_LEN, SPLIT_KV) keys: the tiles
+# (so the order of the sum) follow the launch's key length, which a CUDA-graph launch fixes at its
+# stride while the eager launch has the request's own (torch/_inductor/kernel/flex/flex_decode.py.jinja,
+# TILE_KV_OG). The main kernel walks a query block's key blocks in order, whatever the length.
+DETERMINISTIC_KERNEL_OPTIONS = {**CUDA_KERNEL_OPTIONS, "FORCE_USE_FLEX_ATTENTION": True}
 
 # Why the eager variant has no CUDA-graph path (docs/flex.md, "Under a CUDA graph").
 FLEX_NOT_CAPTURED = (
@@ -97,6 +103,7 @@ class Launch:
     num_keys: int  # keys up to the last real one (the rest is padding, seen by no query)
     terms: frozenset[str]  # the mask terms this launch needs, of MASK_TERMS
     scores_modified: bool  # a soft cap or a virtual sink key: the score_mod has something to do
+    deterministic: bool = False  # the case's deterministic mode (flex_compiled pins its kernel for it)
 
 
 def bucket(n: int) -> int:
@@ -370,6 +377,7 @@ class FlexBase(EngineGlue):
             num_keys=nk,
             terms=frozenset(terms),
             scores_modified=case.soft_cap > 0 or virtual_sink,
+            deterministic=case.deterministic,
         )
 
     def visible_grid(self, launch: Launch) -> torch.Tensor:
@@ -411,7 +419,7 @@ class FlexBase(EngineGlue):
         """The flex_attention function this variant calls on `device`."""
         raise NotImplementedError
 
-    def kernel_kwargs(self, device: str) -> dict:
+    def kernel_kwargs(self, device: str, launch: Launch) -> dict:
         """Keyword arguments of the variant's own (none here)."""
         return {}
 
@@ -430,7 +438,7 @@ class FlexBase(EngineGlue):
         """One flex call: output [1, Hq, Lq, D], and the LSE (natural log) when `want_lse`."""
         _, lse_kwargs = _flex_api()
         device = launch.q.device.type
-        kwargs = {**(lse_kwargs if want_lse else {}), **self.kernel_kwargs(device)}
+        kwargs = {**(lse_kwargs if want_lse else {}), **self.kernel_kwargs(device, launch)}
         gqa = launch.q.shape[1] != launch.k.shape[1]
         flex = self.kernel(device)
         with self.calling():
@@ -635,9 +643,13 @@ class FlexCompiled(FlexBase, GraphGlue):
     def kernel(self, device: str) -> Callable:
         return _compiled_flex(dynamic=not self.static_shapes(device))
 
-    def kernel_kwargs(self, device: str) -> dict:
-        """The CUDA kernel's tiles (CUDA_KERNEL_OPTIONS)."""
-        return {"kernel_options": CUDA_KERNEL_OPTIONS} if device == "cuda" else {}
+    def kernel_kwargs(self, device: str, launch: Launch) -> dict:
+        """The CUDA kernel's tiles (CUDA_KERNEL_OPTIONS), and in deterministic mode flex's main kernel
+        (DETERMINISTIC_KERNEL_OPTIONS: a replay's launch is then bitwise its eager one's)."""
+        if device != "cuda":
+            return {}
+        options = DETERMINISTIC_KERNEL_OPTIONS if launch.deterministic else CUDA_KERNEL_OPTIONS
+        return {"kernel_options": options}
 
     def calling(self) -> AbstractContextManager:
         """Dynamo's recompile limits (`_dynamo_limits`)."""
@@ -760,6 +772,7 @@ class FlexCompiled(FlexBase, GraphGlue):
             num_keys=k.shape[2],
             terms=MASK_TERMS,
             scores_modified=state.layer.case.soft_cap > 0 or virtual_sink,
+            deterministic=state.layer.case.deterministic,
         )
 
     def graph_call_flex(self, *args: object) -> tuple[torch.Tensor, torch.Tensor | None]:

@@ -4,8 +4,9 @@ pytest process: measured by the last `check --jobs` run of the same selection, e
 Every parallel check saves what each backend's parts took into `timings.json` in the cache
 directory (harness/run/cache_dir.py: a CI job that restores its compile caches restores these),
 under a key naming the selection (profile, markers, -k), so a `--family decode` run does not set
-the costs of a full one. A backend never measured for the selection gets DEFAULT_SECONDS (a fresh
-H100 after the warm-up, gpu profile) or, when not in that table, UNKNOWN_SECONDS.
+the costs of a full one; a run whose warm-up compiled beside it saves none (harness/cli.py). A
+backend never measured for the selection gets DEFAULT_SECONDS (an H100 with its cache restored, gpu
+profile) or, when not in that table, UNKNOWN_SECONDS.
 """
 
 from __future__ import annotations
@@ -18,22 +19,21 @@ from harness.run.schedule import STARTUP_S
 
 TIMINGS = "timings.json"  # in the cache directory (harness/run/cache_dir.py)
 FORMAT = "attn-harness-timings"
-# `make check` on a fresh H100 after `warmup` (what a runner without a timings file runs), gpu profile,
-# 4 processes at once, 2026-11-25: flex_compiled still compiles its graph path's and the drawn shapes
-# in the check. fa4 from the check after the warm-up of the first such run (FA4 was not loadable in
-# the second). fa2/fa3: not installed there, every test skipped; installed they check, so they get
-# UNKNOWN_SECONDS.
+# `make check` on an H100 with its cache restored (the warm-up skipped by its stamps), gpu profile, 8
+# processes at once, 2026-11-25 (a run that compiled beside the check saves no timings: its parts
+# shared the cores). Sharded backends are given as one process, less the shards' startups. fa2/fa3:
+# not installed there, every test skipped; installed they check, so they get UNKNOWN_SECONDS.
 DEFAULT_SECONDS = {
-    "flex_compiled": 466.0,
-    "torch_native": 115.0,
-    "flashinfer_dec_tc": 96.0,
-    "flex_eager": 81.0,
-    "fa4": 79.0,
-    "flashinfer_paged": 69.0,
-    "torch_split": 54.0,
-    "flashinfer_ragged": 47.0,
-    "flashinfer_dec_cc": 45.0,
-    "flashinfer_enc": 38.0,
+    "flex_compiled": 404.0,
+    "flex_eager": 233.0,
+    "flashinfer_dec_tc": 151.0,
+    "torch_native": 116.0,
+    "flashinfer_paged": 89.0,
+    "fa4": 81.0,
+    "flashinfer_dec_cc": 66.0,
+    "flashinfer_ragged": 66.0,
+    "torch_split": 65.0,
+    "flashinfer_enc": 61.0,
 }
 UNKNOWN_SECONDS = 60.0
 MEASURED_CODES = (0, 1, 5)  # a part that ran to its end (1: it found failures); not interrupted

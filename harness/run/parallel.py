@@ -16,6 +16,7 @@ from __future__ import annotations
 import re
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
@@ -96,9 +97,9 @@ def part_env(env: dict[str, str], backends_env: str, part: Part) -> dict[str, st
     return {**env, backends_env: part.backend, **gpu}
 
 
-def _start(part: Part, cmd: list[str], env: dict[str, str], backends_env: str, cwd: Path) -> None:
+def _start(part: Part, cmd: list[str], env: dict[str, str], backends_env: str, cwd: Path, nice: int) -> None:
     argv = [*cmd, *part.args, "--harness-results", str(part.results)]
-    part.child = Child(argv, part.log, env=part_env(env, backends_env, part), cwd=cwd)
+    part.child = Child(argv, part.log, env=part_env(env, backends_env, part), cwd=cwd, nice=nice)
 
 
 def _finish(part: Part, code: int) -> None:
@@ -122,23 +123,31 @@ def run(
     cwd: Path,
     out: IO[str] = sys.stdout,
     status_every: float = STATUS_EVERY_S,
+    ready: Callable[[str], bool] = lambda backend: True,
+    nice: Callable[[], int] = lambda: 0,
 ) -> list[Part]:
     """Run `cmd` (a pytest command line) once per part of the plan (a backend, or a shard of one),
-    in the plan's order, at most plan.jobs at once: a part takes the lowest free slot and that
-    slot's GPU. Returns the parts in start order, each with its exit code, seconds, slot, GPU and
-    records. Prints a line as each ends. On an interrupt (Ctrl-C, a time limit's SIGINT) the running
-    parts are asked to stop and write what they checked; parts not started are marked interrupted."""
+    in the plan's order, at most plan.jobs at once: a free slot takes the first waiting part whose
+    backend is `ready` (its warm-up has ended, harness/run/warm_gate.py), the lowest free slot and
+    that slot's GPU, at the priority `nice()` gives when it starts (lower beside a ninja build).
+    Returns the parts in start order, each with its exit code, seconds, slot, GPU and records. Prints
+    a line as each ends. On an interrupt (Ctrl-C, a time limit's SIGINT) the running parts are asked
+    to stop and write what they checked; parts not started are marked interrupted."""
     todo = parts(plan, parts_dir)
-    waiting, running, done = list(todo), [], 0
+    waiting, running, started, done = list(todo), [], [], 0
     free = list(range(plan.jobs))
     last_status = time.monotonic()
     try:
         while waiting or running:
-            while waiting and free:
-                part = waiting.pop(0)
+            while free:
+                part = next((p for p in waiting if ready(p.backend)), None)
+                if part is None:
+                    break
+                waiting.remove(part)
+                started.append(part)
                 part.slot = free.pop(0)
                 part.gpu = plan.slot_gpus[part.slot]
-                _start(part, cmd, env, backends_env, cwd)
+                _start(part, cmd, env, backends_env, cwd, nice())
                 running.append(part)
             for part in list(running):
                 code = part.child.poll()
@@ -152,11 +161,13 @@ def run(
                 took = f"{part.seconds:.0f} s" + ("" if part.gpu is None else f", GPU {part.gpu}")
                 line = f"[{done}/{len(todo)}] {part.name}: {counts(part.records)} ({took})"
                 print(line + note, file=out, flush=True)
-            if running and time.monotonic() - last_status >= status_every:
+            if (running or waiting) and time.monotonic() - last_status >= status_every:
                 last_status = time.monotonic()
                 now = time.monotonic()
-                busy = ", ".join(f"{p.name} {now - p.child.started:.0f} s" for p in running)
-                print(f"running: {busy}; {len(waiting)} waiting", file=out, flush=True)
+                busy = ", ".join(f"{p.name} {now - p.child.started:.0f} s" for p in running) or "nothing"
+                gated = sum(not ready(p.backend) for p in waiting)
+                warming = f" ({gated} for the warm-up)" if gated else ""
+                print(f"running: {busy}; {len(waiting)} waiting{warming}", file=out, flush=True)
             time.sleep(0.2)
     except KeyboardInterrupt:  # stopped: what the running parts checked so far still makes the report
         print(f"interrupted: stopping {', '.join(p.name for p in running)}", file=out, flush=True)
@@ -167,7 +178,7 @@ def run(
             _finish(part, INTERRUPTED)
         for part in waiting:
             part.code = INTERRUPTED
-    return todo
+    return started + waiting
 
 
 def gpu_lines(parts: list[Part], wall: float) -> list[str]:

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+NICE_ENV = "ATTN_HARNESS_NICE"  # a worker started with it lowers its priority by that much (os.nice)
 STARTUP_TIMEOUT = 300.0  # spawning a worker and importing torch and the harness
 LOG_TAIL = 3000  # characters of a call's output kept in its Outcome
 FATAL = "Fatal Python error:"  # faulthandler's first line when the process dies of a signal
@@ -92,7 +93,10 @@ class Outcome:
 
 
 def _serve(conn, log_path: str, preload: tuple[str, ...]) -> None:  # noqa: ANN001 - a Connection
-    """The worker's loop: fn(*args) for each (fn, args) received, until None or the pipe closes."""
+    """The worker's loop: fn(*args) for each (fn, args) received, until None or the pipe closes.
+    With $ATTN_HARNESS_NICE set it first lowers its own priority by that much (NICE_ENV)."""
+    if os.environ.get(NICE_ENV):
+        os.nice(int(os.environ[NICE_ENV]))
     fd = os.open(log_path, os.O_WRONLY | os.O_APPEND)
     os.dup2(fd, 1)
     os.dup2(fd, 2)
@@ -133,6 +137,7 @@ def _environ(changes: dict[str, str]) -> Iterator[None]:
 
 
 _WORKERS: weakref.WeakSet = weakref.WeakSet()  # every Worker, so that exit stops them all
+_SPAWNING = threading.Lock()  # Workers started from several threads (the warm-up's pools) set os.environ
 
 
 class Worker:
@@ -168,7 +173,7 @@ class Worker:
         os.close(fd)
         parent, child = ctx.Pipe()
         self.conn = parent
-        with _environ(self.env):
+        with _SPAWNING, _environ(self.env):  # one spawn at a time: each sees only its own changes
             self.proc = ctx.Process(
                 target=_serve, args=(child, self.log_path, self.preload), name=self.name, daemon=True
             )
@@ -301,14 +306,23 @@ def spread(runners: Sequence[R], items: Sequence[T], run: Callable[[R, T], Any])
 
 
 class Child:
-    """A command run as a child process, its stdout and stderr into `log`."""
+    """A command run as a child process, its stdout and stderr into `log`; `nice`: how much lower its
+    priority (and its own children's) is than this process's."""
 
     def __init__(
-        self, cmd: list[str], log: Path, env: dict[str, str] | None = None, cwd: Path | None = None
+        self,
+        cmd: list[str],
+        log: Path,
+        env: dict[str, str] | None = None,
+        cwd: Path | None = None,
+        nice: int = 0,
     ) -> None:
         log.parent.mkdir(parents=True, exist_ok=True)
+        lower = (lambda: os.nice(nice)) if nice else None
         with log.open("w") as out:
-            self.proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT)
+            self.proc = subprocess.Popen(
+                cmd, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT, preexec_fn=lower
+            )
         self.log = log
         self.started = time.monotonic()
 

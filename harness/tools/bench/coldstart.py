@@ -1,11 +1,12 @@
 """The bench's coldstart section: `make check`'s cost on a fresh runner, kept measured (issue 24).
 
-Runs `python -m harness warmup` then `python -m harness check` (the profile and backends given)
-twice as child processes: first in a fresh, empty cache directory (every JIT variant compiles),
-then again with that directory as the first run left it, as a CI job restores its saved cache to
-the same path. Each run's row splits its wall time into warm-up and check and gives the cache's size
-per library. The library variables are taken out of the children's environment, so a cache the
-user pointed elsewhere (harness/run/cache_dir.py) cannot make the cold run warm.
+Runs `python -m harness check` (the profile and backends given; on CUDA it compiles its JIT variants
+beside the check, harness/run/warm_gate.py) twice as a child process: first in a fresh, empty cache
+directory (every JIT variant compiles), then again with that directory as the first run left it, as a
+CI job restores its saved cache to the same path. Each run's row gives the command's wall time, how
+long the warm-up ran within it and what it compiled, and the cache's size per library. The library
+variables are taken out of the child's environment, so a cache the user pointed elsewhere
+(harness/run/cache_dir.py) cannot make the cold run warm.
 """
 
 from __future__ import annotations
@@ -25,7 +26,10 @@ from harness.run import cache_dir
 ROOT = Path(__file__).resolve().parents[3]
 RUNS = ("cold", "warm")
 HARNESS = [sys.executable, "-m", "harness"]  # how the children start the harness
-COMPILED_LINE = re.compile(r"^warmup: (\d+) variants compiled", re.MULTILINE)
+# The warm-up's last line in a CUDA check's output (harness/run/warm_gate.py's `join`).
+WARMUP_LINE = re.compile(
+    r"^warmup: (\d+) variants compiled in (\d+) s beside the check(?:; (\d+) failed)?", re.MULTILINE
+)
 OUTPUT_TAIL = 1500  # characters of a failed command's output kept in the row
 
 
@@ -34,15 +38,14 @@ class ColdStartRow:
     run: str  # cold (an empty cache directory) or warm (the same directory after the cold run)
     profile: str
     backends: list[str]  # empty: every backend, as make check
-    warmup_seconds: float = 0.0
-    check_seconds: float = 0.0
-    total_seconds: float = 0.0
-    warmup_exit: int | None = None
-    check_exit: int | None = None  # None: not run (the warm-up failed) or over the time limit
+    seconds: float = 0.0  # the check command's wall time: what `make check` costs
+    warmup_seconds: float | None = None  # how long its warm-up ran beside it (None: none ran, no CUDA)
     compiled: int = 0  # variants the warm-up compiled
+    warmup_failed: int = 0  # variants the warm-up could not compile
+    exit: int | None = None  # the check's exit status; None past the time limit
     cache_bytes: dict[str, int] = field(default_factory=dict)  # per subdirectory of the cache
     warmup_summary: list[str] = field(default_factory=list)  # the warm-up's table
-    reason: str = ""  # why a command failed: its output's tail
+    reason: str = ""  # why the run failed: its output's tail
 
 
 def child_env(environ: dict[str, str]) -> dict[str, str]:
@@ -79,28 +82,23 @@ def measure(
     device: str,
     timeout: float,
 ) -> ColdStartRow:
-    """One warm-up + check in cache directory `cache`."""
-    harness = HARNESS
+    """One `check` in cache directory `cache`, as `make check` runs it."""
     env = child_env(dict(os.environ))
     picks = [a for b in backends for a in ("--backend", b)]
-    common = ["--cache-dir", str(cache), "--profile", profile, *picks]
+    cmd = [*HARNESS, "check", "--cache-dir", str(cache), "--profile", profile, *picks]
+    cmd += ["--device", device, "--no-progress", "--reports", str(cache.parent / f"reports-{run}")]
     row = ColdStartRow(run, profile, list(backends))
-    row.warmup_exit, row.warmup_seconds, out = _timed([*harness, "warmup", *common], env, timeout)
-    m = COMPILED_LINE.search(out)
-    row.compiled = int(m.group(1)) if m else 0
-    lines = out.splitlines()
-    start = next((i for i, line in enumerate(lines) if line.startswith("library ")), len(lines))
-    row.warmup_summary = lines[start:]
-    if row.warmup_exit != 0:
-        row.reason = f"warmup exit {row.warmup_exit}: {out[-OUTPUT_TAIL:]}"
-    else:
-        check = [*harness, "check", *common, "--device", device, "--no-progress"]
-        check += ["--reports", str(cache.parent / f"reports-{run}")]
-        left = max(1.0, timeout - row.warmup_seconds)
-        row.check_exit, row.check_seconds, out = _timed(check, env, left)
-        if row.check_exit != 0:
-            row.reason = f"check exit {row.check_exit}: {out[-OUTPUT_TAIL:]}"
-    row.total_seconds = row.warmup_seconds + row.check_seconds
+    row.exit, row.seconds, out = _timed(cmd, env, timeout)
+    m = WARMUP_LINE.search(out)
+    if m:
+        row.compiled, row.warmup_seconds = int(m.group(1)), float(m.group(2))
+        row.warmup_failed = int(m.group(3) or 0)
+        lines = out[: m.start()].splitlines()
+        start = max((i for i, line in enumerate(lines) if line.startswith("library ")), default=len(lines))
+        row.warmup_summary = lines[start:]
+    if row.exit != 0 or row.warmup_failed:
+        failed = f"{row.warmup_failed} variants failed to compile"
+        row.reason = f"check exit {row.exit}, {failed}: {out[-OUTPUT_TAIL:]}"
     row.cache_bytes = sizes(cache)
     return row
 

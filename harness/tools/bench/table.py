@@ -184,23 +184,24 @@ def _detection(doc: dict) -> list[str]:
 
 
 def _coldstart(doc: dict) -> list[str]:
-    """The cold-start table: warm-up and check seconds in an empty cache directory, then warm."""
+    """The cold-start table: the check's wall time (its warm-up beside it) in an empty cache directory,
+    then warm."""
     rows = doc["coldstart"]
     if not rows:
         return []
     r0 = rows[0]
     which = ", ".join(r0["backends"]) or "every backend"
-    out = [f"coldstart: warmup + check --profile {r0['profile']} ({which}); cold: an empty cache directory"]
-    head = ("run", "warmup s", "check s", "total s", "compiled", "cache", "exit")
+    out = [f"coldstart: check --profile {r0['profile']} ({which}); cold: an empty cache directory"]
+    head = ("run", "check s", "warm-up s", "compiled", "failed", "cache", "exit")
     cells = [
         (
             r["run"],
-            _s(r["warmup_seconds"]),
-            _s(r["check_seconds"]),
-            _s(r["total_seconds"]),
+            _s(r["seconds"]),
+            "-" if r["warmup_seconds"] is None else _s(r["warmup_seconds"]),
             str(r["compiled"]),
+            str(r["warmup_failed"]),
             _mib(sum(r["cache_bytes"].values())),
-            f"{r['warmup_exit']}/{r['check_exit']}",
+            str(r["exit"]),
         )
         for r in rows
     ]

@@ -9,7 +9,8 @@ the machine's cores stay busy until the last compile:
 - the others run each variant once in a pool of worker processes (harness/run/workers.py).
 Everything lands in the cache directory (harness/run/cache_dir.py) that the check then loads from.
 Each variant or module reports whether it compiled or found everything cached, so a second run says
-it compiled nothing. What a variant is per library: libraries.py, docs/flashinfer.md,
+it compiled nothing; a library warmed before for the same profile, source, packages and GPU is
+skipped outright (stamp.py). What a variant is per library: libraries.py, docs/flashinfer.md,
 docs/flash_attn.md.
 """
 
@@ -22,11 +23,14 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from harness.run import workers
-from harness.tools.warmup import ninja
+from harness.run import cache_dir, workers
+from harness.tools.warmup import ninja, stamp
 
 COMPILED, CACHED = "compiled", "cached"
 VARIANT_TIMEOUT = 900.0  # seconds for one variant, or one plan, in a worker
+# How much lower the priority of work beside a ninja build is (pool workers here, the check's processes
+# in harness/run/warm_gate.py): the build is the longest chain of a cold run, the rest fills the gaps.
+BESIDE_NINJA_NICE = 10
 
 
 @dataclass(frozen=True)
@@ -163,15 +167,17 @@ def warm_pool(
 ) -> Tally:
     """Compile every variant in worker processes; progress lines through `say` (what, N of M,
     compiled or cached, seconds since `start`). Half the pool works while a ninja build runs beside
-    it (see `run`); the rest joins once `built` is set."""
+    it (see `run`), at a lower priority (BESIDE_NINJA_NICE); the rest joins once `built` is set,
+    unless every variant is taken by then."""
     tally = Tally(library.name, variants=len(todo))
     count = min(len(todo), max(1, library.processes(jobs)))
     first = count if built.is_set() else max(1, count // 2)
     later = f" ({count} once the ninja build has finished)" if first < count else ""
     say(f"warmup: {library.name}: {len(todo)} variants in {first} processes{later}")
-    pool = [
-        workers.Worker(f"warmup-{library.name}-{i}", env=library.env(jobs), preload=()) for i in range(count)
-    ]
+    env = library.env(jobs)
+    if not built.is_set():  # the ninja build is the longest chain: these workers yield to it
+        env = {**env, workers.NICE_ENV: str(BESIDE_NINJA_NICE)}
+    pool = [workers.Worker(f"warmup-{library.name}-{i}", env=env, preload=()) for i in range(count)]
     lock, done, waiting = threading.Lock(), [0], queue.Queue()
     for v in todo:
         waiting.put(v)
@@ -192,8 +198,9 @@ def warm_pool(
             say(f"  [{done[0]}/{len(todo)}] {library.name} {v.label}: {what}  ({elapsed:.0f} s)")
 
     def drain(worker: workers.Worker, wait: bool) -> None:
-        if wait:
-            built.wait()
+        while wait and not built.wait(0.5):  # joins once the ninja build ends, unless nothing is left
+            if waiting.empty():
+                return
         while True:
             try:
                 v = waiting.get_nowait()
@@ -203,9 +210,8 @@ def warm_pool(
 
     try:
         workers.concurrently([lambda i=i, w=w: drain(w, i >= first) for i, w in enumerate(pool)])
-    finally:
-        for w in pool:
-            w.stop()
+    finally:  # at once: each may take its 2 s grace to exit (a CUDA context to tear down)
+        workers.concurrently([w.stop for w in pool])
     return tally
 
 
@@ -226,6 +232,17 @@ def warm(
     tally = Tally(library.name)
     if not _ready(library, tally):
         return tally
+    root, served = cache_dir.root(), [b for b in (backends or library.backends) if b in library.backends]
+    want = stamp.key(profile)
+    before = stamp.found(root, library.name, want, served)
+    if before is not None:
+        where = stamp.path(root, library.name)
+        say(
+            f"warmup: {library.name}: warmed on {before['written']} for this profile, source, packages "
+            f"and GPU ({where}; delete it to warm up again): nothing to do"
+        )
+        tally.variants = tally.cached = before["variants"]
+        return tally
     try:
         todo = needed(library.variants(profile), backends)
     except Exception as e:  # noqa: BLE001 - the libraries beside it go on; the run fails
@@ -242,6 +259,8 @@ def warm(
             built.set()
         tally = warm_pool(library, todo, jobs, say, start, built)
     tally.seconds = time.monotonic() - t0
+    if not tally.failed:
+        stamp.write(root, library.name, want, served, tally.variants)
     return tally
 
 
@@ -251,9 +270,11 @@ def run(
     jobs: int,
     say: Callable[[str], None] = print,
     backends: Sequence[str] | None = None,
+    done: Callable[[Library, Tally], None] = lambda library, tally: None,
 ) -> list[Tally]:
     """Every library at once, each from its own thread, compiling what a check of `backends` (None:
-    every backend) loads; a Tally each, in order.
+    every backend) loads; a Tally each, in order. `done(library, tally)` is called as each library
+    ends (a check beside the warm-up then starts that library's backends).
 
     Sizing: a ninja build (FlashInfer's nvcc, the longest) runs `jobs` steps at a time from the
     start, and each pool library starts with half its workers beside it, so the cores are shared
@@ -270,14 +291,17 @@ def run(
             say(line)
 
     def one(library: Library) -> Tally:
+        tally = Tally(library.name, skipped="the warm-up raised")
         try:
-            return warm(library, profile, jobs, said, start, built, backends)
+            tally = warm(library, profile, jobs, said, start, built, backends)
+            return tally
         finally:
             if library.plan is not None:
                 with printing:
                     building[0] -= 1
                     if not building[0]:
                         built.set()
+            done(library, tally)
 
     return workers.concurrently([lambda lib=lib: one(lib) for lib in libraries])
 

@@ -5,12 +5,13 @@
   build.ninja, then one ninja builds every module (ninja.py), and its logs are copied into each
   module's directory, so FlashInfer's own ninja there later finds the module up to date and only
   loads it. Compiled: the module's library file was (re)linked.
-- FA4: the cases the check draws (the suite for fa4 in record mode, harness/run/record_mode.py),
-  grouped by what selects a kernel, each group run through the adapter in one worker, into FA4's
-  disk cache; graph replays and the model check from fa4_precompile's `variant_cases`; all of
-  `variant_cases` when the recording fails. Compiled: `cute.compile` was called.
-- flex_compiled: per dtype x head_dim x heads, one case per mode, through the adapter. Compiled:
-  inductor's FX graph cache missed.
+- FA4 and flex_compiled: the cases the check draws (the suite for the backend in record mode,
+  harness/run/record_mode.py), grouped by what selects a kernel, each group run through the adapter
+  in one worker, as its check runs it. FA4's go into its disk cache: graph replays and the model
+  check from fa4_precompile's `variant_cases`, all of `variant_cases` when the recording fails;
+  Compiled: `cute.compile` was called. flex_compiled's go into inductor's caches: the model check
+  runs whole, one model per variant; when the recording fails, one case per mode of each dtype x
+  head_dim x heads. Compiled: inductor's FX graph cache missed.
 Each pool worker function returns COMPILED or CACHED and raises when the variant cannot run.
 """
 
@@ -105,16 +106,17 @@ RECORD_TIMEOUT = 600.0  # seconds for the recording run
 
 
 @dataclass(frozen=True)
-class FA4Task:
-    """What one fa4 variant runs in a worker: (check kind, Case) pairs, and the invariance check's
-    (long_kv, long_q)."""
+class RecordedTask:
+    """What one variant of a record-mode library runs in a worker: (check kind, Case) pairs, the
+    invariance check's (long_kv, long_q), and a model check to run whole (harness/checks/model/)."""
 
-    cases: tuple
+    cases: tuple = ()
     neighbours: tuple[int, int] = (0, 0)
+    model: str | None = None
 
 
 class RecordFailed(RuntimeError):
-    """The suite's record-mode run for fa4 did not give its drawn cases."""
+    """The suite's record-mode run for a backend did not give its drawn cases."""
 
 
 def fa4_key(case) -> tuple:  # noqa: ANN001 - a Case
@@ -130,8 +132,8 @@ def fa4_key(case) -> tuple:  # noqa: ANN001 - a Case
     )
 
 
-def record_fa4_cases(profile: str) -> list[dict]:
-    """The cases a `check --backend fa4` under `profile` draws: the suite for fa4 in record mode
+def record_cases(profile: str, backend: str) -> list[dict]:
+    """The cases a `check --backend <backend>` under `profile` draws: the suite for it in record mode
     (harness/run/record_mode.py), in a pytest process started as `check` starts it, `-m gpu`."""
     import os
     import subprocess
@@ -147,7 +149,7 @@ def record_fa4_cases(profile: str) -> list[dict]:
         file = os.path.join(tmp, "drawn.jsonl")
         cmd = [sys.executable, "-m", "pytest", str(where.path), "-q", *where.options]
         cmd += ["-p", "no:cacheprovider", "-m", "gpu", "-k", UNRECORDED_TESTS]
-        env = {**os.environ, **where.env, "ATTN_HARNESS_PROFILE": profile, BACKENDS_ENV: "fa4"}
+        env = {**os.environ, **where.env, "ATTN_HARNESS_PROFILE": profile, BACKENDS_ENV: backend}
         env[record_mode.RECORD_ENV] = file
         try:
             out = subprocess.run(
@@ -160,7 +162,7 @@ def record_fa4_cases(profile: str) -> list[dict]:
             raise RecordFailed(f"the recording run exited {out.returncode}: {tail}")
         if not os.path.isfile(file):
             raise RecordFailed(f"the recording run drew no case: {tail}")
-        return record_mode.read(file)
+        return [r for r in record_mode.read(file) if r["backend"] == backend]
 
 
 def _unrecorded_cases(profile: str) -> list:
@@ -177,15 +179,17 @@ def _unrecorded_cases(profile: str) -> list:
     ]
 
 
-def fa4_groups(recorded: list[dict], neighbours: tuple[int, int]) -> list[Variant]:
-    """One variant per fa4_key of the recorded cases: its task runs every case of the group as its
+def recorded_groups(
+    library: str, recorded: list[dict], key: Callable, neighbours: tuple[int, int]
+) -> list[Variant]:
+    """One variant per `key` of the recorded cases: its task runs every case of the group as its
     check would (the forward, or the invariance check's batches), in one worker."""
     groups: dict[tuple, list] = {}
     for r in recorded:
-        groups.setdefault(fa4_key(r["case"]), []).append((r["kind"], r["case"]))
+        groups.setdefault(key(r["case"]), []).append((r["kind"], r["case"]))
     return [
-        Variant("fa4", f"{_describe(items[0][1])} ({len(items)} drawn)", FA4Task(tuple(items), neighbours))
-        for items in groups.values()
+        Variant(library, f"{_describe(c[0][1])} ({len(c)} drawn)", RecordedTask(tuple(c), neighbours))
+        for c in groups.values()
     ]
 
 
@@ -202,12 +206,12 @@ def fa4_variants(profile: str) -> list[Variant]:
     fa4 = _backend("fa4")
     _NOTES.pop("fa4", None)
     try:
-        recorded = [r for r in record_fa4_cases(profile) if r["backend"] == "fa4"]
+        recorded = record_cases(profile, "fa4")
     except RecordFailed as e:
         _NOTES["fa4"] = f"{e}; compiling every reachable variant instead"
         cases = [c for c in variant_cases(SIZES[profile]) if fa4.supports(c) is None]
-        return [Variant("fa4", _describe(c), FA4Task((("numeric", c),))) for c in dict.fromkeys(cases)]
-    out = fa4_groups(recorded, neighbour_sizes(SIZES[profile]))
+        return [Variant("fa4", _describe(c), RecordedTask((("numeric", c),))) for c in dict.fromkeys(cases)]
+    out = recorded_groups("fa4", recorded, fa4_key, neighbour_sizes(SIZES[profile]))
     keys = {fa4_key(r["case"]) for r in recorded}
     extra = [c for c in dict.fromkeys(_unrecorded_cases(profile)) if fa4.supports(c) is None]
     extra = [c for c in extra if fa4_key(c) not in keys]
@@ -215,7 +219,7 @@ def fa4_variants(profile: str) -> list[Variant]:
         f"{len(recorded)} drawn cases in {len(out)} groups (record mode), {len(extra)} more for the graph "
         "replays and the model check"
     )
-    return out + [Variant("fa4", _describe(c), FA4Task((("numeric", c),))) for c in extra]
+    return out + [Variant("fa4", _describe(c), RecordedTask((("numeric", c),))) for c in extra]
 
 
 def fa4_unavailable() -> str | None:
@@ -225,7 +229,23 @@ def fa4_unavailable() -> str | None:
     return why
 
 
-def compile_fa4(task: FA4Task) -> str:
+def run_task(backend: str, task: RecordedTask) -> None:
+    """Run one variant's cases on the GPU as their checks do (the forward, or the invariance check's
+    batches), or its model check."""
+    if task.model is not None:
+        from harness.checks.model.check import check_model
+
+        check_model(_backend(backend), task.model, "cuda")
+    for kind, case in task.cases:
+        if kind == "invariance":
+            from harness.checks.invariance import invariance_result
+
+            invariance_result(_backend(backend), case, "cuda", *task.neighbours)
+        else:
+            _run_on_gpu(_backend(backend), case)
+
+
+def compile_fa4(task: RecordedTask) -> str:
     """Run one variant's cases as their checks do; COMPILED if CuTe DSL compiled a kernel for any."""
     import cutlass.cute as cute
 
@@ -238,13 +258,7 @@ def compile_fa4(task: FA4Task) -> str:
 
     cute.compile = counting
     try:
-        for kind, case in task.cases:
-            if kind == "invariance":
-                from harness.checks.invariance import invariance_result
-
-                invariance_result(_backend("fa4"), case, "cuda", *task.neighbours)
-            else:
-                _run_on_gpu(_backend("fa4"), case)
+        run_task("fa4", task)
     finally:
         cute.compile = original
     return COMPILED if calls else CACHED
@@ -261,6 +275,19 @@ FA4 = Library(
 
 
 # --- flex_compiled ----------------------------------------------------------------------------
+
+
+def flex_key(case) -> tuple:  # noqa: ANN001 - a Case
+    """What plausibly makes torch.compile(flex_attention) compile anew on CUDA (dynamic shapes, so not
+    the lengths): dtype, head_dim and heads (static in flex), the softmax scale (a constant of the
+    kernel), deterministic mode (its kernel options, one launch per request), and the launch's query
+    rows: one (a size dynamo specialises) or under 128 (inductor's decoding kernel)."""
+    rows = [r.extend_len for r in case.requests]
+    launch_rows = max(rows) if case.deterministic else sum(rows)
+    return (
+        case.dtype, case.head_dim, case.num_q_heads, case.num_kv_heads, case.scale, case.deterministic,
+        launch_rows == 1, launch_rows < 128,
+    )
 
 
 def flex_cases(dtype: str, head_dim: int, heads: tuple[int, int], modes: set[str]) -> tuple:
@@ -280,7 +307,9 @@ def flex_cases(dtype: str, head_dim: int, heads: tuple[int, int], modes: set[str
     return tuple(out)
 
 
-def flex_variants(profile: str) -> list[Variant]:
+def flex_shapes(profile: str) -> list[Variant]:
+    """Without a recording: per dtype x head_dim x heads of the profile (and of the pinned cases,
+    which run in every profile), one case per mode."""
     from harness.core.modes import FAMILIES
     from harness.search.profiles import SIZES
     from harness.search.suite import pinned_examples
@@ -293,25 +322,53 @@ def flex_variants(profile: str) -> list[Variant]:
         for t, d, h in itertools.product(sizes.dtypes, sizes.head_dims, sizes.heads)
         if t in caps.dtypes and d in caps.head_dims
     }
-    for family in FAMILIES:  # the pinned cases run in every profile at their own shapes
+    for family in FAMILIES:
         for c in pinned_examples(family):
             if flex.supports(c) is None:
                 groups.add((c.dtype, c.head_dim, (c.num_q_heads, c.num_kv_heads)))
     out = []
     for t, d, h in sorted(groups):
-        cases = tuple(c for c in flex_cases(t, d, h, modes) if flex.supports(c) is None)
-        out.append(Variant("flex_compiled", f"{t},d={d},heads={h[0]}/{h[1]}", cases))
+        cases = tuple(("numeric", c) for c in flex_cases(t, d, h, modes) if flex.supports(c) is None)
+        out.append(Variant("flex_compiled", f"{t},d={d},heads={h[0]}/{h[1]}", RecordedTask(cases)))
     return out
 
 
-def compile_flex(cases) -> str:  # noqa: ANN001 - a tuple of Cases
-    """Run flex_compiled on each case; COMPILED if inductor compiled a graph its cache lacked."""
+def flex_variants(profile: str) -> list[Variant]:
+    """The groups of the cases a check will draw (record mode), and each model check whole; one case
+    per mode and shape (flex_shapes) when the recording run fails (one line says why)."""
+    from harness.checks.invariance import neighbour_sizes
+    from harness.checks.model.check import MODELS
+    from harness.search.profiles import SIZES
+
+    _NOTES.pop("flex_compiled", None)
+    models = [Variant("flex_compiled", f"model {m}", RecordedTask(model=m)) for m in MODELS]
+    try:
+        recorded = record_cases(profile, "flex_compiled")
+    except RecordFailed as e:
+        _NOTES["flex_compiled"] = f"{e}; one case per mode of each shape instead"
+        return flex_shapes(profile) + models
+    out = recorded_groups("flex_compiled", recorded, flex_key, neighbour_sizes(SIZES[profile]))
+    _NOTES["flex_compiled"] = (
+        f"{len(recorded)} drawn cases in {len(out)} groups (record mode), {len(models)} model checks"
+    )
+    return out + models
+
+
+def compile_flex(task: RecordedTask) -> str:
+    """Run one variant's cases (or model check) as their checks do; COMPILED if inductor compiled a
+    graph its cache lacked."""
     from torch._dynamo.utils import counters
 
     before = counters["inductor"]["fxgraph_cache_miss"]
-    for case in cases:
-        _run_on_gpu(_backend("flex_compiled"), case)
+    run_task("flex_compiled", task)
     return COMPILED if counters["inductor"]["fxgraph_cache_miss"] > before else CACHED
+
+
+def flex_env(jobs: int) -> dict[str, str]:
+    """One inductor compile thread per worker: the pool is the parallelism, and inductor would start
+    a process per core in each worker. The setting is not part of inductor's cache key, so the
+    check's processes find what these workers compiled."""
+    return {"TORCHINDUCTOR_COMPILE_THREADS": "1"}
 
 
 FLEX = Library(
@@ -320,6 +377,8 @@ FLEX = Library(
     unavailable=_available("flex_compiled"),
     variants=flex_variants,
     compile=compile_flex,
+    env=flex_env,
+    note=lambda: _NOTES.get("flex_compiled"),
 )
 
 LIBRARIES = (FLASHINFER, FA4, FLEX)
