@@ -1,5 +1,7 @@
 """Small builders shared by the self-tests."""
 
+from pathlib import Path
+
 from harness.core.batch import build_batch, make_inputs
 from harness.core.case import Case, Request
 
@@ -37,3 +39,14 @@ class IdleGate:
 
     def join(self) -> list[str]:
         return []
+
+
+def fresh_cache(monkeypatch, tmp_path) -> Path:  # noqa: ANN001 - pytest's fixtures
+    """A fresh cache directory for one test (harness/run/cache_dir.py), the environment restored
+    afterwards: the `cache` fixture of the warm-up's tests."""
+    from harness.run import cache_dir
+
+    for name in (cache_dir.ENV, cache_dir.OWNED_ENV, *(v for _, v, _ in cache_dir.LIBRARIES)):
+        monkeypatch.delenv(name, raising=False)
+    cache_dir.apply(str(tmp_path / "cache"))
+    return tmp_path / "cache"

@@ -13,9 +13,9 @@ import pytest
 
 from harness import cli
 from harness.cli import main
-from harness.run import cache_dir, parallel, schedule, warm_gate
+from harness.run import parallel, schedule, warm_gate
 from tests import warmup_fake
-from tests.helpers import IdleGate
+from tests.helpers import IdleGate, fresh_cache
 
 CHILD = """
 import json, os, pathlib, sys
@@ -35,10 +35,8 @@ open(path, "w").write(json.dumps(doc))
 
 @pytest.fixture
 def cache(monkeypatch, tmp_path):
-    for name in (cache_dir.ENV, cache_dir.OWNED_ENV, *(v for _, v, _ in cache_dir.LIBRARIES)):
-        monkeypatch.delenv(name, raising=False)
-    cache_dir.apply(str(tmp_path / "cache"))
-    return tmp_path / "cache"
+    """A fresh cache directory for this test (restored afterwards)."""
+    return fresh_cache(monkeypatch, tmp_path)
 
 
 @pytest.mark.skipif(shutil.which("ninja") is None, reason="no ninja executable here")

@@ -20,12 +20,12 @@ from pathlib import Path
 import pytest
 
 from harness import cli
-from harness.run import cache_dir
 from harness.search.profiles import SIZES
 from harness.tools import warmup
 from harness.tools.warmup import libraries, ninja, stamp
 from harness.tools.warmup.libraries import FA4, FLASHINFER, FLEX, LIBRARIES
 from tests import warmup_fake
+from tests.helpers import fresh_cache
 
 ROOT = Path(__file__).resolve().parent.parent
 needs_ninja = pytest.mark.skipif(shutil.which("ninja") is None, reason="no ninja executable here")
@@ -34,10 +34,7 @@ needs_ninja = pytest.mark.skipif(shutil.which("ninja") is None, reason="no ninja
 @pytest.fixture
 def cache(monkeypatch, tmp_path):
     """A fresh cache directory for this test (restored afterwards)."""
-    for name in (cache_dir.ENV, cache_dir.OWNED_ENV, *(v for _, v, _ in cache_dir.LIBRARIES)):
-        monkeypatch.delenv(name, raising=False)
-    cache_dir.apply(str(tmp_path / "cache"))
-    return tmp_path / "cache"
+    return fresh_cache(monkeypatch, tmp_path)
 
 
 # --- planning ----------------------------------------------------------------------------------
