@@ -351,7 +351,13 @@ def cmd_check(args: argparse.Namespace) -> int:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
     env.update(where.env)
     gate = None
-    if on_gpu and args.device != "cpu" and not args.no_warmup:
+    narrowed = args.k or args.marker or families  # the warm-up compiles for the whole profile
+    if on_gpu and args.device != "cpu" and not args.no_warmup and narrowed:
+        print(
+            "attn-harness check: no warm-up beside a check narrowed by -k, -m, --family or --mode: each "
+            "backend compiles what it draws (`make warmup` fills the cache for the whole profile)"
+        )
+    elif on_gpu and args.device != "cpu" and not args.no_warmup:
         from harness.run.warm_gate import WarmGate
         from harness.tools import warmup
         from harness.tools.warmup.libraries import LIBRARIES

@@ -142,3 +142,14 @@ def test_part_times_are_kept_for_the_schedule_only_when_nothing_compiled_beside_
     assert timings.is_file() is saved
     if saved:
         assert "42.0" in timings.read_text()
+
+
+@pytest.mark.parametrize(
+    "narrowing", [["-k", "swa"], ["--family", "decode"], ["-m", "swa"], ["--mode", "EXTEND"]]
+)
+def test_a_narrowed_check_starts_no_gate_and_says_so(cuda_check, tmp_path, capsys, narrowing):
+    """The warm-up compiles what the whole profile draws: beside `check -k swa` it would cost more
+    than the narrowed check compiles by itself."""
+    assert main(["check", "--reports", str(tmp_path), *narrowing]) == 0
+    assert IdleGate.made == [] and cuda_check == {"gate_given": False}
+    assert "no warm-up beside a check narrowed by -k, -m, --family or --mode" in capsys.readouterr().out
