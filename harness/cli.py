@@ -299,7 +299,8 @@ def cmd_check(args: argparse.Namespace) -> int:
         raise UsageError(f"${record_mode.RECORD_ENV} is set: a check would record its cases, not check "
                          "them; unset it")
     on_gpu = _default_device() == "cuda"
-    profile = args.profile or ("gpu" if on_gpu and args.device != "cpu" else "ci")
+    cuda = on_gpu and args.device != "cpu"  # this check runs the CUDA backends
+    profile = args.profile or ("gpu" if cuda else "ci")
     if profile not in profiles.SIZES:
         raise UsageError(f"unknown profile {profile!r}; known: {', '.join(profiles.SIZES)}")
     for name in args.backend or []:
@@ -311,8 +312,8 @@ def cmd_check(args: argparse.Namespace) -> int:
         print("\n".join(f"error: {line}" for line in missing), file=sys.stderr)
         return 2
     names = args.backend or backends.names()
-    gpus = _gpus(args.gpus, on_gpu and args.device != "cpu")
-    jobs = _jobs(args.jobs, on_gpu and args.device != "cpu", len(gpus))  # the schedule: run/schedule.py
+    gpus = _gpus(args.gpus, cuda)
+    jobs = _jobs(args.jobs, cuda, len(gpus))  # the schedule: run/schedule.py
     marks = []  # markers are exact names ("-k extend" would also match draft_extend_v2)
     families = _families(args)
     if families:
@@ -351,13 +352,14 @@ def cmd_check(args: argparse.Namespace) -> int:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
     env.update(where.env)
     gate = None
+    warm = cuda and not args.no_warmup
     narrowed = args.k or args.marker or families  # the warm-up compiles for the whole profile
-    if on_gpu and args.device != "cpu" and not args.no_warmup and narrowed:
+    if warm and narrowed:
         print(
             "attn-harness check: no warm-up beside a check narrowed by -k, -m, --family or --mode: each "
             "backend compiles what it draws (`make warmup` fills the cache for the whole profile)"
         )
-    elif on_gpu and args.device != "cpu" and not args.no_warmup:
+    elif warm:
         from harness.run.warm_gate import WarmGate
         from harness.tools import warmup
         from harness.tools.warmup.libraries import LIBRARIES

@@ -148,12 +148,12 @@ def test_a_worker_that_cannot_be_spawned_raises_one_error_and_stops_cleanly(monk
 
 
 def test_a_child_and_a_worker_can_run_at_a_lower_priority(tmp_path):
-    """Child(nice=N) and a Worker started with $ATTN_HARNESS_NICE=N run N below this process (the
-    warm-up's pool and the check's processes yield to a ninja build that way)."""
+    """Child(nice=N) and Worker(nice=N) run N below this process (the warm-up's pool and the check's
+    processes yield to a ninja build that way)."""
     base = os.nice(0)
     child = workers.Child([sys.executable, "-c", "import os; print(os.nice(0))"], tmp_path / "c.log", nice=3)
     assert child.wait(60) == 0 and (tmp_path / "c.log").read_text().strip() == str(base + 3)
-    worker = workers.Worker("nice-test", env={workers.NICE_ENV: "2"})
+    worker = workers.Worker("nice-test", nice=2)
     try:
         out = worker.call(os.nice, (0,), 60)
     finally:

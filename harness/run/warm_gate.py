@@ -35,7 +35,6 @@ class WarmGate:
         self.seconds: float | None = None  # from start() to the last library's end
         self._lock = threading.Lock()
         self._pending = {lib.name for lib in self.chosen}
-        self._draws = {lib.name: set(lib.backends) for lib in self.chosen}
         self._thread: threading.Thread | None = None
         self._t0 = 0.0
 
@@ -70,7 +69,7 @@ class WarmGate:
 
     def ready(self, backend: str) -> bool:
         with self._lock:
-            return not any(backend in self._draws[name] for name in self._pending)
+            return not any(lib.name in self._pending and backend in lib.backends for lib in self.chosen)
 
     def nice(self) -> int:
         """How much lower a check process started now runs: warmup.BESIDE_NINJA_NICE while a ninja

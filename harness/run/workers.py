@@ -33,7 +33,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-NICE_ENV = "ATTN_HARNESS_NICE"  # a worker started with it lowers its priority by that much (os.nice)
 STARTUP_TIMEOUT = 300.0  # spawning a worker and importing torch and the harness
 LOG_TAIL = 3000  # characters of a call's output kept in its Outcome
 FATAL = "Fatal Python error:"  # faulthandler's first line when the process dies of a signal
@@ -92,11 +91,11 @@ class Outcome:
 # --- the worker process -------------------------------------------------------------------------
 
 
-def _serve(conn, log_path: str, preload: tuple[str, ...]) -> None:  # noqa: ANN001 - a Connection
-    """The worker's loop: fn(*args) for each (fn, args) received, until None or the pipe closes.
-    With $ATTN_HARNESS_NICE set it first lowers its own priority by that much (NICE_ENV)."""
-    if os.environ.get(NICE_ENV):
-        os.nice(int(os.environ[NICE_ENV]))
+def _serve(conn, log_path: str, preload: tuple[str, ...], nice: int) -> None:  # noqa: ANN001 - a Connection
+    """The worker's loop, at `nice` below its parent's priority: fn(*args) for each (fn, args)
+    received, until None or the pipe closes."""
+    if nice:
+        os.nice(nice)
     fd = os.open(log_path, os.O_WRONLY | os.O_APPEND)
     os.dup2(fd, 1)
     os.dup2(fd, 2)
@@ -145,17 +144,23 @@ class Worker:
 
     `env`: variables it starts with (CUDA_VISIBLE_DEVICES: one GPU); `name`: its process name
     (multiprocessing.current_process().name inside it); `preload`: modules it imports before it
-    reports ready. `started` counts the processes started so far (1 + replacements): a caller
-    that keeps state in the process sees a new one by a new count.
+    reports ready; `nice`: how much lower its priority is than this process's (as Child's).
+    `started` counts the processes started so far (1 + replacements): a caller that keeps state in
+    the process sees a new one by a new count.
     """
 
     def __init__(
-        self, name: str | None = None, env: dict[str, str] | None = None, preload: Sequence[str] = ()
+        self,
+        name: str | None = None,
+        env: dict[str, str] | None = None,
+        preload: Sequence[str] = (),
+        nice: int = 0,
     ) -> None:
         _WORKERS.add(self)
         self.name = name
         self.env = env or {}
         self.preload = tuple(preload)
+        self.nice = nice
         self.proc = None
         self.conn = None
         self.log_path: str | None = None
@@ -174,9 +179,8 @@ class Worker:
         parent, child = ctx.Pipe()
         self.conn = parent
         with _SPAWNING, _environ(self.env):  # one spawn at a time: each sees only its own changes
-            self.proc = ctx.Process(
-                target=_serve, args=(child, self.log_path, self.preload), name=self.name, daemon=True
-            )
+            args = (child, self.log_path, self.preload, self.nice)
+            self.proc = ctx.Process(target=_serve, args=args, name=self.name, daemon=True)
             try:
                 self.proc.start()
             except Exception as e:  # e.g. spawn from a script without a __main__ guard: no process

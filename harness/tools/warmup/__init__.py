@@ -174,10 +174,9 @@ def warm_pool(
     first = count if built.is_set() else max(1, count // 2)
     later = f" ({count} once the ninja build has finished)" if first < count else ""
     say(f"warmup: {library.name}: {len(todo)} variants in {first} processes{later}")
+    nice = 0 if built.is_set() else BESIDE_NINJA_NICE  # the ninja build is the longest chain: yield to it
     env = library.env(jobs)
-    if not built.is_set():  # the ninja build is the longest chain: these workers yield to it
-        env = {**env, workers.NICE_ENV: str(BESIDE_NINJA_NICE)}
-    pool = [workers.Worker(f"warmup-{library.name}-{i}", env=env, preload=()) for i in range(count)]
+    pool = [workers.Worker(f"warmup-{library.name}-{i}", env, (), nice) for i in range(count)]
     lock, done, waiting = threading.Lock(), [0], queue.Queue()
     for v in todo:
         waiting.put(v)

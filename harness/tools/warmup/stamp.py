@@ -17,6 +17,7 @@ import shutil
 import subprocess
 import time
 from collections.abc import Sequence
+from functools import cache
 from pathlib import Path
 
 import harness
@@ -34,6 +35,7 @@ PACKAGES = (
 )
 
 
+@cache  # once per process: each library's warm-up asks
 def source_digest() -> str:
     """sha256 of every .py file of the harness package (the suite, cases/, ships inside it when
     installed) and of the checkout's cases/ when there is one: what the warm-up draws and compiles."""
@@ -48,6 +50,7 @@ def source_digest() -> str:
     return h.hexdigest()
 
 
+@cache
 def gpu_name() -> str:
     """The GPUs' names as nvidia-smi lists them (no CUDA context is made); 'unknown' without it."""
     exe = shutil.which("nvidia-smi")
