@@ -9,8 +9,9 @@ Ids read `test_model_logprobs[<backend>-<device>-<model>]` and carry only the ba
 markers: no family keyword occurs in them, so `-k swa` or `-k decode` leave them out and
 `-k <backend>` selects them. Under the `ci` profile the CPU runs torch_native only (CI's promise);
 other CPU backends run under the other profiles (flex_eager takes ~40 s a model on the CPU). On
-CUDA the selected checks run in one worker process (harness/checks/model/table.py), so a kernel
-that kills its CUDA context fails its own test, not the rest of the session. Each check is a
+CUDA the selected checks run in the worker process the suite's cases run in (harness/run/isolation.py:
+torch, CUDA and the backend are loaded there already), so a kernel that kills its CUDA context fails
+its own test, not the rest of the session (harness/checks/model/table.py). Each check is a
 results.json record of family `model` (docs/reports.md), in the summary, index.html and junit.xml.
 """
 
@@ -19,6 +20,7 @@ import pytest
 from harness import backends
 from harness.checks.model.check import MODELS, check_model
 from harness.checks.model.table import run_jobs
+from harness.run import isolation
 from harness.search import profiles
 from harness.search.suite import selected_backends
 
@@ -46,14 +48,18 @@ def _runs_on_cuda(name: str) -> bool:
 
 @pytest.fixture(scope="session")
 def cuda_results(request):
-    """Every selected CUDA model check, run once in an isolated worker: (backend, model) -> result."""
+    """Every selected CUDA model check, run once in this process's isolation worker (its own worker
+    where isolation is off): (backend, model) -> result."""
     jobs = []
     for item in request.session.items:
         params = getattr(getattr(item, "callspec", None), "params", {})
         if item.originalname == "test_model_logprobs" and params.get("device") == "cuda":
             if _runs_on_cuda(params["backend_name"]):
                 jobs.append((params["backend_name"], params["model"]))
-    return {(r.backend, r.model): r for r in run_jobs(jobs, "cuda", CUDA_JOB_TIMEOUT)} if jobs else {}
+    if not jobs:
+        return {}
+    worker = isolation.runner_for("cuda").worker if isolation.enabled("cuda") else None
+    return {(r.backend, r.model): r for r in run_jobs(jobs, "cuda", CUDA_JOB_TIMEOUT, worker=worker)}
 
 
 @pytest.mark.parametrize(("backend_name", "device", "model"), _params())

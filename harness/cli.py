@@ -866,6 +866,7 @@ def use_cache_dir(flag: str | None) -> None:
     if flag and Path(flag).exists() and not Path(flag).is_dir():
         raise UsageError(f"--cache-dir {flag}: not a directory")
     cache_dir.apply(flag)
+    cache_dir.use_bytecode_cache()
 
 
 class Parser(argparse.ArgumentParser):

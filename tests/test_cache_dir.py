@@ -4,6 +4,7 @@ by flag, that a library variable the user set wins, and that workers and the che
 from __future__ import annotations
 
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -14,7 +15,8 @@ from harness.run import cache_dir, workers
 from tests import warmup_fake
 
 VARS = tuple(var for _, var, _ in cache_dir.LIBRARIES)
-ALL = (cache_dir.ENV, cache_dir.OWNED_ENV, cache_dir.FA4_SWITCH, "XDG_CACHE_HOME", *VARS)
+BYTECODE_VARS = (cache_dir.BYTECODE[1], cache_dir.NO_BYTECODE)
+ALL = (cache_dir.ENV, cache_dir.OWNED_ENV, cache_dir.FA4_SWITCH, "XDG_CACHE_HOME", *VARS, *BYTECODE_VARS)
 
 
 @pytest.fixture
@@ -125,3 +127,74 @@ def test_the_checks_pytest_process_inherits_it(clean_env, monkeypatch):
     assert cli.main(argv) == 2  # the fake pytest "collected nothing"
     assert {v: seen[v] for v in VARS} == derived(clean_env / "p")
     assert seen[cache_dir.FA4_SWITCH] == "1"
+
+
+# --- Python's bytecode ---------------------------------------------------------------------------
+
+
+def _package(where: Path, name: str) -> Path:
+    """A one-file package `name` under `where` (on sys.path for the test), without any bytecode."""
+    (where / name).mkdir(parents=True)
+    (where / name / "__init__.py").write_text("VALUE = 1\n")
+    return where / name / "__init__.py"
+
+
+def test_bytecode_is_missing_only_without_a_pyc_and_with_nothing_to_write_one(tmp_path, monkeypatch):
+    source = _package(tmp_path, "pkg_nobytecode")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert cache_dir.bytecode_missing({cache_dir.NO_BYTECODE: "1"}, "pkg_nobytecode")
+    assert not cache_dir.bytecode_missing({}, "pkg_nobytecode")  # the first import writes it beside
+    pyc = source.parent / "__pycache__" / f"__init__.{sys.implementation.cache_tag}.pyc"
+    pyc.parent.mkdir()
+    pyc.write_bytes(b"")
+    assert not cache_dir.bytecode_missing({cache_dir.NO_BYTECODE: "1"}, "pkg_nobytecode")
+    assert not cache_dir.bytecode_missing({cache_dir.NO_BYTECODE: "1"}, "no_such_package_here")
+
+
+def test_without_bytecode_the_children_keep_theirs_under_the_root(tmp_path, monkeypatch):
+    var = cache_dir.BYTECODE[1]
+    monkeypatch.setattr(cache_dir, "bytecode_missing", lambda env, package="torch": True)
+    env = {"HOME": str(tmp_path), cache_dir.NO_BYTECODE: "1"}
+    cache_dir.apply(str(tmp_path / "c"), env)
+    assert env[var] == str(tmp_path / "c" / "pycache") and cache_dir.NO_BYTECODE not in env
+    assert any(e.var == var and not e.user for e in cache_dir.entries(env))
+    assert any("Python bytecode" in line and "no bytecode beside" in line for line in cache_dir.describe(env))
+    cache_dir.apply(str(tmp_path / "cold"), env)  # the bench's cold start: its own fresh root
+    assert env[var] == str(tmp_path / "cold" / "pycache")
+    mine = {"HOME": str(tmp_path), cache_dir.NO_BYTECODE: "1", var: "/mine/pyc"}
+    cache_dir.apply(None, mine)
+    assert mine[var] == "/mine/pyc" and mine[cache_dir.NO_BYTECODE] == "1"  # the user's choice stays
+    monkeypatch.setattr(cache_dir, "bytecode_missing", lambda env, package="torch": False)
+    kept = {"HOME": str(tmp_path), cache_dir.NO_BYTECODE: "1"}
+    cache_dir.apply(None, kept)
+    assert var not in kept and kept[cache_dir.NO_BYTECODE] == "1"
+    assert not any(e.var == var for e in cache_dir.entries(kept))
+
+
+def test_a_child_started_with_the_applied_environment_writes_its_bytecode_there(tmp_path, monkeypatch):
+    """The point of it: a second process reads what the first compiled (a child of a process whose
+    environment forbids bytecode writes nothing anywhere)."""
+    source = _package(tmp_path / "src", "pkg_child")
+    monkeypatch.setattr(cache_dir, "bytecode_missing", lambda env, package="torch": True)
+    base = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "PYTHONPATH": str(tmp_path / "src")}
+    base[cache_dir.NO_BYTECODE] = "1"
+    env = dict(base)
+    cache_dir.apply(str(tmp_path / "c"), env)
+    for given in (base, env):
+        subprocess.run([sys.executable, "-c", "import pkg_child"], env=given, check=True)
+    mirrored = tmp_path / "c" / "pycache" / str(source.parent).lstrip("/")
+    assert [p.name for p in mirrored.glob("*.pyc")] == [f"__init__.{sys.implementation.cache_tag}.pyc"]
+    assert not (source.parent / "__pycache__").exists()
+
+
+def test_the_check_process_itself_uses_the_bytecode_cache_only_when_the_harness_set_it(
+    clean_env, monkeypatch
+):
+    monkeypatch.setattr(sys, "pycache_prefix", None)
+    monkeypatch.setattr(sys, "dont_write_bytecode", True)
+    monkeypatch.setattr(cache_dir, "bytecode_missing", lambda env, package="torch": False)
+    cli.use_cache_dir(str(clean_env / "a"))
+    assert sys.pycache_prefix is None and sys.dont_write_bytecode
+    monkeypatch.setattr(cache_dir, "bytecode_missing", lambda env, package="torch": True)
+    cli.use_cache_dir(str(clean_env / "b"))
+    assert sys.pycache_prefix == str(clean_env / "b" / "pycache") and not sys.dont_write_bytecode

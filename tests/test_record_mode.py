@@ -89,3 +89,33 @@ def test_a_pytest_run_in_record_mode_says_so_and_writes_no_results(tmp_path):
     assert "RECORD MODE" in out.stdout and "no results or report written" in out.stdout
     assert not results.exists()
     assert len(record_mode.read(str(file))) >= 10
+
+
+def test_a_graph_replay_search_records_its_graph_cases(monkeypatch, tmp_path):
+    """flex_compiled's warm-up learns its captured launches this way: every drawn GraphCase is
+    recorded as kind `graph`, read back as a GraphCase, and nothing is captured or replayed."""
+    from harness import backends
+    from harness.checks import replay
+    from harness.core.graph_case import GraphCase
+    from harness.search.graph_suite import GraphTarget, run
+    from tests import flashinfer_fake as fake
+
+    fake.install(monkeypatch)
+    load = backends.load
+    monkeypatch.setattr(backends, "load", lambda name: fake.on_cpu(load(name)))
+
+    def replayed(*args):  # noqa: ANN002, ANN202
+        raise AssertionError("record mode captured or replayed a graph")
+
+    monkeypatch.setattr(isolation, "check_replay", replayed)
+    monkeypatch.setattr(replay, "replay_result", replayed)
+    file = tmp_path / "drawn.jsonl"
+    monkeypatch.setenv(record_mode.RECORD_ENV, str(file))
+    monkeypatch.setenv(isolation.ISOLATE_ENV, "0")
+    profiles.load("ci")
+    results = []
+    run(GraphTarget("flashinfer_dec_tc", "cpu", "graph", "full", "decode"), results.append)
+    recorded = record_mode.read(str(file))
+    assert len(recorded) >= 3 and {r["kind"] for r in recorded} == {"graph"}
+    assert all(isinstance(r["case"], GraphCase) for r in recorded)
+    assert {r.reason for r in results if r.status == "pass"} == {record_mode.REASON}

@@ -56,7 +56,7 @@ def _no_recording(monkeypatch) -> None:
     """The recording run fails: FA4's variants are fa4_precompile's reachable list, flex_compiled's
     one case per mode of each shape."""
 
-    def fail(profile: str, backend: str) -> list:
+    def fail(profile: str, backend: str, leave_out: str = "") -> list:
         raise libraries.RecordFailed("the recording run exited 1: boom")
 
     monkeypatch.setattr(libraries, "record_cases", fail)
@@ -91,7 +91,7 @@ def test_fa4_variants_are_the_recorded_cases_grouped_by_their_kernel_key(monkeyp
     drawn = [("numeric", base), ("numeric", capped), ("numeric", same), ("invariance", other_cap)]
     drawn.append(("numeric", long))
     recorded = [{"backend": "fa4", "family": "x", "kind": k, "case": c} for k, c in drawn]
-    monkeypatch.setattr(libraries, "record_cases", lambda profile, backend: recorded)
+    monkeypatch.setattr(libraries, "record_cases", lambda profile, backend, leave_out="": recorded)
     variants = FA4.variants("gpu")
     grouped = [v.task.cases for v in variants if "drawn)" in v.label]
     assert grouped == [
@@ -174,6 +174,7 @@ def test_flex_without_a_recording_plans_each_shape_with_every_mode_and_the_model
 
 def test_flex_variants_are_the_recorded_cases_grouped_by_what_compiles_anew(monkeypatch):
     from harness.core.case import Case, Request
+    from harness.core.graph_case import GraphCase
 
     base = Case(mode="DECODE", requests=(Request(40, 1), Request(9, 1)), num_q_heads=8, num_kv_heads=2)
     same = base.replace(requests=(Request(900, 1), Request(3, 1), Request(7, 1)), soft_cap=30.0, seed=3)
@@ -181,19 +182,55 @@ def test_flex_variants_are_the_recorded_cases_grouped_by_what_compiles_anew(monk
     one_row = base.replace(requests=(Request(40, 1),))  # dynamo specialises a size of 1
     long = base.replace(mode="EXTEND", requests=(Request(0, 100), Request(0, 100)))  # 200 rows: main kernel
     per_request = long.replace(deterministic=True)  # a launch per request: 100 rows each
+    replay = GraphCase((base, base.replace(requests=(Request(7, 1),), seed=5)), max_batch=4, max_kv=64)
+    replay2 = GraphCase((same,), max_batch=8, max_kv=1024)  # another replay of the same captured kernel
     drawn = [("numeric", c) for c in (base, same, scaled, one_row, long)] + [("invariance", per_request)]
+    drawn += [("graph", replay), ("graph", replay2)]
     recorded = [{"backend": "flex_compiled", "family": "x", "kind": k, "case": c} for k, c in drawn]
-    monkeypatch.setattr(libraries, "record_cases", lambda profile, backend: recorded)
-    groups = [v.task.cases for v in FLEX.variants("gpu") if v.task.model is None]
-    assert groups == [
+    asked = []
+
+    def recording(profile, backend, leave_out):  # noqa: ANN001, ANN202
+        asked.append(leave_out)
+        return recorded
+
+    monkeypatch.setattr(libraries, "record_cases", recording)
+    variants = [v for v in FLEX.variants("gpu") if v.task.model is None]
+    assert asked == [libraries.FLEX_UNRECORDED_TESTS]  # its graph replays are recorded too
+    assert [v.task.cases for v in variants] == [
         (("numeric", base), ("numeric", same)),
         (("numeric", scaled),),
         (("numeric", one_row),),
         (("numeric", long),),
         (("invariance", per_request),),
+        (("graph", replay), ("graph", replay2)),  # captured launches: a compile apart from base's
     ]
+    assert variants[-1].label.startswith("graph of 2 at max_batch 4: DECODE")
     assert libraries.flex_key(per_request)[-2:] == (False, True) and libraries.flex_key(long)[-1] is False
-    assert FLEX.note() == "6 drawn cases in 5 groups (record mode), 3 model checks"
+    assert FLEX.note() == "6 drawn cases and 2 graph replays in 6 groups (record mode), 3 model checks"
+
+
+def test_a_recorded_task_runs_each_kind_as_its_check_does(monkeypatch):
+    """The forward, the invariance check's batches, and a graph replay's capture and replays."""
+    from harness.checks import invariance, replay
+    from harness.core.case import Case, Request
+    from harness.core.graph_case import GraphCase
+
+    ran = []
+    monkeypatch.setattr(libraries, "_backend", lambda name: name)
+    monkeypatch.setattr(libraries, "_run_on_gpu", lambda b, c: ran.append(("numeric", b, c)))
+    monkeypatch.setattr(
+        invariance, "invariance_result", lambda b, c, d, *n: ran.append(("invariance", b, c, n))
+    )
+    monkeypatch.setattr(replay, "replay_result", lambda b, g, d: ran.append(("graph", b, g, d)))
+    case = Case(mode="DECODE", requests=(Request(4, 1),))
+    g = GraphCase((case,), max_batch=1, max_kv=16)
+    task = libraries.RecordedTask((("numeric", case), ("invariance", case), ("graph", g)), (64, 8))
+    libraries.run_task("flex_compiled", task)
+    assert ran == [
+        ("numeric", "flex_compiled", case),
+        ("invariance", "flex_compiled", case, (64, 8)),
+        ("graph", "flex_compiled", g, "cuda"),
+    ]
 
 
 def test_only_the_libraries_of_the_chosen_backends():

@@ -20,20 +20,21 @@ from harness.run.schedule import STARTUP_S
 TIMINGS = "timings.json"  # in the cache directory (harness/run/cache_dir.py)
 FORMAT = "attn-harness-timings"
 # `make check` on an H100 with its cache restored (the warm-up skipped by its stamps), gpu profile, 8
-# processes at once, 2026-11-25 (a run that compiled beside the check saves no timings: its parts
-# shared the cores). Sharded backends are given as one process, less the shards' startups. fa2/fa3:
-# not installed there, every test skipped; installed they check, so they get UNKNOWN_SECONDS.
+# processes at once, 2026-11-25: the parts' seconds as timings.json saved them (a run that compiled
+# beside the check saves none: its parts shared the cores). Sharded backends are given as one
+# process, less the shards' startups. fa2/fa3: not installed there, every test skipped; installed
+# they check, so they get UNKNOWN_SECONDS.
 DEFAULT_SECONDS = {
-    "flex_compiled": 404.0,
-    "flex_eager": 233.0,
-    "flashinfer_dec_tc": 151.0,
-    "torch_native": 116.0,
-    "flashinfer_paged": 89.0,
-    "fa4": 81.0,
-    "flashinfer_dec_cc": 66.0,
-    "flashinfer_ragged": 66.0,
-    "torch_split": 65.0,
-    "flashinfer_enc": 61.0,
+    "flex_compiled": 355.0,
+    "torch_native": 102.0,
+    "flex_eager": 82.0,
+    "flashinfer_dec_tc": 79.0,
+    "flashinfer_paged": 53.0,
+    "fa4": 51.0,
+    "torch_split": 46.0,
+    "flashinfer_dec_cc": 32.0,
+    "flashinfer_ragged": 31.0,
+    "flashinfer_enc": 29.0,
 }
 UNKNOWN_SECONDS = 60.0
 MEASURED_CODES = (0, 1, 5)  # a part that ran to its end (1: it found failures); not interrupted

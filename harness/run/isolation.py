@@ -265,8 +265,6 @@ class Search:
         if self.stopped is not None:
             return None
         if record_mode.path():
-            if self.kind == "graph":
-                raise WorkerError("record mode covers the numeric and invariance searches, not graph replays")
             res = record_mode.record(self.backend, case, self.device, self.kind, self.family)
         elif self.kind == "numeric":
             res = check(self.backend, case, self.device)

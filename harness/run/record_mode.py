@@ -3,10 +3,11 @@
 With ATTN_HARNESS_RECORD=FILE set, every case a search hands to its check (isolation.Search) is
 appended to FILE as one JSON line (backend, family, check kind, device, the Case) and answered with
 a pass, without building a batch, running the backend or computing a reference; a case the backend
-refuses gets the check's own skip, so hypothesis sees what a passing run shows it. The warm-up uses
-it to learn which kernels a check will launch (harness/tools/warmup/libraries.py). A run in record
-mode says so and writes no results.json or report (harness/run/pytest_plugin.py): its passes are
-not checks. Only the variable turns it on.
+refuses gets the check's own skip, so hypothesis sees what a passing run shows it. A graph replay
+search records its GraphCases the same way (kind `graph`), refused as the replay check refuses them.
+The warm-up uses it to learn which kernels a check will launch (harness/tools/warmup/libraries.py).
+A run in record mode says so and writes no results.json or report (harness/run/pytest_plugin.py):
+its passes are not checks. Only the variable turns it on.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import os
 
 from harness.backends.base import Backend
 from harness.core.case import Case
+from harness.core.graph_case import GraphCase
 from harness.core.results import CaseResult
 
 RECORD_ENV = "ATTN_HARNESS_RECORD"
@@ -27,24 +29,31 @@ def path() -> str | None:
     return os.environ.get(RECORD_ENV) or None
 
 
-def record(backend: Backend, case: Case, device: str, kind: str, family: str) -> CaseResult:
+def record(backend: Backend, case: Case | GraphCase, device: str, kind: str, family: str) -> CaseResult:
     """Append one drawn case to the record file; a pass (or the check's skip, when the backend cannot
     run the case here) with nothing run."""
-    why = backend.available(device) or backend.supports(case)
+    shown = case  # the result's Case: a replay check's is its first batch (harness/checks/replay.py)
+    if isinstance(case, GraphCase):
+        from harness.checks.replay import why_not
+
+        why, shown = why_not(backend, case, device), case.layer
+    else:
+        why = backend.available(device) or backend.supports(case)
     if why:
-        return CaseResult("skip", backend.name, device, case, reason=why)
+        return CaseResult("skip", backend.name, device, shown, reason=why)
     line = {"backend": backend.name, "family": family, "kind": kind, "device": device, "case": case.to_dict()}
     with open(path(), "a") as f:  # type: ignore[arg-type] - only called in record mode
         f.write(json.dumps(line) + "\n")
-    return CaseResult("pass", backend.name, device, case, reason=REASON)
+    return CaseResult("pass", backend.name, device, shown, reason=REASON)
 
 
 def read(file: str) -> list[dict]:
-    """The recorded lines of `file`, each with its Case parsed (`case`)."""
+    """The recorded lines of `file`, each with its Case (a GraphCase for kind `graph`) parsed (`case`)."""
     out = []
     with open(file) as f:
         for line in f:
             if line.strip():
                 d = json.loads(line)
-                out.append(d | {"case": Case.from_dict(d["case"])})
+                kind = GraphCase if d["kind"] == "graph" else Case
+                out.append(d | {"case": kind.from_dict(d["case"])})
     return out

@@ -61,13 +61,17 @@ def run_jobs(
     dtype: str | None = None,
     model_dtype: str = "float32",
     on_result: Callable[[ModelResult], None] | None = None,
+    worker: Worker | None = None,
 ) -> list[ModelResult]:
     """Run every job in a worker, replaced after a crash (on CUDA also after a crash row: the
     context is dead) or a job past `timeout` seconds. `dtype`: attention's (None: the device's
     default); `model_dtype`: the dense layers'. `on_result` sees each result as it arrives (so a
-    run cut short still shows what finished)."""
+    run cut short still shows what finished). `worker`: one the caller keeps (the suite passes its
+    isolation worker, whose process has torch, CUDA and the backend's kernels loaded already), left
+    running at the end; by default a worker of its own, stopped at the end."""
     results: list[ModelResult] = []
-    worker = Worker(preload=PRELOAD)
+    own = worker is None
+    worker = worker or Worker(preload=PRELOAD)
     try:
         for name, model in jobs:
             try:
@@ -84,7 +88,8 @@ def run_jobs(
             if on_result:
                 on_result(res)
     finally:
-        worker.stop()
+        if own:
+            worker.stop()
     return results
 
 

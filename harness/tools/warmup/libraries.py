@@ -9,9 +9,10 @@
   harness/run/record_mode.py), grouped by what selects a kernel, each group run through the adapter
   in one worker, as its check runs it. FA4's go into its disk cache: graph replays and the model
   check from fa4_precompile's `variant_cases`, all of `variant_cases` when the recording fails;
-  Compiled: `cute.compile` was called. flex_compiled's go into inductor's caches: the model check
-  runs whole, one model per variant; when the recording fails, one case per mode of each dtype x
-  head_dim x heads. Compiled: inductor's FX graph cache missed.
+  Compiled: `cute.compile` was called. flex_compiled's go into inductor's caches: its graph replays
+  are recorded too (each group captures and replays them), the model check runs whole, one model
+  per variant; when the recording fails, one case per mode of each dtype x head_dim x heads.
+  Compiled: inductor's FX graph cache missed.
 Each pool worker function returns COMPILED or CACHED and raises when the variant cannot run.
 """
 
@@ -85,7 +86,11 @@ FLASHINFER = Library(
 # --- FA4 --------------------------------------------------------------------------------------
 
 
-def _describe(case) -> str:  # noqa: ANN001 - a Case
+def _describe(case) -> str:  # noqa: ANN001 - a Case or a GraphCase
+    from harness.core.graph_case import GraphCase
+
+    if isinstance(case, GraphCase):
+        return f"graph of {len(case.batches)} at max_batch {case.max_batch}: {_describe(case.layer)}"
     rows = sum(r.extend_len for r in case.requests)
     window = f",w={case.window_left}" + (f"/{case.window_right}" if case.window_right >= 0 else "")
     return (
@@ -95,11 +100,13 @@ def _describe(case) -> str:  # noqa: ANN001 - a Case
     )
 
 
-# Where record mode does not reach: graph replays (harness/search/graph_suite.py: fa4 captures DECODE,
+# What FA4's recording leaves out: graph replays (harness/search/graph_suite.py: fa4 captures DECODE,
 # TARGET_VERIFY and DRAFT_EXTEND_V2) and the model check (cases/test_model.py: soft cap 4). Their
 # variants still come from fa4_precompile's reachable list, the short-row and tree cases and the
-# model's soft cap, less those whose key a recorded group already has.
+# model's soft cap, less those whose key a recorded group already has. flex_compiled records its
+# graph replays (their captured launches are compiles of their own) and runs its model checks whole.
 UNRECORDED_TESTS = "not test_graph and not test_model"
+FLEX_UNRECORDED_TESTS = "not test_model"
 GRAPH_ROWS = 8  # a captured step has at most max_draft query rows per request
 LONG_ROWS = 128  # FA4's query tile on sm90: a request past it fills more than one tile
 RECORD_TIMEOUT = 600.0  # seconds for the recording run
@@ -132,9 +139,10 @@ def fa4_key(case) -> tuple:  # noqa: ANN001 - a Case
     )
 
 
-def record_cases(profile: str, backend: str) -> list[dict]:
+def record_cases(profile: str, backend: str, leave_out: str = UNRECORDED_TESTS) -> list[dict]:
     """The cases a `check --backend <backend>` under `profile` draws: the suite for it in record mode
-    (harness/run/record_mode.py), in a pytest process started as `check` starts it, `-m gpu`."""
+    (harness/run/record_mode.py), in a pytest process started as `check` starts it, `-m gpu`, less
+    the tests `leave_out` (a -k expression) deselects."""
     import os
     import subprocess
     import sys
@@ -148,7 +156,7 @@ def record_cases(profile: str, backend: str) -> list[dict]:
     with tempfile.TemporaryDirectory(prefix="attn-harness-record-") as tmp:
         file = os.path.join(tmp, "drawn.jsonl")
         cmd = [sys.executable, "-m", "pytest", str(where.path), "-q", *where.options]
-        cmd += ["-p", "no:cacheprovider", "-m", "gpu", "-k", UNRECORDED_TESTS]
+        cmd += ["-p", "no:cacheprovider", "-m", "gpu", "-k", leave_out]
         env = {**os.environ, **where.env, "ATTN_HARNESS_PROFILE": profile, BACKENDS_ENV: backend}
         env[record_mode.RECORD_ENV] = file
         try:
@@ -241,6 +249,10 @@ def run_task(backend: str, task: RecordedTask) -> None:
             from harness.checks.invariance import invariance_result
 
             invariance_result(_backend(backend), case, "cuda", *task.neighbours)
+        elif kind == "graph":
+            from harness.checks.replay import replay_result
+
+            replay_result(_backend(backend), case, "cuda")
         else:
             _run_on_gpu(_backend(backend), case)
 
@@ -277,11 +289,16 @@ FA4 = Library(
 # --- flex_compiled ----------------------------------------------------------------------------
 
 
-def flex_key(case) -> tuple:  # noqa: ANN001 - a Case
+def flex_key(case) -> tuple:  # noqa: ANN001 - a Case or a GraphCase
     """What plausibly makes torch.compile(flex_attention) compile anew on CUDA (dynamic shapes, so not
     the lengths): dtype, head_dim and heads (static in flex), the softmax scale (a constant of the
     kernel), deterministic mode (its kernel options, one launch per request), and the launch's query
-    rows: one (a size dynamo specialises) or under 128 (inductor's decoding kernel)."""
+    rows: one (a size dynamo specialises) or under 128 (inductor's decoding kernel). A graph replay's
+    captured launches are keyed apart, by its layer."""
+    from harness.core.graph_case import GraphCase
+
+    if isinstance(case, GraphCase):
+        return ("graph", *flex_key(case.layer))
     rows = [r.extend_len for r in case.requests]
     launch_rows = max(rows) if case.deterministic else sum(rows)
     return (
@@ -343,13 +360,15 @@ def flex_variants(profile: str) -> list[Variant]:
     _NOTES.pop("flex_compiled", None)
     models = [Variant("flex_compiled", f"model {m}", RecordedTask(model=m)) for m in MODELS]
     try:
-        recorded = record_cases(profile, "flex_compiled")
+        recorded = record_cases(profile, "flex_compiled", FLEX_UNRECORDED_TESTS)
     except RecordFailed as e:
         _NOTES["flex_compiled"] = f"{e}; one case per mode of each shape instead"
         return flex_shapes(profile) + models
     out = recorded_groups("flex_compiled", recorded, flex_key, neighbour_sizes(SIZES[profile]))
+    graphs = sum(r["kind"] == "graph" for r in recorded)
     _NOTES["flex_compiled"] = (
-        f"{len(recorded)} drawn cases in {len(out)} groups (record mode), {len(models)} model checks"
+        f"{len(recorded) - graphs} drawn cases and {graphs} graph replays in {len(out)} groups "
+        f"(record mode), {len(models)} model checks"
     )
     return out + models
 
