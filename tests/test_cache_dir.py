@@ -21,9 +21,13 @@ ALL = (cache_dir.ENV, cache_dir.OWNED_ENV, cache_dir.FA4_SWITCH, "XDG_CACHE_HOME
 
 @pytest.fixture
 def clean_env(monkeypatch, tmp_path):
-    """The process environment without any cache variable (restored afterwards), HOME in tmp_path."""
+    """The process environment without any cache variable (restored afterwards), HOME in tmp_path.
+    Each is set before it is deleted: monkeypatch restores only what it saw, and a variable `apply`
+    adds that was absent before (a $PYTHONPYCACHEPREFIX, say) would otherwise outlive the test and
+    reach every process the later tests start."""
     for name in ALL:
-        monkeypatch.delenv(name, raising=False)
+        monkeypatch.setenv(name, "")
+        monkeypatch.delenv(name)
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     return tmp_path
 
