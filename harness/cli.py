@@ -463,9 +463,8 @@ def _check_parallel(
         flush=True,
     )
     print("\n".join(schedule.describe(plan, sources)), flush=True)
-    ready = gate.ready if gate is not None else (lambda backend: True)
-    nice = gate.nice if gate is not None else (lambda: 0)
-    parts = parallel.run(cmd, env, BACKENDS_ENV, plan, run_dir / "parts", cwd, ready=ready, nice=nice)
+    gated = {"ready": gate.ready, "nice": gate.nice} if gate is not None else {}
+    parts = parallel.run(cmd, env, BACKENDS_ENV, plan, run_dir / "parts", cwd, **gated)
     warmed = gate.join() if gate is not None else []
     code = parallel.combined_code([p.code for p in parts])
     elapsed = time.monotonic() - t0

@@ -15,7 +15,7 @@ from harness.run import cache_dir, workers
 from tests import warmup_fake
 
 VARS = tuple(var for _, var, _ in cache_dir.LIBRARIES)
-BYTECODE_VARS = (cache_dir.BYTECODE[1], cache_dir.NO_BYTECODE)
+BYTECODE_VARS = (cache_dir.BYTECODE_VAR, cache_dir.NO_BYTECODE)
 ALL = (cache_dir.ENV, cache_dir.OWNED_ENV, cache_dir.FA4_SWITCH, "XDG_CACHE_HOME", *VARS, *BYTECODE_VARS)
 
 
@@ -156,7 +156,7 @@ def test_bytecode_is_missing_only_without_a_pyc_and_with_nothing_to_write_one(tm
 
 
 def test_without_bytecode_the_children_keep_theirs_under_the_root(tmp_path, monkeypatch):
-    var = cache_dir.BYTECODE[1]
+    var = cache_dir.BYTECODE_VAR
     monkeypatch.setattr(cache_dir, "bytecode_missing", lambda env, package="torch": True)
     env = {"HOME": str(tmp_path), cache_dir.NO_BYTECODE: "1"}
     cache_dir.apply(str(tmp_path / "c"), env)

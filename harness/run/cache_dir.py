@@ -17,6 +17,7 @@ processes share `pycache/` under the root ($PYTHONPYCACHEPREFIX); a restored cac
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import sys
 from collections.abc import MutableMapping
@@ -33,7 +34,8 @@ LIBRARIES = (
     ("inductor (flex_compiled)", "TORCHINDUCTOR_CACHE_DIR", "inductor"),
     ("Triton kernels", "TRITON_CACHE_DIR", "triton"),
 )
-BYTECODE = ("Python bytecode", "PYTHONPYCACHEPREFIX", "pycache")  # only where `bytecode_missing`
+BYTECODE_VAR = "PYTHONPYCACHEPREFIX"
+BYTECODE = ("Python bytecode", BYTECODE_VAR, "pycache")  # only where `bytecode_missing`
 NO_BYTECODE = "PYTHONDONTWRITEBYTECODE"
 
 
@@ -76,13 +78,20 @@ def apply(flag: str | None = None, environ: MutableMapping[str, str] | None = No
     if FA4_SWITCH not in env or FA4_SWITCH in owned:
         env[FA4_SWITCH] = "1"
         owned.add(FA4_SWITCH)
-    var = BYTECODE[1]
-    if var in owned or (var not in env and bytecode_missing(env)):
-        env[var] = str(top / BYTECODE[2])
+    if BYTECODE_VAR in owned or (BYTECODE_VAR not in env and bytecode_missing(env)):
+        env[BYTECODE_VAR] = str(top / BYTECODE[2])
         env.pop(NO_BYTECODE, None)  # written under the root, never beside anyone's sources
-        owned.add(var)
+        owned.add(BYTECODE_VAR)
     env[OWNED_ENV] = ",".join(sorted(owned))
     return entries(env)
+
+
+def write_json(where: Path, doc: dict) -> None:
+    """`doc` as `where` (a file in the cache directory), written whole, then renamed: runs sharing the
+    directory never read half a file."""
+    tmp = where.with_name(f".{where.name}.{os.getpid()}")
+    tmp.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
+    tmp.replace(where)
 
 
 def bytecode_missing(environ: MutableMapping[str, str], package: str = "torch") -> bool:
@@ -102,8 +111,8 @@ def bytecode_missing(environ: MutableMapping[str, str], package: str = "torch") 
 def use_bytecode_cache() -> None:
     """This process too: its later imports read and write the bytecode where `apply` put its
     children's (nothing changes where the harness set no $PYTHONPYCACHEPREFIX)."""
-    if BYTECODE[1] in _owned(os.environ):
-        sys.pycache_prefix = os.environ[BYTECODE[1]]
+    if BYTECODE_VAR in _owned(os.environ):
+        sys.pycache_prefix = os.environ[BYTECODE_VAR]
         sys.dont_write_bytecode = False
 
 
@@ -112,7 +121,7 @@ def entries(environ: MutableMapping[str, str] | None = None) -> list[Entry]:
     env = os.environ if environ is None else environ
     owned, top = _owned(env), root(env)
     out = []
-    for what, var, sub in LIBRARIES + ((BYTECODE,) if BYTECODE[1] in env else ()):
+    for what, var, sub in LIBRARIES + ((BYTECODE,) if BYTECODE_VAR in env else ()):
         out.append(Entry(what, var, env.get(var, str(top / sub)), var in env and var not in owned))
     return out
 
@@ -128,7 +137,7 @@ def describe(environ: MutableMapping[str, str] | None = None) -> list[str]:
     lines = [f"cache directory: {root(env)}  (--cache-dir, ${ENV}; a library's own variable wins)"]
     for e in entries(env):
         who = f"set by the user (${e.var}), not under the cache directory" if e.user else f"${e.var}"
-        if e.var == BYTECODE[1] and not e.user:
+        if e.var == BYTECODE_VAR and not e.user:
             who += ": torch has no bytecode beside its sources and none would be written there"
         lines.append(f"  {e.what}: {e.path}  ({who})")
     if not fa4_enabled(env):

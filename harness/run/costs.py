@@ -12,9 +12,9 @@ profile) or, when not in that table, UNKNOWN_SECONDS.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
+from harness.run import cache_dir
 from harness.run.schedule import STARTUP_S
 
 TIMINGS = "timings.json"  # in the cache directory (harness/run/cache_dir.py)
@@ -89,6 +89,4 @@ def save(where: Path, selection: str, costs: dict[str, float]) -> None:
         return
     selections = _read(where / TIMINGS)
     selections[selection] = {**selections.get(selection, {}), **costs}
-    tmp = where / f".{TIMINGS}.{os.getpid()}"
-    tmp.write_text(json.dumps({"format": FORMAT, "selections": selections}, indent=1, sort_keys=True) + "\n")
-    tmp.replace(where / TIMINGS)
+    cache_dir.write_json(where / TIMINGS, {"format": FORMAT, "selections": selections})

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shutil
 import subprocess
 import time
@@ -21,6 +20,7 @@ from functools import cache
 from pathlib import Path
 
 import harness
+from harness.run import cache_dir
 
 SUBDIR = "warmup"
 FORMAT = "attn-harness-warmup-stamp"
@@ -102,6 +102,4 @@ def write(root: Path, library: str, want: dict[str, str], backends: Sequence[str
         "variants": variants,
         "written": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
-    tmp = where.with_name(f".{where.name}.{os.getpid()}")
-    tmp.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
-    tmp.replace(where)
+    cache_dir.write_json(where, doc)
