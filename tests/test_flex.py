@@ -284,7 +284,7 @@ def _same_block_mask(got, want) -> None:  # noqa: ANN001 - flex BlockMasks
 def test_direct_block_mask_is_create_block_mask(family, window):
     from torch.nn.attention.flex_attention import create_block_mask
 
-    from harness.backends.flex_blocks import block_mask_from_grid
+    from harness.backends.flex_blocks import _skips_q_blocks, block_mask_from_grid, without_q_blocks
 
     sizes = dataclasses.replace(profiles.SIZES["dev"], max_batch=4)
     backends = [_CompiledHere(), FlexEager(), _EagerVirtualSink()]
@@ -303,6 +303,8 @@ def test_direct_block_mask_is_create_block_mask(family, window):
                     want = create_block_mask(mask_mod, 1, None, *lengths, device="cpu", BLOCK_SIZE=block)
                     got = block_mask_from_grid(backend.visible_grid(launch), lengths, mask_mod, block)
                     _same_block_mask(got, want)
+                    _same_block_mask(without_q_blocks(want), want)
+                    assert (without_q_blocks(want).q_indices is None) == _skips_q_blocks()
                 assert backend.block_mask(launch).mask_mod is not None
 
     check()
@@ -341,3 +343,91 @@ def test_eager_splits_a_launch_where_the_packed_grid_is_mostly_waste(monkeypatch
     monkeypatch.setitem(FlexEager.waste_per_launch, "cpu", FlexEager.waste_per_launch["cuda"])
     assert FlexEager().launches(batch) == [[0, 1, 2, 3, 4]]
     assert FlexEager().launches(batch_of(c.replace(deterministic=True))) == [[r] for r in range(5)]
+
+
+def _graph_signatures(order: list[tuple[torch.Tensor, ...]]) -> set[str]:
+    """The graphs dynamo builds for a dynamic=True compiled function called on each argument tuple of
+    `order` in the compiled flex call's context: each as its placeholders' symbolic sizes and strides."""
+    found = set()
+
+    def record(gm, example_inputs):  # noqa: ANN001, ANN202 - a dynamo backend
+        values = [n.meta.get("example_value") for n in gm.graph.nodes if n.op == "placeholder"]
+        found.add(repr([(tuple(v.shape), v.stride()) for v in values if isinstance(v, torch.Tensor)]))
+        return gm
+
+    torch._dynamo.reset()
+    scores = torch.compile(lambda q, k: (q * 0.5) @ k.transpose(-1, -2), backend=record, dynamic=True)
+    with FlexCompiled().calling():
+        for args in order:
+            scores(*args)
+    torch._dynamo.reset()
+    return found
+
+
+def test_compiled_call_traces_graphs_that_follow_from_the_inputs_alone():
+    """In the compiled call's context a graph depends on its input, not on what the process met
+    first (dynamo's automatic dynamic shapes off): the warm-up's order and a check shard's give the
+    same graphs, so the shard finds them in inductor's cache."""
+    one_row = torch.randn(1, 1, 8, 16).transpose(1, 2)  # [1, 8, 1, 16]: a size-1 dim, stride 128
+    keys = torch.randn(1, 8, 9, 16)
+    inputs = [(one_row, keys), (torch.randn(1, 8, 1, 16), keys), (torch.randn(1, 8, 7, 16), keys)]
+    assert _graph_signatures(inputs) == _graph_signatures(inputs[::-1])
+
+
+def test_compiled_call_gives_equal_sizes_no_symbol_of_their_own():
+    """As many queries as keys and a different number are one graph (no duck shapes)."""
+    keys = torch.randn(1, 8, 9, 16)
+    assert len(_graph_signatures([(torch.randn(1, 8, 9, 16), keys), (torch.randn(1, 8, 5, 16), keys)])) == 1
+
+
+def test_compiled_call_takes_one_layout_per_shape_with_gradients_off():
+    """q, k and v reach the kernel with a fresh contiguous tensor's strides (a one-row view may carry
+    any stride on its size-1 dimension, and dynamo guards on strides), and without gradients."""
+    seen = []
+
+    class _Spy(_CompiledHere):
+        def kernel(self, device):  # noqa: ANN001, ANN202
+            def flex(q, k, v, score_mod, block_mask, **kwargs):  # noqa: ANN001, ANN202
+                seen.append(([x.stride() for x in (q, k, v)], torch.is_grad_enabled()))
+                return torch.zeros_like(q)
+
+            return flex
+
+    b = _Spy()
+    launch = b.pack(batch_of(case("DECODE", ((6, 1),), **SHAPE)), [0])
+    one_row = torch.randn(1, 1, 8, 64).transpose(1, 2)
+    assert one_row.is_contiguous() and one_row.stride() != (512, 64, 64, 1)
+    out, _ = b.call_flex(dataclasses.replace(launch, q=one_row), None, None, 0.1, False)
+    strides, grad = seen[0]
+    assert strides[0] == (512, 64, 64, 1) and strides[1] == launch.k.stride()
+    assert not grad and torch.is_grad_enabled()
+    assert out.shape == one_row.shape
+
+
+def test_canonical_layout_keeps_the_values():
+    from harness.backends.flex import canonical_layout, contiguous_strides
+
+    assert contiguous_strides((1, 8, 1, 64)) == (512, 64, 64, 1)
+    one_row = torch.randn(1, 1, 8, 64).transpose(1, 2)
+    strided = torch.randn(1, 8, 5, 64).transpose(1, 2)
+    for x in (one_row, strided):
+        got = canonical_layout(x)
+        assert got.stride() == contiguous_strides(tuple(x.shape)) and torch.equal(got, x)
+
+
+def test_compiled_launch_captures_no_length_one_table():
+    """The tree table a compiled launch captures has at least two entries, with no tree and with a
+    one-draft tree, on the eager and the graph path: dynamo specialises a size-1 dimension, so a
+    length-1 table would be a compile of its own."""
+    from harness.backends.graph_glue import GraphLimits
+
+    class _Unpadded(FlexCompiled):
+        def padded_len(self, n, device):  # noqa: ANN001, ANN202 - CUDA's lengths, on the CPU
+            return n
+
+    b = _Unpadded()
+    for c in (case("EXTEND", ((4, 3),), **SHAPE), case("TARGET_VERIFY", ((6, 1, 0, (-1,)),), **SHAPE)):
+        batch = batch_of(c)
+        assert b.pack(batch, [0]).tree.numel() >= 2
+        limits = GraphLimits(max_batch=1, queries=1, max_kv=16, page_size=batch.case.page_size)
+        assert b.graph_buffers(limits, batch).buffers["tree"].numel() >= 2

@@ -23,7 +23,7 @@ import torch
 from torch.utils._python_dispatch import _disable_current_modes
 
 from harness.backends.base import ALL_CAPABILITIES, BackendOutput
-from harness.backends.flex_blocks import block_mask_from_grid
+from harness.backends.flex_blocks import block_mask_from_grid, without_q_blocks
 from harness.backends.glue import EngineGlue
 from harness.backends.graph_glue import GraphGlue, GraphLimits, GraphState, StaticInputs
 from harness.backends.library import import_library
@@ -65,6 +65,10 @@ FLEX_NOT_CAPTURED = (
 # The graph path's key layout: request r's keys start at r * stride, stride a multiple of this (the
 # BlockMask's block size), so a request's blocks hold the same keys as in its own eager launch.
 GRAPH_KEY_ALIGN = 128
+
+# The shortest a captured index tensor is made (the tree table): dynamo specialises a dimension of
+# size 1 (its 0/1 rule), so a length-1 table would be a compile of its own.
+MIN_CAPTURED_LEN = 2
 
 # The terms of the mask besides "same request"; see FlexBase.mask_mod.
 MASK_TERMS = frozenset({"free", "causal", "window", "window_right", "tree"})
@@ -363,7 +367,7 @@ class FlexBase(EngineGlue):
             kv_draft=ints(kv_draft, lk, -1),
             kv_free=ints(kv_free, lk, 0),
             kv_sink=ints(kv_sink, lk, 0),
-            tree=ints(tree, self.padded_len(len(tree), dev.type), 0),
+            tree=ints(tree, self.padded_len(max(len(tree), MIN_CAPTURED_LEN), dev.type), 0),
             causal=torch.tensor(int(causal), dtype=torch.int64, device=dev),
             window=torch.tensor(w if w >= 0 else NO_WINDOW, dtype=torch.int64, device=dev),
             window_right=torch.tensor(wr if wr >= 0 else NO_WINDOW, dtype=torch.int64, device=dev),
@@ -427,6 +431,10 @@ class FlexBase(EngineGlue):
         """The context the variant's call runs in (none here)."""
         return nullcontext()
 
+    def kernel_inputs(self, launch: Launch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q, k and v as the variant hands them to its kernel (the launch's own here)."""
+        return launch.q, launch.k, launch.v
+
     def call_flex(
         self,
         launch: Launch,
@@ -441,10 +449,9 @@ class FlexBase(EngineGlue):
         kwargs = {**(lse_kwargs if want_lse else {}), **self.kernel_kwargs(device, launch)}
         gqa = launch.q.shape[1] != launch.k.shape[1]
         flex = self.kernel(device)
+        q, k, v = self.kernel_inputs(launch)
         with self.calling():
-            res = flex(
-                launch.q, launch.k, launch.v, score_mod, block_mask, scale=scale, enable_gqa=gqa, **kwargs
-            )
+            res = flex(q, k, v, score_mod, block_mask, scale=scale, enable_gqa=gqa, **kwargs)
         return _unpack_lse(res) if want_lse else (res, None)
 
     # --- the forward --------------------------------------------------------------------------
@@ -583,12 +590,42 @@ def _compiled_flex(dynamic: bool) -> Callable:
     return torch.compile(flex, dynamic=dynamic, fullgraph=True)
 
 
-def _dynamo_limits() -> dict:
-    """Dynamo settings for the compiled call: a high recompile limit, and an error (never a silent
-    eager fallback) if it is hit, so the compiled backend never reports eager results."""
+def _dynamo_settings() -> dict:
+    """Dynamo settings for the compiled call:
+    - a high recompile limit, and an error (never a silent eager fallback) if it is hit, so the
+      compiled backend never reports eager results;
+    - no automatic dynamic shapes. With `dynamic=True` every size is symbolic from the first compile;
+      what automatic dynamic adds is a graph shaped by what the process met before (and, through its
+      profile on disk, what earlier processes met), so a check's process traced graphs the warm-up
+      had not compiled (90 new FX graphs on the H100: docs/flex.md). Without it a graph follows from
+      its inputs alone, in any order."""
     cfg = torch._dynamo.config
-    want = {"recompile_limit": 512, "accumulated_recompile_limit": 4096, "fail_on_recompile_limit_hit": True}
+    want = {
+        "recompile_limit": 512,
+        "accumulated_recompile_limit": 4096,
+        "fail_on_recompile_limit_hit": True,
+        "automatic_dynamic_shapes": False,
+    }
     return {k: v for k, v in want.items() if hasattr(cfg, k)}
+
+
+def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """The strides of a fresh contiguous tensor of `shape` (a size-1 dimension's stride included)."""
+    strides, step = [], 1
+    for n in reversed(shape):
+        strides.append(step)
+        step *= max(n, 1)
+    return tuple(reversed(strides))
+
+
+def canonical_layout(x: torch.Tensor) -> torch.Tensor:
+    """`x` with contiguous_strides: the same elements. A contiguous tensor may carry any stride on a
+    size-1 dimension (a one-row launch's [1, H, 1, D] view of a [1, 1, H, D] tensor), and dynamo
+    guards on strides, so each such layout would be a compile of its own."""
+    want = contiguous_strides(tuple(x.shape))
+    if x.stride() == want:
+        return x
+    return x.as_strided(x.shape, want) if x.is_contiguous() else x.contiguous()
 
 
 class FlexCompiled(FlexBase, GraphGlue):
@@ -651,9 +688,25 @@ class FlexCompiled(FlexBase, GraphGlue):
         options = DETERMINISTIC_KERNEL_OPTIONS if launch.deterministic else CUDA_KERNEL_OPTIONS
         return {"kernel_options": options}
 
-    def calling(self) -> AbstractContextManager:
-        """Dynamo's recompile limits (`_dynamo_limits`)."""
-        return torch._dynamo.config.patch(**_dynamo_limits())
+    @contextmanager
+    def calling(self) -> Iterator[None]:
+        """Dynamo's settings (`_dynamo_settings`); no duck shapes (dynamo otherwise gives two sizes
+        that happen to be equal, as many queries as keys, one symbol, and a batch where they differ
+        is a compile of its own); gradients off (an engine's forward runs without them, and grad
+        mode is a guard, so a call with them on compiled the same kernel again)."""
+        from torch.fx.experimental import _config as shapes
+
+        shape_settings = {"use_duck_shape": False} if hasattr(shapes, "use_duck_shape") else {}
+        with (
+            torch._dynamo.config.patch(**_dynamo_settings()),
+            shapes.patch(**shape_settings),
+            torch.no_grad(),
+        ):
+            yield
+
+    def kernel_inputs(self, launch: Launch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q, k and v in `canonical_layout`: one compile per shape, not per layout."""
+        return canonical_layout(launch.q), canonical_layout(launch.k), canonical_layout(launch.v)
 
     # --- the CUDA-graph path --------------------------------------------------------------------
     # Buffers at the limits, one entry per query row (q_*) or key (kv_*) of the fixed layout: request
@@ -685,7 +738,7 @@ class FlexCompiled(FlexBase, GraphGlue):
         (lq, lk), (rq, rk) = self.graph_lengths(limits, dev, False), self.graph_lengths(limits, dev, True)
         last = limits.max_batch - 1  # the last request's per-request launch starts there
         lq, lk = max(lq, last * e + rq), max(lk, last * self.graph_stride(limits) + rk)
-        lt = self.padded_len(limits.max_batch * e * e, dev)
+        lt = self.padded_len(max(limits.max_batch * e * e, MIN_CAPTURED_LEN), dev)
         b = state.buffers
         for name, n in [(x, lq) for x in self.GRAPH_Q] + [(x, lk) for x in self.GRAPH_KV] + [("tree", lt)]:
             b[name] = torch.full((n,), self.GRAPH_FILL.get(name, 0), dtype=torch.int64, device=batch.device)
@@ -811,11 +864,13 @@ class FlexCompiled(FlexBase, GraphGlue):
         """The graph path's BlockMask: create_block_mask over the launch's mask_mod, from the buffers
         (torch ops, no host read). It runs once per capture, so its cost never reaches a replay, and
         it is the build the replay check passed with on the H100; block_mask's direct build is the same
-        mask (tests/test_flex.py compares the two)."""
+        mask (tests/test_flex.py compares the two). Its query-block indices, which only the backward
+        reads, are dropped as the eager build skips them (`without_q_blocks`): the kernel's inputs
+        then have one structure on both paths, so one compile serves both."""
         from torch.nn.attention.flex_attention import create_block_mask
 
         lq, lk = launch.q.shape[2], launch.k.shape[2]
-        return create_block_mask(self.mask_mod(launch), 1, None, lq, lk, device=device)
+        return without_q_blocks(create_block_mask(self.mask_mod(launch), 1, None, lq, lk, device=device))
 
     def graph_kernel(self, state: GraphState, static: StaticInputs) -> torch.Tensor:
         """Per launch, the BlockMask built from the buffers (captured_block_mask), then the compiled

@@ -52,6 +52,39 @@ def _ordered(blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return num[None, None].contiguous(), indices[None, None].contiguous()
 
 
+def _from_kv_blocks(kv_num, kv_idx, full_num, full_idx, lengths, mask_mod, block):  # noqa: ANN001, ANN202
+    """BlockMask.from_kv_blocks without the query-block indices where this torch can skip them."""
+    from torch.nn.attention.flex_attention import BlockMask
+
+    extra = {"compute_q_blocks": False} if _skips_q_blocks() else {}
+    return BlockMask.from_kv_blocks(
+        kv_num,
+        kv_idx,
+        full_num,
+        full_idx,
+        BLOCK_SIZE=block,
+        mask_mod=mask_mod,
+        seq_lengths=lengths,
+        **extra,
+    )
+
+
+def without_q_blocks(mask):  # noqa: ANN001, ANN201 - a flex BlockMask
+    """`mask` (create_block_mask's) rebuilt from its key-block tensors, as block_mask_from_grid builds
+    one: the same blocks, without the query-block indices where this torch skips them."""
+    if not _skips_q_blocks():
+        return mask
+    return _from_kv_blocks(
+        mask.kv_num_blocks,
+        mask.kv_indices,
+        mask.full_kv_num_blocks,
+        mask.full_kv_indices,
+        mask.seq_lengths,
+        mask.mask_mod,
+        mask.BLOCK_SIZE,
+    )
+
+
 def block_mask_from_grid(  # noqa: ANN201 - a flex BlockMask
     visible: torch.Tensor, lengths: tuple[int, int], mask_mod: Callable, block: int = BLOCK
 ):
@@ -59,21 +92,7 @@ def block_mask_from_grid(  # noqa: ANN201 - a flex BlockMask
     rows and keys; the rest sees nothing), `mask_mod` kept for the partial blocks: the same
     kv_num_blocks / kv_indices and full_kv_* as create_block_mask(mask_mod, ...) gives for the
     mask_mod whose grid this is (tests/test_flex.py)."""
-    from torch.nn.attention.flex_attention import BlockMask
-
     counts = block_counts(visible, lengths, block)
     whole = block * block
     partial, full = (counts > 0) & (counts < whole), counts == whole
-    kv_num, kv_idx = _ordered(partial)
-    full_num, full_idx = _ordered(full)
-    extra = {"compute_q_blocks": False} if _skips_q_blocks() else {}
-    return BlockMask.from_kv_blocks(
-        kv_num,
-        kv_idx,
-        full_num,
-        full_idx,
-        BLOCK_SIZE=(block, block),
-        mask_mod=mask_mod,
-        seq_lengths=lengths,
-        **extra,
-    )
+    return _from_kv_blocks(*_ordered(partial), *_ordered(full), lengths, mask_mod, (block, block))

@@ -25,16 +25,16 @@ FORMAT = "attn-harness-timings"
 # process, less the shards' startups. fa2/fa3: not installed there, every test skipped; installed
 # they check, so they get UNKNOWN_SECONDS.
 DEFAULT_SECONDS = {
-    "flex_compiled": 355.0,
-    "torch_native": 102.0,
-    "flex_eager": 82.0,
-    "flashinfer_dec_tc": 79.0,
-    "flashinfer_paged": 53.0,
-    "fa4": 51.0,
-    "torch_split": 46.0,
-    "flashinfer_dec_cc": 32.0,
-    "flashinfer_ragged": 31.0,
-    "flashinfer_enc": 29.0,
+    "flex_compiled": 293.0,
+    "torch_native": 89.0,
+    "flex_eager": 70.0,
+    "flashinfer_dec_tc": 65.0,
+    "fa4": 43.0,
+    "torch_split": 42.0,
+    "flashinfer_paged": 40.0,
+    "flashinfer_dec_cc": 26.0,
+    "flashinfer_ragged": 26.0,
+    "flashinfer_enc": 22.0,
 }
 UNKNOWN_SECONDS = 60.0
 MEASURED_CODES = (0, 1, 5)  # a part that ran to its end (1: it found failures); not interrupted
