@@ -62,8 +62,8 @@ _COMMON = dict(
 # half (past max_examples // 2 valid examples) by the measured err/budget, so which cases, and which
 # kernel variants, a GPU check drew depended on that machine's rounding, and the warm-up's recording
 # (record mode, which checks nothing and so measures nothing) drew fresh cases there instead: on the
-# H100 a check after a complete flex_compiled warm-up still compiled 40 graphs. Without it a gpu
-# check draws the same cases on every machine, and the warm-up compiles exactly those.
+# H100 a check after a complete flex_compiled warm-up still compiled 40 graphs, and 4 without it.
+# Without it a gpu check draws the same cases on every machine, and the warm-up compiles those.
 GPU_PHASES = tuple(p for p in SEARCH_PHASES if p != Phase.target)
 
 settings.register_profile("ci", max_examples=12, derandomize=True, database=None, **_COMMON)
