@@ -357,12 +357,12 @@ def test_a_graph_known_issue_excuses_a_replay_failure_on_its_version_only(monkey
     wrong.name = "flashinfer_dec_tc"
     g = GraphCase((decode(40, 3, deterministic=True), decode(7, 2, deterministic=True)), 2, 80)
     assert known_issues.has_unsplit_plan(g, FlashInferDecTC.split_tokens)  # the second replay (chunk 16)
-    monkeypatch.setattr(known_issues, "installed_version", lambda dist: "0.6.18.post1")
+    monkeypatch.setattr(known_issues, "distribution_version", lambda dist: "0.6.18.post1")
     res = replay_result(wrong, g, "cpu")
     assert res.status == "xfail" and res.reason.startswith("known issue flashinfer-graph-unsplit-plan (")
     assert "known_issues/flashinfer_graph_unsplit_plan.py" in res.reason and "replay " in res.reason
     assert known_issues.expected_failure("flashinfer_dec_tc", g.layer, "err") is None  # eager: not reached
-    monkeypatch.setattr(known_issues, "installed_version", lambda dist: "0.7.1")
+    monkeypatch.setattr(known_issues, "distribution_version", lambda dist: "0.7.1")
     assert replay_result(wrong, g, "cpu").status == "fail"
 
 
@@ -372,11 +372,11 @@ def test_a_graph_known_issue_excuses_a_capture_crash_and_keeps_its_traceback(mon
             raise RuntimeError("CUDA error: operation not supported on global/shared address space")
 
     g = GraphCase((decode(40, 3, deterministic=True, window_left=9),), 2, 80)
-    monkeypatch.setattr(known_issues, "installed_version", lambda dist: "0.6.18.post1")
+    monkeypatch.setattr(known_issues, "distribution_version", lambda dist: "0.6.18.post1")
     res = replay_result(fake.on_cpu(FaultsAtCapture()), g, "cpu")
     assert res.status == "xfail" and "capture: backend raised RuntimeError" in res.reason
     assert "Traceback" in res.extra["traceback"]  # isolation retires the worker on it
-    monkeypatch.setattr(known_issues, "installed_version", lambda dist: "0.6.17")
+    monkeypatch.setattr(known_issues, "distribution_version", lambda dist: "0.6.17")
     assert replay_result(fake.on_cpu(FaultsAtCapture()), g, "cpu").status == "crash"
 
 

@@ -36,7 +36,7 @@ def reached_by_paged(monkeypatch) -> None:
 @pytest.fixture
 def version(monkeypatch):
     def installed(v):
-        monkeypatch.setattr(known_issues, "installed_version", lambda dist: v)
+        monkeypatch.setattr(known_issues, "distribution_version", lambda dist: v)
 
     return installed
 

@@ -113,6 +113,27 @@ def test_a_placeholder_module_version_is_read_from_the_distribution():
     assert module_version(types.SimpleNamespace(__version__="0.7.2.post1"), "pytest") == "0.7.2.post1"
 
 
+def test_a_distribution_version_is_read_from_its_metadata_once_per_process(monkeypatch):
+    """FA4's glue asks for its version on every case: the metadata file is parsed once, not each time."""
+    from harness.backends import versions
+
+    reads = []
+
+    def version(name: str) -> str:
+        reads.append(name)
+        return "4.0.0b36"
+
+    monkeypatch.setattr(versions.metadata, "version", version)
+    versions.distribution_version.cache_clear()
+    try:
+        placeholder = types.SimpleNamespace(__version__="0.0.0")
+        found = [module_version(placeholder, "flash-attn-4") for _ in range(3)]
+    finally:
+        versions.distribution_version.cache_clear()
+    assert found == ["4.0.0b36"] * 3
+    assert reads == ["flash-attn-4"]
+
+
 @pytest.mark.parametrize("release,broken", [("4.0.0b36", False), ("4.0.0b20", True)])
 def test_fa4_outside_its_range_is_broken(monkeypatch, release, broken):
     cute = types.ModuleType("flash_attn.cute")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
+from functools import cache
 from importlib import metadata
 from types import ModuleType
 
@@ -59,8 +60,11 @@ class SupportedRange:
         return f"outside >={self.lowest},<{self.below}"
 
 
+@cache
 def distribution_version(name: str) -> str | None:
-    """The installed version of a pip distribution, from its metadata (imports nothing); None if absent."""
+    """The installed version of a pip distribution, from its metadata (imports nothing); None if absent.
+    Read once per process: a metadata lookup parses the distribution's METADATA file (about 1 ms on
+    the H100 host), and FA4's glue needs the version on every case (its module reports '0.0.0')."""
     try:
         return metadata.version(name)
     except metadata.PackageNotFoundError:

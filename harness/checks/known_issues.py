@@ -13,11 +13,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import cache
-from importlib import metadata
 from typing import Any
 
 from harness.backends.flashinfer_dec import FlashInferDecTC
+from harness.backends.versions import distribution_version
 from harness.core.case import Case
 from harness.core.graph_case import GraphCase, kv_extents
 from harness.core.modes import Mode
@@ -90,22 +89,13 @@ KNOWN_ISSUES = (
 )
 
 
-@cache
-def installed_version(distribution: str) -> str | None:
-    """The installed version of a distribution, None when it is not installed."""
-    try:
-        return metadata.version(distribution)
-    except metadata.PackageNotFoundError:
-        return None
-
-
 def known_issue(backend_name: str, case: Case | GraphCase) -> tuple[KnownIssue, str] | None:
     """The known issue (and the installed version) this backend's failure on `case` is, if any: an
     on_replay issue for a GraphCase, any other for a Case."""
     replay = isinstance(case, GraphCase)
     for issue in KNOWN_ISSUES:
         if issue.on_replay == replay and backend_name in issue.backends and issue.reaches(case):
-            version = installed_version(issue.library)
+            version = distribution_version(issue.library)
             if version in issue.versions:
                 return issue, version
     return None
