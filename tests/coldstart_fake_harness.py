@@ -2,15 +2,22 @@
 into --cache-dir beside itself (none when they are there), printing the warm-up's lines as a CUDA
 check does, and passes only if both are there; it logs its call and whether a compile-cache
 variable reached it from the parent's environment. FAKE_WARMUP_FAILED: variants that fail to
-compile; FAKE_CHECK_EXIT: the check's status."""
+compile; FAKE_CHECK_EXIT: the check's status. Its "compile" burns BURN_SECONDS of CPU in a child
+process it waits for, and writes the CPU that child used to cpu.log beside the cache."""
 
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 from pathlib import Path
 
 LEAKED = ("TORCHINDUCTOR_CACHE_DIR", "ATTN_HARNESS_CACHE", "ATTN_HARNESS_CACHE_VARS")
+BURN_SECONDS = 0.3
+BURN = (
+    "import time\nt = time.process_time()\nwhile time.process_time() - t < {s}: pass\n"
+    "print(time.process_time())"
+)
 
 
 def main(argv: list[str]) -> int:
@@ -23,6 +30,10 @@ def main(argv: list[str]) -> int:
     todo = [v for v in ("a", "b") if not (fake / v).exists()]
     for v in todo:
         (fake / v).write_text("x" * 1000)
+    burn = [sys.executable, "-c", BURN.format(s=BURN_SECONDS)]
+    burned = subprocess.run(burn, capture_output=True, text=True)
+    with (fake.parent.parent / "cpu.log").open("a") as log:
+        log.write(burned.stdout)
     failed = int(os.environ.get("FAKE_WARMUP_FAILED", "0"))
     print("warmup: beside the check: fake, 2 cores")
     print("library  variants  compiled")

@@ -5,6 +5,7 @@ the parent's cache variables, and a failed compile or check reported and failing
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -23,6 +24,8 @@ FIELDS = {
     "compiled",
     "warmup_failed",
     "exit",
+    "cpu_seconds",
+    "cores",
     "cache_bytes",
     "warmup_summary",
     "reason",
@@ -62,7 +65,22 @@ def test_cold_then_warm_in_one_fresh_directory(monkeypatch, tmp_path, capsys):
     assert not tmp.exists()  # the temporary cache is removed
     text = capsys.readouterr().out
     assert "coldstart: check --profile ci (torch_native)" in text
+    assert f"floor s ({os.cpu_count()} cores)" in text
     assert "cache by library: fake 0 MiB" in text
+
+
+def test_a_runs_cpu_counts_the_processes_its_check_started(monkeypatch, tmp_path):
+    """Each run's CPU includes what the check's own children burned (the fake's "compile" child), and
+    no more than the machine could give it in its wall time."""
+    made = _fake(monkeypatch, tmp_path)
+    monkeypatch.setattr(coldstart.shutil, "rmtree", lambda p, ignore_errors: None)
+    rows = coldstart.coldstart("cpu", ["torch_native"], 60.0)
+    (tmp,) = made
+    burned = [float(x) for x in (tmp / "cpu.log").read_text().split()]
+    assert len(burned) == 2
+    for row, child in zip(rows, burned):
+        assert child >= 0.3 and row.cpu_seconds >= child, (row.run, row.cpu_seconds, child)
+        assert row.cpu_seconds <= row.seconds * row.cores and row.cores == os.cpu_count()
 
 
 def test_the_children_get_only_the_cache_dir_and_run_in_order(monkeypatch, tmp_path):

@@ -118,7 +118,9 @@ def run(
 
         def ran(row: coldstart.ColdStartRow) -> None:
             warm = "no warm-up" if row.warmup_seconds is None else f"warm-up {row.warmup_seconds:.0f} s of it"
-            say(f"  coldstart: {row.run}: check {row.seconds:.0f} s ({warm})")
+            floor = row.cpu_seconds / row.cores
+            cpu = f"CPU {row.cpu_seconds:.0f} s: {floor:.0f} s on {row.cores} cores if packed"
+            say(f"  coldstart: {row.run}: check {row.seconds:.0f} s ({warm}); {cpu}")
             keep("coldstart", dataclasses.asdict(row))
 
         coldstart.coldstart(opts.device, opts.mutant_backends, opts.coldstart_timeout, ran)

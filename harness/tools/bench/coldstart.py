@@ -4,7 +4,9 @@ Runs `python -m harness check` (the profile and backends given; on CUDA it compi
 beside the check, harness/run/warm_gate.py) twice as a child process: first in a fresh, empty cache
 directory (every JIT variant compiles), then again with that directory as the first run left it, as a
 CI job restores its saved cache to the same path. Each run's row gives the command's wall time, how
-long the warm-up ran within it and what it compiled, and the cache's size per library. The library
+long the warm-up ran within it and what it compiled, the CPU time of the check and every process
+it started (what bounds a cold run: divided by the cores, a floor on its wall time), and the cache's
+size per library. The library
 variables are taken out of the child's environment, so a cache the user pointed elsewhere
 (harness/run/cache_dir.py) cannot make the cold run warm.
 """
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import os
 import re
+import resource
 import shutil
 import subprocess
 import sys
@@ -43,6 +46,8 @@ class ColdStartRow:
     compiled: int = 0  # variants the warm-up compiled
     warmup_failed: int = 0  # variants the warm-up could not compile
     exit: int | None = None  # the check's exit status; None past the time limit
+    cpu_seconds: float = 0.0  # user + system CPU of the check and its descendants (all waited for)
+    cores: int = 1  # CPUs of this machine: cpu_seconds / cores is the run's floor if fully packed
     cache_bytes: dict[str, int] = field(default_factory=dict)  # per subdirectory of the cache
     warmup_summary: list[str] = field(default_factory=list)  # the warm-up's table
     reason: str = ""  # why the run failed: its output's tail
@@ -62,16 +67,23 @@ def sizes(root: Path) -> dict[str, int]:
     return out
 
 
-def _timed(cmd: list[str], env: dict[str, str], timeout: float) -> tuple[int | None, float, str]:
-    """(exit status or None past `timeout`, seconds, output) of one command."""
-    t0 = time.monotonic()
+def children_cpu() -> float:
+    """User + system CPU seconds of this process's children that have ended and been waited for,
+    each with the descendants it waited for: the difference around one run is that run's CPU."""
+    use = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return use.ru_utime + use.ru_stime
+
+
+def _timed(cmd: list[str], env: dict[str, str], timeout: float) -> tuple[int | None, float, float, str]:
+    """(exit status or None past `timeout`, seconds, CPU seconds, output) of one command."""
+    t0, cpu0 = time.monotonic(), children_cpu()
     try:
         res = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
         code, out = res.returncode, res.stdout + res.stderr
     except subprocess.TimeoutExpired as e:
         code = None
         out = (e.stdout or b"").decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
-    return code, time.monotonic() - t0, out
+    return code, time.monotonic() - t0, children_cpu() - cpu0, out
 
 
 def measure(
@@ -87,8 +99,8 @@ def measure(
     picks = [a for b in backends for a in ("--backend", b)]
     cmd = [*HARNESS, "check", "--cache-dir", str(cache), "--profile", profile, *picks]
     cmd += ["--device", device, "--no-progress", "--reports", str(cache.parent / f"reports-{run}")]
-    row = ColdStartRow(run, profile, list(backends))
-    row.exit, row.seconds, out = _timed(cmd, env, timeout)
+    row = ColdStartRow(run, profile, list(backends), cores=os.cpu_count() or 1)
+    row.exit, row.seconds, row.cpu_seconds, out = _timed(cmd, env, timeout)
     m = WARMUP_LINE.search(out)
     if m:
         row.compiled, row.warmup_seconds = int(m.group(1)), float(m.group(2))
