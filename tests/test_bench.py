@@ -54,6 +54,7 @@ PHASES = {
     "overhead",
     "ops_per_case",
     "syncs_per_case",
+    "not_counted",
 }
 SCALE = {
     "device",
@@ -113,6 +114,7 @@ def test_the_json_has_every_section_with_its_documented_fields(tmp_path, monkeyp
     assert ph["overhead"] == pytest.approx(1 - ph["fractions"]["kernel"] - ph["fractions"]["reference"])
     assert set(ph["ops_per_case"]) == set(ph["syncs_per_case"]) == {*bench_phases.PHASES, "other"}
     assert ph["ops_per_case"]["reference"] > 0 and ph["syncs_per_case"]["compare"] >= 1  # its one readback
+    assert ph["not_counted"] == ""
     assert "ops/syncs per case" in text
 
     assert [(r["tokens"], r["window_left"]) for r in doc["scale"]] == [(64, -1), (64, SCALE_WINDOW)]
@@ -223,6 +225,24 @@ def test_ops_and_syncs_are_counted_in_the_phase_that_runs_them():
     assert counter.ops["compare"] >= 3 and counter.syncs["compare"] == 2  # float and the boolean index
     assert counter.syncs["plan"] == 2
     assert timing._active is None
+
+
+def test_flex_is_counted_through_its_higher_order_operator_and_a_broken_count_says_so(monkeypatch):
+    """flex_attention is a higher-order operator: the counting mode must accept it, or every flex case
+    crashes while counted and its reference and compare count nothing. A count whose cases end
+    otherwise than timed gives no numbers and says why."""
+    flex = load("flex_eager")
+    cases = mix(0, 3, flex.capabilities)
+    row = bench_phases.phase_row(flex, "cpu", cases)
+    assert row.not_counted == "" and row.ops_per_case["reference"] > 0 and row.ops_per_case["compare"] > 0
+    monkeypatch.setattr(opcount._Ops, "supports_higher_order_operators", False)
+    broken = bench_phases.phase_row(flex, "cpu", cases)
+    assert broken.ops_per_case == broken.syncs_per_case == {}
+    assert broken.not_counted.startswith("case 0 (")
+    assert "pass when timed, crash when counted: backend raised NotImplementedError" in broken.not_counted
+    doc = {"meta": {"device": "cpu"}, "phases": [dataclasses.asdict(row), dataclasses.asdict(broken)]}
+    text = render(doc)
+    assert f"flex_eager: not counted: {broken.not_counted}" in text
 
 
 def test_on_a_gpu_only_reads_of_device_tensors_are_syncs():

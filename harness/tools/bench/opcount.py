@@ -90,6 +90,12 @@ class Counter(timing.Recorder):
 
 
 class _Ops(TorchDispatchMode):
+    """Counts each aten operation. A higher-order operator (flex_attention's) counts as one, as a
+    library kernel does: without the flag it has no rule for this mode and raises, so every flex case
+    crashed while counted and its reference and compare went uncounted."""
+
+    supports_higher_order_operators = True
+
     def __init__(self, counter: Counter) -> None:
         super().__init__()
         self.counter = counter
@@ -127,14 +133,23 @@ def counting(device: str) -> Iterator[Counter]:
                 yield counter
 
 
-def count_cases(backend: Backend, device: str, cases: list[Case]) -> tuple[dict, dict]:
-    """(ops, syncs) per checked case, per phase name (and `other`), over one pass of `cases`."""
+def count_cases(
+    backend: Backend, device: str, cases: list[Case], statuses: list[str]
+) -> tuple[dict, dict, str]:
+    """(ops, syncs) per checked case, per phase name (and `other`), over one pass of `cases`, and ""; or
+    ({}, {}, why) when a case ends otherwise than in the timed pass (`statuses`): counting broke it,
+    and its phases after the break would go uncounted."""
     checked = 0
     with counting(device) as counter:
-        for c in cases:
-            checked += check_case(backend, c, device).status != "skip"
+        for i, (c, timed) in enumerate(zip(cases, statuses, strict=True)):
+            res = check_case(backend, c, device)
+            if res.status != timed:
+                why = (res.reason.splitlines() or [""])[0][:300]
+                return {}, {}, f"case {i} ({c.mode}) was {timed} when timed, {res.status} when counted: {why}"
+            checked += res.status != "skip"
     n = max(checked, 1)
     return (
         {p: k / n for p, k in sorted(counter.ops.items())},
         {p: k / n for p, k in sorted(counter.syncs.items())},
+        "",
     )

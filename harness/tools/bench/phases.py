@@ -28,22 +28,23 @@ class PhaseRow:
     overhead: float  # 1 - kernel - reference: everything the harness adds around them
     ops_per_case: dict[str, float]  # aten operations per checked case, per phase (and other)
     syncs_per_case: dict[str, float]  # host reads of tensor values per checked case, per phase (and other)
+    not_counted: str = ""  # why there are no counts: a case ended otherwise while counted
 
 
 def phase_row(backend: Backend, device: str, cases: list[Case]) -> PhaseRow:
     """One recorded pass: each phase's exclusive time over the summed wall time of the checks; then
     one counted pass (untimed: counting slows every operation down)."""
     wall = 0.0
-    checked = 0
+    statuses = []
     with timing.recording() as rec:
         for c in cases:
             start = time.perf_counter()
-            res = check_case(backend, c, device)
+            statuses.append(check_case(backend, c, device).status)
             wall += time.perf_counter() - start
-            checked += res.status != "skip"
+    checked = len(statuses) - statuses.count("skip")
     fractions = {p: (rec.seconds.get(p, 0.0) / wall if wall > 0 else 0.0) for p in PHASES}
     fractions["other"] = max(0.0, 1.0 - sum(fractions.values()))
-    ops, syncs = opcount.count_cases(backend, device, cases)
+    ops, syncs, why = opcount.count_cases(backend, device, cases, statuses)
     return PhaseRow(
         backend=backend.name,
         device=device,
@@ -52,6 +53,7 @@ def phase_row(backend: Backend, device: str, cases: list[Case]) -> PhaseRow:
         ms_per_case=1000 * wall / max(checked, 1),
         fractions=fractions,
         overhead=max(0.0, 1.0 - fractions["kernel"] - fractions["reference"]),
-        ops_per_case={p: ops.get(p, 0.0) for p in (*PHASES, opcount.OTHER)},
-        syncs_per_case={p: syncs.get(p, 0.0) for p in (*PHASES, opcount.OTHER)},
+        ops_per_case={p: ops.get(p, 0.0) for p in (*PHASES, opcount.OTHER)} if not why else {},
+        syncs_per_case={p: syncs.get(p, 0.0) for p in (*PHASES, opcount.OTHER)} if not why else {},
+        not_counted=why,
     )

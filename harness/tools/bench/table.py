@@ -95,15 +95,17 @@ def _phases(doc: dict) -> list[str]:
     out.append("ops/syncs per case: aten operations / host reads of tensor values, by phase")
     head = ("backend", *PHASES, "other", "total")
     names = (*PHASES, "other")
+    counted = [r for r in doc["phases"] if not r.get("not_counted")]
     cells = [
         (
             r["backend"],
             *(f"{r['ops_per_case'][p]:.0f}/{r['syncs_per_case'][p]:.1f}" for p in names),
             f"{sum(r['ops_per_case'].values()):.0f}/{sum(r['syncs_per_case'].values()):.1f}",
         )
-        for r in doc["phases"]
+        for r in counted
     ]
     out += _grid(head, cells)
+    out += [f"  {r['backend']}: not counted: {r['not_counted']}" for r in doc["phases"] if r not in counted]
     if doc["meta"]["device"] == "cpu":
         out.append("  on the CPU every read counts, host-side data included: an upper bound of a GPU's syncs")
     out.append("")
