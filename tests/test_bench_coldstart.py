@@ -11,7 +11,7 @@ from pathlib import Path
 
 from harness import cli
 from harness.tools import bench
-from harness.tools.bench import coldstart
+from harness.tools.bench import coldstart, harness_child
 from harness.tools.bench.table import render
 
 FAKE = Path(__file__).with_name("coldstart_fake_harness.py")
@@ -34,7 +34,7 @@ FIELDS = {
 
 def _fake(monkeypatch, tmp_path) -> list[Path]:
     """The stand-in harness, its temporary directories kept in a list for the test to inspect."""
-    monkeypatch.setattr(coldstart, "HARNESS", [sys.executable, str(FAKE)])
+    monkeypatch.setattr(harness_child, "HARNESS", [sys.executable, str(FAKE)])
     made: list[Path] = []
     real = coldstart.tempfile.mkdtemp
 

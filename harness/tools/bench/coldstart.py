@@ -6,34 +6,22 @@ directory (every JIT variant compiles), then again with that directory as the fi
 CI job restores its saved cache to the same path. Each run's row gives the command's wall time, how
 long the warm-up ran within it and what it compiled, the CPU time of the check and every process
 it started (what bounds a cold run: divided by the cores, a floor on its wall time), and the cache's
-size per library. The library
-variables are taken out of the child's environment, so a cache the user pointed elsewhere
-(harness/run/cache_dir.py) cannot make the cold run warm.
+size per library. The library variables are taken out of the child's environment, so a cache the
+user pointed elsewhere (harness/run/cache_dir.py) cannot make the cold run warm.
 """
 
 from __future__ import annotations
 
 import os
-import re
-import resource
 import shutil
-import subprocess
-import sys
 import tempfile
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from harness.run import cache_dir
+from harness.tools.bench import harness_child
 
-ROOT = Path(__file__).resolve().parents[3]
 RUNS = ("cold", "warm")
-HARNESS = [sys.executable, "-m", "harness"]  # how the children start the harness
-# The warm-up's last line in a CUDA check's output (harness/run/warm_gate.py's `join`).
-WARMUP_LINE = re.compile(
-    r"^warmup: (\d+) variants compiled in (\d+) s beside the check(?:; (\d+) failed)?", re.MULTILINE
-)
-OUTPUT_TAIL = 1500  # characters of a failed command's output kept in the row
 
 
 @dataclass
@@ -67,25 +55,6 @@ def sizes(root: Path) -> dict[str, int]:
     return out
 
 
-def children_cpu() -> float:
-    """User + system CPU seconds of this process's children that have ended and been waited for,
-    each with the descendants it waited for: the difference around one run is that run's CPU."""
-    use = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return use.ru_utime + use.ru_stime
-
-
-def _timed(cmd: list[str], env: dict[str, str], timeout: float) -> tuple[int | None, float, float, str]:
-    """(exit status or None past `timeout`, seconds, CPU seconds, output) of one command."""
-    t0, cpu0 = time.monotonic(), children_cpu()
-    try:
-        res = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
-        code, out = res.returncode, res.stdout + res.stderr
-    except subprocess.TimeoutExpired as e:
-        code = None
-        out = (e.stdout or b"").decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
-    return code, time.monotonic() - t0, children_cpu() - cpu0, out
-
-
 def measure(
     run: str,
     cache: Path,
@@ -97,20 +66,20 @@ def measure(
     """One `check` in cache directory `cache`, as `make check` runs it."""
     env = child_env(dict(os.environ))
     picks = [a for b in backends for a in ("--backend", b)]
-    cmd = [*HARNESS, "check", "--cache-dir", str(cache), "--profile", profile, *picks]
-    cmd += ["--device", device, "--no-progress", "--reports", str(cache.parent / f"reports-{run}")]
+    args = ["check", "--cache-dir", str(cache), "--profile", profile, *picks]
+    args += ["--device", device, "--no-progress", "--reports", str(cache.parent / f"reports-{run}")]
     row = ColdStartRow(run, profile, list(backends), cores=os.cpu_count() or 1)
-    row.exit, row.seconds, row.cpu_seconds, out = _timed(cmd, env, timeout)
-    m = WARMUP_LINE.search(out)
-    if m:
-        row.compiled, row.warmup_seconds = int(m.group(1)), float(m.group(2))
-        row.warmup_failed = int(m.group(3) or 0)
-        lines = out[: m.start()].splitlines()
+    ran = harness_child.timed(args, env, timeout)
+    row.exit, row.seconds, row.cpu_seconds = ran.exit, ran.seconds, ran.cpu_seconds
+    warm = harness_child.warmup(ran.output)
+    if warm is not None:
+        row.compiled, row.warmup_seconds, row.warmup_failed = warm.compiled, warm.seconds, warm.failed
+        lines = ran.output[: warm.start].splitlines()
         start = max((i for i, line in enumerate(lines) if line.startswith("library ")), default=len(lines))
         row.warmup_summary = lines[start:]
     if row.exit != 0 or row.warmup_failed:
         failed = f"{row.warmup_failed} variants failed to compile"
-        row.reason = f"check exit {row.exit}, {failed}: {out[-OUTPUT_TAIL:]}"
+        row.reason = f"check exit {row.exit}, {failed}: {ran.output[-harness_child.OUTPUT_TAIL:]}"
     row.cache_bytes = sizes(cache)
     return row
 
