@@ -687,7 +687,8 @@ def add_bench(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--section",
-        help="comma-separated: throughput,phases,scale,detection,coldstart (default: all but coldstart)",
+        help="comma-separated: throughput,phases,scale,detection,coldstart,gpus (default: all but coldstart "
+        "and gpus)",
     )
     p.add_argument("--cases", type=int, default=64, help="cases in the throughput mix (default 64)")
     p.add_argument("--seed", type=int, default=0, help="seed of the throughput mix (default 0)")
@@ -713,6 +714,9 @@ def add_bench(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--coldstart-timeout", type=float, default=1800.0, help="seconds per cold-start run (default 1800)"
+    )
+    p.add_argument(
+        "--gpus-timeout", type=float, default=1800.0, help="seconds per check of section gpus (default 1800)"
     )
     p.add_argument("--json", default=str(DEFAULT_REPORTS / "bench.json"), help="default: reports/bench.json")
 
@@ -748,6 +752,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         detection_budget=args.detection_budget,
         mutant_backends=args.backend,
         coldstart_timeout=args.coldstart_timeout,
+        gpus_timeout=args.gpus_timeout,
     )
     print(f"attn-harness bench on {device}: {', '.join(sections)}", flush=True)
     doc = bench.run(opts, lambda line: print(line, flush=True), lambda d: bench.write_json(args.json, d))
@@ -824,6 +829,7 @@ MUTANTS_EXAMPLES = """
 BENCH_EXAMPLES = """
   python -m harness bench --section throughput --cases 32
   python -m harness bench --device cuda --section scale --scale-tokens 8192,32768
+  python -m harness bench --device cuda --section gpus
 """
 
 COMMANDS: dict[str, Command] = {

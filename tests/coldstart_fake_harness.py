@@ -3,7 +3,9 @@ into --cache-dir beside itself (none when they are there), printing the warm-up'
 check does, and passes only if both are there; it logs its call and whether a compile-cache
 variable reached it from the parent's environment. FAKE_WARMUP_FAILED: variants that fail to
 compile; FAKE_CHECK_EXIT: the check's status. Its "compile" burns BURN_SECONDS of CPU in a child
-process it waits for, and writes the CPU that child used to cpu.log beside the cache."""
+process it waits for, and writes the CPU that child used to cpu.log beside the cache. With --results
+it writes a results.json as a parallel check does: PARTS parts of PART_SECONDS each, dealt round the
+GPUs of --gpus, JOBS_PER_GPU at once on each."""
 
 from __future__ import annotations
 
@@ -14,6 +16,9 @@ from pathlib import Path
 
 LEAKED = ("TORCHINDUCTOR_CACHE_DIR", "ATTN_HARNESS_CACHE", "ATTN_HARNESS_CACHE_VARS")
 BURN_SECONDS = 0.3
+PARTS = 6
+PART_SECONDS = 10.0
+JOBS_PER_GPU = 2
 BURN = (
     "import time\nt = time.process_time()\nwhile time.process_time() - t < {s}: pass\n"
     "print(time.process_time())"
@@ -41,7 +46,22 @@ def main(argv: list[str]) -> int:
     tail = f"; {failed} failed" if failed else ""
     print(f"warmup: {len(todo)} variants compiled in 3 s beside the check{tail}")
     print("decode  10 pass")
+    if "--results" in argv:
+        _results(Path(argv[argv.index("--results") + 1]), argv[argv.index("--gpus") + 1].split(","))
     return int(os.environ.get("FAKE_CHECK_EXIT", "0"))
+
+
+def _results(path: Path, gpus: list[str]) -> None:
+    from harness.report import results_json
+
+    seconds = [PART_SECONDS + i * 5 % PARTS for i in range(PARTS)]  # the longest is not the last
+    parts = [
+        {"part": f"fake[{i}/{PARTS}]", "gpu": gpus[i % len(gpus)], "seconds": s, "exit_status": 0}
+        for i, s in enumerate(seconds)
+    ]
+    jobs = JOBS_PER_GPU * len(gpus)
+    run = {"command": f"python -m harness check ({PARTS} processes, {jobs} at once)", "parts": parts}
+    results_json.dump(path, results_json.build([], run, {}))
 
 
 if __name__ == "__main__":

@@ -11,7 +11,9 @@ and writes JSON (docs/bench.md documents every field). Sections:
 - scale: time and peak memory of the reference on one long request, in a subprocess per run;
 - detection: examples and seconds until each mutant of the catalogue first fails (harness/run/mutation.py);
 - coldstart (only when asked for: it runs the whole check twice): `check` (its warm-up beside it) in a
-  fresh cache directory, then again with that cache warm (coldstart.py).
+  fresh cache directory, then again with that cache warm (coldstart.py);
+- gpus (only when asked for: it runs the whole check three or four times): `check` on one GPU, then
+  on every visible GPU, the cache warm, and the speedup (gpus.py).
 One module per section (cases.py makes the mix; table.py prints the report); this one runs them.
 """
 
@@ -28,10 +30,11 @@ import torch
 
 from harness.backends.base import Backend
 from harness.run import mutation
-from harness.tools.bench import cases, coldstart, detection, scale, throughput
+from harness.run.isolation import visible_gpus
+from harness.tools.bench import cases, coldstart, detection, gpus, scale, throughput
 
-SECTIONS = ("throughput", "phases", "scale", "detection", "coldstart")
-DEFAULT_SECTIONS = SECTIONS[:-1]  # coldstart runs make check twice: only when asked for
+SECTIONS = ("throughput", "phases", "scale", "detection", "coldstart", "gpus")
+DEFAULT_SECTIONS = SECTIONS[:-2]  # coldstart and gpus run make check several times: only when asked for
 
 
 @dataclass
@@ -49,6 +52,7 @@ class Options:
     detection_budget: float | None = None
     mutant_backends: list[str] | None = None  # detection: only these backends' mutants (None: all)
     coldstart_timeout: float = 1800.0  # seconds for one run's check, its warm-up included
+    gpus_timeout: float = 1800.0  # seconds for one check of the gpus section
 
 
 def run(
@@ -124,18 +128,33 @@ def run(
             keep("coldstart", dataclasses.asdict(row))
 
         coldstart.coldstart(opts.device, opts.mutant_backends, opts.coldstart_timeout, ran)
+    if "gpus" in opts.sections:
+
+        def scaled(row: gpus.GpuRow) -> None:
+            if row.run == "skip":
+                say(f"  gpus: skipped: {row.reason}")
+            else:
+                plan = f"{row.processes} processes, {row.jobs} at once"
+                gain = "" if row.speedup is None else f"; speedup {row.speedup:.2f} ({row.verdict})"
+                say(f"  gpus: {row.run} on GPU {','.join(row.gpus)}: check {row.seconds:.0f} s, {plan}{gain}")
+            keep("gpus", dataclasses.asdict(row))
+
+        visible = visible_gpus() if opts.device == "cuda" else []
+        gpus.scaling(opts.device, visible, opts.mutant_backends, opts.gpus_timeout, scaled)
     doc["passed"] = passed(doc)
     return doc
 
 
 def passed(doc: dict) -> bool:
     """False when a mix case failed, crashed or hung, a parallel measurement failed, a mutant
-    survived or its hunt errored, or a cold-start check did not exit 0 or could not compile a variant."""
+    survived or its hunt errored, a cold-start check did not exit 0 or could not compile a variant, or
+    a check of the gpus section did not exit 0 or left no readable results."""
     bad_case = any(r["failed"] or r["crashed"] for r in doc.get("throughput", []))
     bad_workers = any(r["workers"] > 1 and r["reason"] for r in doc.get("throughput", []))
     bad_hunt = any(r["outcome"] in ("survived", "error") for r in doc.get("detection", []))
     bad_cold = any(r["exit"] != 0 or r["warmup_failed"] for r in doc.get("coldstart", []))
-    return not (bad_case or bad_workers or bad_hunt or bad_cold)
+    bad_gpus = any(r["run"] != "skip" and (r["exit"] != 0 or r["reason"]) for r in doc.get("gpus", []))
+    return not (bad_case or bad_workers or bad_hunt or bad_cold or bad_gpus)
 
 
 def write_json(path: str | Path, doc: dict) -> None:

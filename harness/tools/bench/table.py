@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from harness.tools.bench.detection import DETECTION_TARGET_S
+from harness.tools.bench.gpus import SPEEDUP_TARGET
 from harness.tools.bench.phases import PHASES
 from harness.tools.bench.scale import GIB
 
@@ -185,6 +186,12 @@ def _detection(doc: dict) -> list[str]:
     return out
 
 
+def _check_heading(section: str, r0: dict, what: str) -> str:
+    """The first line of a section that runs `check`: its profile, its backends, what it compares."""
+    which = ", ".join(r0["backends"]) or "every backend"
+    return f"{section}: check --profile {r0['profile']} ({which}); {what}"
+
+
 def _coldstart(doc: dict) -> list[str]:
     """The cold-start table: the check's wall time (its warm-up beside it) in an empty cache directory,
     then warm; its CPU time, and that over the cores: the wall time it cannot beat here, packed
@@ -193,8 +200,7 @@ def _coldstart(doc: dict) -> list[str]:
     if not rows:
         return []
     r0 = rows[0]
-    which = ", ".join(r0["backends"]) or "every backend"
-    out = [f"coldstart: check --profile {r0['profile']} ({which}); cold: an empty cache directory"]
+    out = [_check_heading("coldstart", r0, "cold: an empty cache directory")]
     head = ("run", "check s", "warm-up s", "CPU s", f"floor s ({r0['cores']} cores)", "compiled", "failed")
     head += ("cache", "exit")
     cells = [
@@ -219,12 +225,51 @@ def _coldstart(doc: dict) -> list[str]:
     return out
 
 
+def _gpus(doc: dict) -> list[str]:
+    """The gpus table: the check with its cache warm on the first GPU, then on every visible one; the
+    speedup against its target and what bounds it."""
+    rows = doc["gpus"]
+    if not rows:
+        return []
+    r0 = rows[0]
+    out = [_check_heading("gpus", r0, "cache warm: one GPU, then every visible GPU")]
+    if r0["run"] == "skip":
+        return [*out, f"  skipped: {r0['reason']}", ""]
+    head = ("run", "GPUs", "check s", "processes", "at once", "busy s per GPU", "longest part")
+    head += ("compiled", "exit")
+    cells = [
+        (
+            r["run"],
+            ",".join(r["gpus"]),
+            _s(r["seconds"]),
+            str(r["processes"]),
+            str(r["jobs"]),
+            " ".join(f"{g}:{s:.0f}" for g, s in r["busy"].items()) or "-",
+            f"{r['longest']} {r['longest_seconds']:.0f} s" if r["longest"] else "-",
+            str(r["compiled"]),
+            str(r["exit"]),
+        )
+        for r in rows
+    ]
+    out += _grid(head, cells)
+    out += [
+        f"  speedup {r['speedup']:.2f} on {len(r['gpus'])} GPUs (target {SPEEDUP_TARGET}: {r['verdict']}); "
+        f"bound by {r['bound']}"
+        for r in rows
+        if r["speedup"] is not None
+    ]
+    out += [f"  {r['run']}: {r['reason'].splitlines()[0]}" for r in rows if r["reason"]]
+    out.append("")
+    return out
+
+
 BLOCKS = {
     "throughput": _throughput,
     "phases": _phases,
     "scale": _scale,
     "detection": _detection,
     "coldstart": _coldstart,
+    "gpus": _gpus,
 }
 
 

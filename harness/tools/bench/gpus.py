@@ -1,0 +1,145 @@
+"""The bench's gpus section: what `make check` gains from a runner's second (and later) GPU (issue 24).
+
+`check` spreads its pytest processes over every visible GPU (harness/run/schedule.py). This runs it
+as a CI job does with its cache directory restored: first a priming `check` over every GPU (it
+compiles what the cache lacks and saves the measured costs the schedule reads; run again once when it
+compiled, since a run that compiled saves none), then `check --gpus <first>` and `check --gpus <all>`,
+each with its default jobs (one per two cores, at most eight a GPU). A row gives the command's wall
+time, its processes and jobs, each GPU's busy time (the sum of its parts' seconds, from its
+results.json) and its longest part. The `all` row adds the speedup (the one-GPU wall over its own)
+against SPEEDUP_TARGET, and what bounds it: the longest part when it takes most of the wall time
+(more GPUs only help through more shards), else the load (the parts' sum over the slots, and each
+process's fixed start).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from harness.report import results_json
+from harness.run import cache_dir
+from harness.tools.bench import harness_child
+
+SPEEDUP_TARGET = 1.7  # two GPUs against one (issue 24)
+LONGEST_BOUND = 0.8  # a longest part over this fraction of the wall time bounds the run
+PRIMES = 2  # priming checks at most: the second only when the first compiled
+PLAN = re.compile(r"\((\d+) processes, (\d+) at once\)$")  # the end of results.json's run.command
+
+
+@dataclass
+class GpuRow:
+    run: str  # prime, one (the first visible GPU), all (every visible GPU), or skip
+    gpus: list[str]
+    profile: str
+    backends: list[str]  # empty: every backend, as make check
+    seconds: float = 0.0  # the check command's wall time
+    exit: int | None = None  # the check's exit status; None past the time limit
+    compiled: int = 0  # variants its warm-up compiled (a prime on a cold cache)
+    processes: int = 0  # pytest processes of its plan
+    jobs: int = 0  # of them at once
+    busy: dict[str, float] = field(default_factory=dict)  # GPU -> the sum of its parts' seconds
+    longest: str = ""  # the longest part
+    longest_seconds: float = 0.0
+    speedup: float | None = None  # all: the one row's seconds over this row's
+    verdict: str = ""  # all: met or MISSED against SPEEDUP_TARGET
+    bound: str = ""  # all: "longest part" or "load"
+    reason: str = ""  # why the run failed (its output's tail), or why the section was skipped
+
+
+def read_parts(row: GpuRow, results: Path) -> None:
+    """Fill the row's plan and parts from the check's results.json (run.command and run.parts)."""
+    run = results_json.load(results)["run"]
+    m = PLAN.search(run.get("command", ""))
+    if m:
+        row.processes, row.jobs = int(m.group(1)), int(m.group(2))
+    for part in run.get("parts", []):
+        gpu = str(part["gpu"])
+        row.busy[gpu] = round(row.busy.get(gpu, 0.0) + part["seconds"], 3)
+        if part["seconds"] > row.longest_seconds:
+            row.longest, row.longest_seconds = part["part"], part["seconds"]
+
+
+def measure(
+    run: str, gpus: list[str], backends: list[str], profile: str, results: Path, timeout: float
+) -> GpuRow:
+    """One `check --gpus GPUS` in the user's cache directory, its results.json written to `results`."""
+    row = GpuRow(run, list(gpus), profile, list(backends))
+    picks = [a for b in backends for a in ("--backend", b)]
+    args = ["check", "--cache-dir", str(cache_dir.root()), "--profile", profile, *picks, "--device", "cuda"]
+    args += ["--gpus", ",".join(gpus), "--no-progress", "--reports", str(results.parent / "reports")]
+    ran = harness_child.timed([*args, "--results", str(results)], dict(os.environ), timeout)
+    row.exit, row.seconds = ran.exit, ran.seconds
+    warm = harness_child.warmup(ran.output)
+    row.compiled = warm.compiled if warm else 0
+    if row.exit != 0:
+        row.reason = f"check exit {row.exit}: {ran.output[-harness_child.OUTPUT_TAIL:]}"
+    elif not results.is_file():
+        row.reason = f"check wrote no {results.name}"
+    else:
+        try:
+            read_parts(row, results)
+        except (results_json.ResultsError, KeyError, TypeError) as e:
+            row.reason = f"cannot read its {results.name}: {e}"
+    return row
+
+
+def judge(one: GpuRow, every: GpuRow) -> None:
+    """The `all` row's speedup over the `one` row, and what bounds it."""
+    if one.exit != 0 or every.exit != 0 or every.seconds <= 0:
+        return
+    every.speedup = round(one.seconds / every.seconds, 3)
+    every.verdict = "met" if every.speedup >= SPEEDUP_TARGET else "MISSED"
+    every.bound = "longest part" if every.longest_seconds >= LONGEST_BOUND * every.seconds else "load"
+
+
+def scaling(
+    device: str,
+    visible: list[str],
+    backends: list[str] | None,
+    timeout: float,
+    progress: Callable[[GpuRow], None] | None = None,
+) -> list[GpuRow]:
+    """The priming check(s), then the check on `visible[0]`, then on every GPU in `visible`; a single
+    `skip` row with its reason off CUDA or with fewer than two GPUs."""
+    profile, backends = "gpu", list(backends or [])
+    say = progress or (lambda row: None)
+    if device == "cuda" and len(visible) >= 2:
+        with tempfile.TemporaryDirectory(prefix="attn-harness-gpus-") as tmp:
+            return _runs(visible, backends, profile, Path(tmp), timeout, say)
+    why = f"needs CUDA and at least 2 visible GPUs (device {device}, visible: {','.join(visible) or 'none'})"
+    row = GpuRow("skip", list(visible), profile, backends, reason=why)
+    say(row)
+    return [row]
+
+
+def _runs(
+    visible: list[str],
+    backends: list[str],
+    profile: str,
+    tmp: Path,
+    timeout: float,
+    say: Callable[[GpuRow], None],
+) -> list[GpuRow]:
+    rows: list[GpuRow] = []
+
+    def run(name: str, gpus: list[str]) -> GpuRow:
+        row = measure(name, gpus, backends, profile, tmp / f"{len(rows)}-{name}.json", timeout)
+        if name == "all":
+            judge(rows[-1], row)
+        rows.append(row)
+        say(row)
+        return row
+
+    for _ in range(PRIMES):
+        prime = run("prime", visible)
+        if prime.exit != 0 or not prime.compiled:
+            break
+    if prime.exit == 0:
+        run("one", visible[:1])
+        run("all", visible)
+    return rows

@@ -1,0 +1,111 @@
+"""The bench's gpus section (harness/tools/bench/gpus.py), against a stand-in harness: priming checks
+until one compiles nothing, then the check on the first GPU and on every GPU, each GPU's busy time and
+the longest part read from its results.json, the speedup judged against its target; a skip off CUDA
+or with one GPU, and a failed check failing the bench."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from harness import cli
+from harness.tools import bench
+from harness.tools.bench import gpus, harness_child
+from harness.tools.bench.table import render
+from tests.helpers import fresh_cache
+
+FAKE = Path(__file__).with_name("coldstart_fake_harness.py")
+
+
+def _fake(monkeypatch, tmp_path) -> Path:
+    """The stand-in harness in a fresh cache directory; returns its call log."""
+    monkeypatch.setattr(harness_child, "HARNESS", [sys.executable, str(FAKE)])
+    cache = fresh_cache(monkeypatch, tmp_path)
+    return cache.parent / "calls.log"
+
+
+def test_primes_until_warm_then_one_gpu_then_every_gpu(monkeypatch, tmp_path):
+    calls = _fake(monkeypatch, tmp_path)
+    made: list[Path] = []
+    real = gpus.tempfile.TemporaryDirectory
+
+    def tracked(prefix: str):  # noqa: ANN202 - the context manager the section opens
+        made.append(tmp_path / "tmp")
+        made[-1].mkdir()
+        return real(prefix=prefix, dir=made[-1])
+
+    monkeypatch.setattr(gpus.tempfile, "TemporaryDirectory", tracked)
+    rows = gpus.scaling("cuda", ["0", "1"], ["torch_native"], 60.0)
+    assert [r.run for r in rows] == ["prime", "prime", "one", "all"]
+    assert [r.compiled for r in rows] == [2, 0, 0, 0]  # the second prime found the cache warm
+    logged = calls.read_text().splitlines()
+    assert [c.split(" --gpus ")[1].split()[0] for c in logged] == ["0,1", "0,1", "0", "0,1"]
+    cache = str(tmp_path / "cache")
+    assert all(f"--cache-dir {cache} --profile gpu --backend torch_native --device cuda" in c for c in logged)
+    one, every = rows[2], rows[3]
+    assert (one.gpus, every.gpus) == (["0"], ["0", "1"])
+    assert one.busy == {"0": 75.0} and every.busy == {"0": 36.0, "1": 39.0}
+    assert (one.processes, one.jobs, every.processes, every.jobs) == (6, 2, 6, 4)
+    assert (every.longest, every.longest_seconds) == ("fake[1/6]", 15.0)
+    assert one.speedup is None and every.speedup == round(one.seconds / every.seconds, 3)
+    assert every.verdict == ("met" if every.speedup >= gpus.SPEEDUP_TARGET else "MISSED")
+    assert all(r.exit == 0 and r.reason == "" for r in rows)
+    assert made and list(made[0].iterdir()) == []  # its results and reports were removed
+
+
+def test_judge_gives_the_speedup_its_verdict_and_what_bounds_it():
+    def row(run: str, seconds: float, longest: float, code: int = 0) -> gpus.GpuRow:
+        return gpus.GpuRow(run, ["0"], "gpu", [], seconds=seconds, exit=code, longest_seconds=longest)
+
+    one, every = row("one", 100.0, 30.0), row("all", 50.0, 45.0)
+    gpus.judge(one, every)
+    assert (every.speedup, every.verdict, every.bound) == (2.0, "met", "longest part")
+    one, every = row("one", 100.0, 30.0), row("all", 80.0, 30.0)
+    gpus.judge(one, every)
+    assert (every.speedup, every.verdict, every.bound) == (1.25, "MISSED", "load")
+    one, every = row("one", 100.0, 30.0, code=1), row("all", 50.0, 30.0)
+    gpus.judge(one, every)
+    assert (every.speedup, every.verdict, every.bound) == (None, "", "")
+
+
+def test_off_cuda_or_with_one_gpu_it_is_a_skip_with_its_reason_and_runs_nothing(monkeypatch, tmp_path):
+    calls = _fake(monkeypatch, tmp_path)
+    for device, visible in (("cpu", []), ("cuda", ["0"])):
+        (row,) = gpus.scaling(device, visible, None, 60.0)
+        assert row.run == "skip" and row.exit is None
+        seen = ",".join(visible) or "none"
+        assert row.reason == f"needs CUDA and at least 2 visible GPUs (device {device}, visible: {seen})"
+        doc = {"gpus": [vars(row)]}
+        assert bench.passed(doc) is True
+        assert f"  skipped: {row.reason}" in render(doc)
+    assert not calls.exists()
+
+
+def test_a_failed_check_stops_the_section_and_fails_the_bench(monkeypatch, tmp_path):
+    _fake(monkeypatch, tmp_path)
+    monkeypatch.setenv("FAKE_CHECK_EXIT", "1")
+    (row,) = gpus.scaling("cuda", ["0", "1"], None, 60.0)
+    assert row.run == "prime" and row.exit == 1 and row.reason.startswith("check exit 1: ")
+    doc = {"gpus": [vars(row)]}
+    assert bench.passed(doc) is False
+    assert "  prime: check exit 1: " in render(doc)
+
+
+def test_the_table_shows_each_run_and_the_speedup(monkeypatch, tmp_path):
+    _fake(monkeypatch, tmp_path)
+    rows = gpus.scaling("cuda", ["0", "1"], None, 60.0)
+    text = render({"gpus": [vars(r) for r in rows]})
+    assert "gpus: check --profile gpu (every backend); cache warm: one GPU, then every visible GPU" in text
+    assert "0:36 1:39" in text and "fake[1/6] 15 s" in text
+    every = rows[-1]
+    line = f"  speedup {every.speedup:.2f} on 2 GPUs (target 1.7: {every.verdict}); bound by {every.bound}"
+    assert line in text
+
+
+def test_the_cli_section_runs_only_when_asked_for_and_skips_without_a_gpu(tmp_path):
+    assert "gpus" in bench.SECTIONS and "gpus" not in bench.DEFAULT_SECTIONS
+    out = tmp_path / "bench.json"
+    assert cli.main(["bench", "--device", "cpu", "--section", "gpus", "--json", str(out)]) == 0
+    (row,) = json.loads(out.read_text())["gpus"]
+    assert row["run"] == "skip" and "needs CUDA" in row["reason"]
