@@ -481,6 +481,7 @@ def _check_parallel(
         "profile": profile,
         "command": f"{command_line} ({len(plan.parts)} processes, {plan.jobs} at once)",
         "exit_status": code,
+        "jobs": plan.jobs,
         "parts": parallel.part_records(parts),
     }
     if gate is not None and gate.seconds is not None:

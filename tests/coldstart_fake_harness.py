@@ -5,7 +5,7 @@ variable reached it from the parent's environment. FAKE_WARMUP_FAILED: variants 
 compile; FAKE_CHECK_EXIT: the check's status. Its "compile" burns BURN_SECONDS of CPU in a child
 process it waits for, and writes the CPU that child used to cpu.log beside the cache. With --results
 it writes a results.json as a parallel check does: PARTS parts of PART_SECONDS each, dealt round the
-GPUs of --gpus, JOBS_PER_GPU at once on each."""
+GPUs of --gpus, JOBS_PER_GPU at once on each (FAKE_ONE_PROCESS=1: as one pytest process, no parts)."""
 
 from __future__ import annotations
 
@@ -59,8 +59,9 @@ def _results(path: Path, gpus: list[str]) -> None:
         {"part": f"fake[{i}/{PARTS}]", "gpu": gpus[i % len(gpus)], "seconds": s, "exit_status": 0}
         for i, s in enumerate(seconds)
     ]
-    jobs = JOBS_PER_GPU * len(gpus)
-    run = {"command": f"python -m harness check ({PARTS} processes, {jobs} at once)", "parts": parts}
+    run = {"command": "python -m harness check", "jobs": JOBS_PER_GPU * len(gpus), "parts": parts}
+    if os.environ.get("FAKE_ONE_PROCESS") == "1":
+        run = {"command": "python -m harness check"}
     results_json.dump(path, results_json.build([], run, {}))
 
 

@@ -92,6 +92,17 @@ def test_a_failed_check_stops_the_section_and_fails_the_bench(monkeypatch, tmp_p
     assert "  prime: check exit 1: " in render(doc)
 
 
+def test_a_check_of_one_process_has_no_parts_to_compare_and_fails_the_bench(monkeypatch, tmp_path):
+    _fake(monkeypatch, tmp_path)
+    monkeypatch.setenv("FAKE_ONE_PROCESS", "1")
+    rows = gpus.scaling("cuda", ["0", "1"], None, 60.0)
+    assert [r.run for r in rows] == ["prime", "prime", "one", "all"] and all(r.exit == 0 for r in rows)
+    for i, r in enumerate(rows):
+        why = f"cannot read its {i}-{r.run}.json: the check ran as one pytest process"
+        assert r.reason.startswith(why) and r.busy == {} and r.processes == 0
+    assert bench.passed({"gpus": [vars(r) for r in rows]}) is False
+
+
 def test_the_table_shows_each_run_and_the_speedup(monkeypatch, tmp_path):
     _fake(monkeypatch, tmp_path)
     rows = gpus.scaling("cuda", ["0", "1"], None, 60.0)

@@ -15,7 +15,6 @@ process's fixed start).
 from __future__ import annotations
 
 import os
-import re
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -28,7 +27,6 @@ from harness.tools.bench import harness_child
 SPEEDUP_TARGET = 1.7  # two GPUs against one (issue 24)
 LONGEST_BOUND = 0.8  # a longest part over this fraction of the wall time bounds the run
 PRIMES = 2  # priming checks at most: the second only when the first compiled
-PLAN = re.compile(r"\((\d+) processes, (\d+) at once\)$")  # the end of results.json's run.command
 
 
 @dataclass
@@ -52,12 +50,12 @@ class GpuRow:
 
 
 def read_parts(row: GpuRow, results: Path) -> None:
-    """Fill the row's plan and parts from the check's results.json (run.command and run.parts)."""
+    """Fill the row's plan and parts from the check's results.json (run.jobs and run.parts)."""
     run = results_json.load(results)["run"]
-    m = PLAN.search(run.get("command", ""))
-    if m:
-        row.processes, row.jobs = int(m.group(1)), int(m.group(2))
-    for part in run.get("parts", []):
+    if "parts" not in run:
+        raise ValueError("the check ran as one pytest process (one job on this machine): no parts")
+    row.processes, row.jobs = len(run["parts"]), run["jobs"]
+    for part in run["parts"]:
         gpu = str(part["gpu"])
         row.busy[gpu] = round(row.busy.get(gpu, 0.0) + part["seconds"], 3)
         if part["seconds"] > row.longest_seconds:
@@ -83,7 +81,7 @@ def measure(
     else:
         try:
             read_parts(row, results)
-        except (results_json.ResultsError, KeyError, TypeError) as e:
+        except (ValueError, KeyError, TypeError) as e:  # ResultsError is a ValueError
             row.reason = f"cannot read its {results.name}: {e}"
     return row
 
