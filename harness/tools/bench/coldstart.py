@@ -65,9 +65,7 @@ def measure(
 ) -> ColdStartRow:
     """One `check` in cache directory `cache`, as `make check` runs it."""
     env = child_env(dict(os.environ))
-    picks = [a for b in backends for a in ("--backend", b)]
-    args = ["check", "--cache-dir", str(cache), "--profile", profile, *picks]
-    args += ["--device", device, "--no-progress", "--reports", str(cache.parent / f"reports-{run}")]
+    args = harness_child.check_args(cache, profile, backends, device, cache.parent / f"reports-{run}")
     row = ColdStartRow(run, profile, list(backends), cores=os.cpu_count() or 1)
     ran = harness_child.timed(args, env, timeout)
     row.exit, row.seconds, row.cpu_seconds = ran.exit, ran.seconds, ran.cpu_seconds

@@ -67,10 +67,9 @@ def measure(
 ) -> GpuRow:
     """One `check --gpus GPUS` in the user's cache directory, its results.json written to `results`."""
     row = GpuRow(run, list(gpus), profile, list(backends))
-    picks = [a for b in backends for a in ("--backend", b)]
-    args = ["check", "--cache-dir", str(cache_dir.root()), "--profile", profile, *picks, "--device", "cuda"]
-    args += ["--gpus", ",".join(gpus), "--no-progress", "--reports", str(results.parent / "reports")]
-    ran = harness_child.timed([*args, "--results", str(results)], dict(os.environ), timeout)
+    args = harness_child.check_args(cache_dir.root(), profile, backends, "cuda", results.parent / "reports")
+    args += ["--gpus", ",".join(gpus), "--results", str(results)]
+    ran = harness_child.timed(args, dict(os.environ), timeout)
     row.exit, row.seconds = ran.exit, ran.seconds
     warm = harness_child.warmup(ran.output)
     row.compiled = warm.compiled if warm else 0

@@ -41,6 +41,14 @@ class Warmup:
     start: int  # where the line starts in the output (the warm-up's table is just before it)
 
 
+def check_args(cache: Path, profile: str, backends: list[str], device: str, reports: Path) -> list[str]:
+    """`check`'s arguments as the bench runs it: one cache directory, profile, backend set (empty:
+    every backend) and device, no progress lines, its reports under `reports`."""
+    picks = [a for b in backends for a in ("--backend", b)]
+    args = ["check", "--cache-dir", str(cache), "--profile", profile, *picks, "--device", device]
+    return [*args, "--no-progress", "--reports", str(reports)]
+
+
 def children_cpu() -> float:
     """User + system CPU seconds of this process's children that have ended and been waited for,
     each with the descendants it waited for: the difference around one run is that run's CPU."""
@@ -51,9 +59,9 @@ def children_cpu() -> float:
 def timed(args: list[str], env: dict[str, str], timeout: float) -> Ran:
     """`python -m harness ARGS` (HARNESS, read at the call) from the project root, to its end or
     `timeout` seconds."""
+    cmd = [*HARNESS, *args]
     t0, cpu0 = time.monotonic(), children_cpu()
     try:
-        cmd = [*HARNESS, *args]
         res = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
         code, out = res.returncode, res.stdout + res.stderr
     except subprocess.TimeoutExpired as e:
