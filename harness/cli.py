@@ -482,6 +482,7 @@ def _check_parallel(
         "command": f"{command_line} ({len(plan.parts)} processes, {plan.jobs} at once)",
         "exit_status": code,
         "jobs": plan.jobs,
+        "expected_s": round(plan.makespan, 1),
         "parts": parallel.part_records(parts),
     }
     if gate is not None and gate.seconds is not None:

@@ -5,7 +5,8 @@ variable reached it from the parent's environment. FAKE_WARMUP_FAILED: variants 
 compile; FAKE_CHECK_EXIT: the check's status. Its "compile" burns BURN_SECONDS of CPU in a child
 process it waits for, and writes the CPU that child used to cpu.log beside the cache. With --results
 it writes a results.json as a parallel check does: PARTS parts of PART_SECONDS each, dealt round the
-GPUs of --gpus, JOBS_PER_GPU at once on each (FAKE_ONE_PROCESS=1: as one pytest process, no parts)."""
+GPUs of --gpus, JOBS_PER_GPU at once on each, each part and the plan expected at PART_SECONDS a part
+(FAKE_ONE_PROCESS=1: as one pytest process, no parts)."""
 
 from __future__ import annotations
 
@@ -56,10 +57,12 @@ def _results(path: Path, gpus: list[str]) -> None:
 
     seconds = [PART_SECONDS + i * 5 % PARTS for i in range(PARTS)]  # the longest is not the last
     parts = [
-        {"part": f"fake[{i}/{PARTS}]", "gpu": gpus[i % len(gpus)], "seconds": s, "exit_status": 0}
+        {"part": f"fake[{i}/{PARTS}]", "gpu": gpus[i % len(gpus)], "seconds": s, "expected_s": PART_SECONDS}
         for i, s in enumerate(seconds)
     ]
-    run = {"command": "python -m harness check", "jobs": JOBS_PER_GPU * len(gpus), "parts": parts}
+    jobs = JOBS_PER_GPU * len(gpus)
+    run = {"command": "python -m harness check", "jobs": jobs, "expected_s": PART_SECONDS * PARTS / jobs}
+    run["parts"] = parts
     if os.environ.get("FAKE_ONE_PROCESS") == "1":
         run = {"command": "python -m harness check"}
     results_json.dump(path, results_json.build([], run, {}))

@@ -6,6 +6,7 @@ or with one GPU, and a failed check failing the bench."""
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -48,6 +49,10 @@ def test_primes_until_warm_then_one_gpu_then_every_gpu(monkeypatch, tmp_path):
     assert one.busy == {"0": 75.0} and every.busy == {"0": 36.0, "1": 39.0}
     assert (one.processes, one.jobs, every.processes, every.jobs) == (6, 2, 6, 4)
     assert (every.longest, every.longest_seconds) == ("fake[1/6]", 15.0)
+    assert (one.expected, every.expected) == (30.0, 15.0)  # the plan's, from run.expected_s
+    assert [p["part"] for p in every.parts] == [f"fake[{i}/6]" for i in range(6)]
+    assert every.parts[1] == {"part": "fake[1/6]", "gpu": "1", "seconds": 15.0, "expected_s": 10.0}
+    assert all(r.cpu_seconds > 0 and r.cores == os.cpu_count() for r in rows)
     assert one.speedup is None and every.speedup == round(one.seconds / every.seconds, 3)
     assert every.verdict == ("met" if every.speedup >= gpus.SPEEDUP_TARGET else "MISSED")
     assert all(r.exit == 0 and r.reason == "" for r in rows)
@@ -55,15 +60,22 @@ def test_primes_until_warm_then_one_gpu_then_every_gpu(monkeypatch, tmp_path):
 
 
 def test_judge_gives_the_speedup_its_verdict_and_what_bounds_it():
-    def row(run: str, seconds: float, longest: float, code: int = 0) -> gpus.GpuRow:
-        return gpus.GpuRow(run, ["0"], "gpu", [], seconds=seconds, exit=code, longest_seconds=longest)
+    def row(run: str, seconds: float, longest: float, code: int = 0, cpu: float = 0.0) -> gpus.GpuRow:
+        times = dict(seconds=seconds, longest_seconds=longest, cpu_seconds=cpu, cores=4)
+        return gpus.GpuRow(run, ["0"], "gpu", [], exit=code, **times)
 
     one, every = row("one", 100.0, 30.0), row("all", 50.0, 45.0)
     gpus.judge(one, every)
     assert (every.speedup, every.verdict, every.bound) == (2.0, "met", "longest part")
-    one, every = row("one", 100.0, 30.0), row("all", 80.0, 30.0)
+    one, every = row("one", 100.0, 30.0), row("all", 80.0, 30.0, cpu=255.0)  # 80 % of 4 cores is 256
     gpus.judge(one, every)
     assert (every.speedup, every.verdict, every.bound) == (1.25, "MISSED", "load")
+    one, every = row("one", 100.0, 30.0), row("all", 80.0, 30.0, cpu=256.0)
+    gpus.judge(one, every)
+    assert every.bound == "host"
+    one, every = row("one", 100.0, 30.0), row("all", 80.0, 64.0, cpu=300.0)
+    gpus.judge(one, every)
+    assert every.bound == "longest part and host"
     one, every = row("one", 100.0, 30.0, code=1), row("all", 50.0, 30.0)
     gpus.judge(one, every)
     assert (every.speedup, every.verdict, every.bound) == (None, "", "")
@@ -109,6 +121,14 @@ def test_the_table_shows_each_run_and_the_speedup(monkeypatch, tmp_path):
     text = render({"gpus": [vars(r) for r in rows]})
     assert "gpus: check --profile gpu (every backend); cache warm: one GPU, then every visible GPU" in text
     assert "0:36 1:39" in text and "fake[1/6] 15 s" in text
+    every = rows[-1]
+    (line,) = [r for r in text.splitlines() if r.startswith("all ")]
+    load = f"{every.cpu_seconds / (every.seconds * every.cores):.0%}"
+    assert line.split()[2:5] == [f"{every.seconds:.2f}", "15.00", load]  # check s, planned s, host CPU
+    longest = "fake[1/6] 15 s (GPU 1, planned 10), fake[2/6] 14 s (GPU 0, planned 10)"
+    assert f"  all: longest parts: {longest}, " in text
+    assert "  one: longest parts: fake[1/6] 15 s (GPU 0, planned 10), " in text
+    assert "prime: longest parts" not in text
     every = rows[-1]
     line = f"  speedup {every.speedup:.2f} on 2 GPUs (target 1.7: {every.verdict}); bound by {every.bound}"
     assert line in text

@@ -63,6 +63,7 @@ def test_a_parallel_run_merges_every_backend_and_a_failure_fails_it(tmp_path):
     assert all(r["status"] == "pass" for r in doc["results"] if r["backend"] == "torch_native")
     assert doc["run"]["exit_status"] == 1 and doc["run"]["profile"] == "ci"
     assert doc["run"]["jobs"] == 2
+    assert doc["run"]["expected_s"] == round(max(p["expected_s"] for p in doc["run"]["parts"]), 1)
     assert sorted(p["backend"] for p in doc["run"]["parts"]) == sorted(["torch_native", WINDOW_IGNORED])
     assert (run / "index.html").is_file() and (run / "junit.xml").is_file()
     assert len(list((run / "parts").glob("*.log"))) == 2

@@ -5,11 +5,12 @@ as a CI job does with its cache directory restored: first a priming `check` over
 compiles what the cache lacks and saves the measured costs the schedule reads; run again once when it
 compiled, since a run that compiled saves none), then `check --gpus <first>` and `check --gpus <all>`,
 each with its default jobs (one per two cores, at most eight a GPU). A row gives the command's wall
-time, its processes and jobs, each GPU's busy time (the sum of its parts' seconds, from its
-results.json) and its longest part. The `all` row adds the speedup (the one-GPU wall over its own)
-against SPEEDUP_TARGET, and what bounds it: the longest part when it takes most of the wall time
-(more GPUs only help through more shards), else the load (the parts' sum over the slots, and each
-process's fixed start).
+time and CPU time, its plan (processes, jobs, expected wall time), each GPU's busy time (the sum of
+its parts' seconds, from its results.json), its longest part and every part. The `all` row adds the
+speedup (the one-GPU wall over its own) against SPEEDUP_TARGET, and what bounds it: the longest part
+when it takes most of the wall time (more GPUs only help through more shards), the host when the
+check kept most of its cores busy (more GPUs add no cores), else the load (the parts' sum over the
+slots, and each process's fixed start).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from harness.tools.bench import harness_child
 
 SPEEDUP_TARGET = 1.7  # two GPUs against one (issue 24)
 LONGEST_BOUND = 0.8  # a longest part over this fraction of the wall time bounds the run
+HOST_BOUND = 0.8  # a check whose CPU time is over this fraction of wall time x cores is bound by the host
 PRIMES = 2  # priming checks at most: the second only when the first compiled
 
 
@@ -36,16 +38,20 @@ class GpuRow:
     profile: str
     backends: list[str]  # empty: every backend, as make check
     seconds: float = 0.0  # the check command's wall time
+    cpu_seconds: float = 0.0  # user + system CPU of the check and every process it waited for
+    cores: int = 1  # this machine's CPUs
     exit: int | None = None  # the check's exit status; None past the time limit
     compiled: int = 0  # variants its warm-up compiled (a prime on a cold cache)
     processes: int = 0  # pytest processes of its plan
     jobs: int = 0  # of them at once
+    expected: float = 0.0  # the plan's expected wall time (results.json run.expected_s)
     busy: dict[str, float] = field(default_factory=dict)  # GPU -> the sum of its parts' seconds
     longest: str = ""  # the longest part
     longest_seconds: float = 0.0
+    parts: list[dict] = field(default_factory=list)  # each part: part, gpu, seconds, expected_s
     speedup: float | None = None  # all: the one row's seconds over this row's
     verdict: str = ""  # all: met or MISSED against SPEEDUP_TARGET
-    bound: str = ""  # all: "longest part" or "load"
+    bound: str = ""  # all: "longest part", "host", both joined by "and", or "load"
     reason: str = ""  # why the run failed (its output's tail), or why the section was skipped
 
 
@@ -54,8 +60,9 @@ def read_parts(row: GpuRow, results: Path) -> None:
     run = results_json.load(results)["run"]
     if "parts" not in run:
         raise ValueError("the check ran as one pytest process (one job on this machine): no parts")
-    row.processes, row.jobs = len(run["parts"]), run["jobs"]
+    row.processes, row.jobs, row.expected = len(run["parts"]), run["jobs"], run.get("expected_s", 0.0)
     for part in run["parts"]:
+        row.parts.append({k: part.get(k) for k in ("part", "gpu", "seconds", "expected_s")})
         gpu = str(part["gpu"])
         row.busy[gpu] = round(row.busy.get(gpu, 0.0) + part["seconds"], 3)
         if part["seconds"] > row.longest_seconds:
@@ -66,11 +73,11 @@ def measure(
     run: str, gpus: list[str], backends: list[str], profile: str, results: Path, timeout: float
 ) -> GpuRow:
     """One `check --gpus GPUS` in the user's cache directory, its results.json written to `results`."""
-    row = GpuRow(run, list(gpus), profile, list(backends))
+    row = GpuRow(run, list(gpus), profile, list(backends), cores=os.cpu_count() or 1)
     args = harness_child.check_args(cache_dir.root(), profile, backends, "cuda", results.parent / "reports")
     args += ["--gpus", ",".join(gpus), "--results", str(results)]
     ran = harness_child.timed(args, dict(os.environ), timeout)
-    row.exit, row.seconds = ran.exit, ran.seconds
+    row.exit, row.seconds, row.cpu_seconds = ran.exit, ran.seconds, ran.cpu_seconds
     warm = harness_child.warmup(ran.output)
     row.compiled = warm.compiled if warm else 0
     if row.exit != 0:
@@ -91,7 +98,17 @@ def judge(one: GpuRow, every: GpuRow) -> None:
         return
     every.speedup = round(one.seconds / every.seconds, 3)
     every.verdict = "met" if every.speedup >= SPEEDUP_TARGET else "MISSED"
-    every.bound = "longest part" if every.longest_seconds >= LONGEST_BOUND * every.seconds else "load"
+    bounds = []
+    if every.longest_seconds >= LONGEST_BOUND * every.seconds:
+        bounds.append("longest part")
+    if host_load(every.cpu_seconds, every.seconds, every.cores) >= HOST_BOUND:
+        bounds.append("host")
+    every.bound = " and ".join(bounds) or "load"
+
+
+def host_load(cpu_seconds: float, seconds: float, cores: int) -> float:
+    """The share of the machine's `cores` a run of `seconds` kept busy with `cpu_seconds` of CPU."""
+    return cpu_seconds / (seconds * cores) if seconds > 0 else 0.0
 
 
 def scaling(

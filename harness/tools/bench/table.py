@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from harness.tools.bench.detection import DETECTION_TARGET_S
-from harness.tools.bench.gpus import SPEEDUP_TARGET
+from harness.tools.bench.gpus import SPEEDUP_TARGET, host_load
 from harness.tools.bench.phases import PHASES
 from harness.tools.bench.scale import GIB
 
@@ -235,13 +235,15 @@ def _gpus(doc: dict) -> list[str]:
     out = [_check_heading("gpus", r0, "cache warm: one GPU, then every visible GPU")]
     if r0["run"] == "skip":
         return [*out, f"  skipped: {r0['reason']}", ""]
-    head = ("run", "GPUs", "check s", "processes", "at once", "busy s per GPU", "longest part")
-    head += ("compiled", "exit")
+    head = ("run", "GPUs", "check s", "planned s", "host CPU", "processes", "at once", "busy s per GPU")
+    head += ("longest part", "compiled", "exit")
     cells = [
         (
             r["run"],
             ",".join(r["gpus"]),
             _s(r["seconds"]),
+            _s(r["expected"]) if r["expected"] else "-",
+            f"{host_load(r['cpu_seconds'], r['seconds'], r['cores']):.0%}" if r["seconds"] > 0 else "-",
             str(r["processes"]),
             str(r["jobs"]),
             " ".join(f"{g}:{s:.0f}" for g, s in r["busy"].items()) or "-",
@@ -258,9 +260,19 @@ def _gpus(doc: dict) -> list[str]:
         for r in rows
         if r["speedup"] is not None
     ]
+    out += [_longest_parts(r) for r in rows if r["run"] != "prime" and r["parts"]]
     out += [f"  {r['run']}: {r['reason'].splitlines()[0]}" for r in rows if r["reason"]]
     out.append("")
     return out
+
+
+def _longest_parts(row: dict, count: int = 5) -> str:
+    """A run's longest parts, each with its GPU and the seconds the plan expected of it."""
+    parts = sorted(row["parts"], key=lambda p: -p["seconds"])[:count]
+    shown = [
+        f"{p['part']} {p['seconds']:.0f} s (GPU {p['gpu']}, planned {p['expected_s']:.0f})" for p in parts
+    ]
+    return f"  {row['run']}: longest parts: " + ", ".join(shown)
 
 
 BLOCKS = {
