@@ -455,8 +455,8 @@ def _check_parallel(
     started, t0 = time.strftime("%Y-%m-%dT%H:%M:%S%z"), time.monotonic()
     kept = cache_dir.root()  # the costs travel with the compile caches a CI job restores
     kept.mkdir(parents=True, exist_ok=True)
-    expected, sources = costs.expected(names, selection, kept)
-    plan = schedule.plan(expected, jobs, gpus)
+    expected, sources, startups = costs.expected(names, selection, kept)
+    plan = schedule.plan(expected, jobs, gpus, startups)
     print(
         f"attn-harness check: profile {profile}; {len(names)} backends; each process: {shlex.join(cmd[1:])}\n"
         f"plan (expected seconds: measured in {kept / costs.TIMINGS}, else the default table):",
@@ -469,7 +469,8 @@ def _check_parallel(
     code = parallel.combined_code([p.code for p in parts])
     elapsed = time.monotonic() - t0
     if gate is None or not gate.compiled():
-        costs.save(kept, selection, costs.measured([(p.backend, p.code, p.seconds) for p in parts]))
+        ran = [(p.backend, p.code, p.seconds) for p in parts]
+        costs.save(kept, selection, costs.measured(ran, startups), costs.shard_means(ran))
     else:  # the parts shared the cores with the compiles: their times are not the check's cost
         print(f"timings not saved to {kept / costs.TIMINGS}: the warm-up compiled beside the check")
     records = [r for p in parts for r in p.records]

@@ -110,6 +110,8 @@ def test_one_backend_with_two_jobs_runs_as_two_shards_that_together_check_what_o
     timings = json.loads((tmp_path / "two" / "cache" / "timings.json").read_text())["selections"]
     assert list(timings) == ["profile ci; -m (decode) and not gpu; -k "]  # the next run's costs
     assert set(timings["profile ci; -m (decode) and not gpu; -k "]) == {"torch_native"}
+    shards = json.loads((tmp_path / "two" / "cache" / "timings.json").read_text())["shards"]
+    assert list(shards["profile ci; -m (decode) and not gpu; -k "]["torch_native"]) == ["2"]  # for the fit
 
 
 CHILD = """
@@ -177,3 +179,36 @@ def test_each_part_collects_only_its_own_backend():
     ids = [line for line in proc.stdout.splitlines() if "::" in line]
     assert ids and all("[torch_split-" in i for i in ids), [i for i in ids if "[torch_split-" not in i][:5]
     assert any("test_model_logprobs" in i for i in ids) and any("test_deterministic" in i for i in ids)
+
+
+def test_a_fitted_fixed_cost_plans_the_shards_and_is_subtracted_from_the_saved_cost(monkeypatch, tmp_path):
+    """torch_native seen at 1, 2 and 4 shards (20 s fixed + 50 s of work; STARTUP_S is 10): `check`
+    plans its shards with that fixed cost, and saves the parts' sum less the extra shards' fixed costs."""
+    from harness.run import costs
+    from tests.helpers import fresh_cache
+
+    cache = fresh_cache(monkeypatch, tmp_path)
+    cache.mkdir(parents=True)
+    costs.save(cache, "sel", {"torch_native": 999.0}, {"torch_native": {"1": 70.0, "2": 45.0, "4": 32.5}})
+    planned = []
+
+    def fake_run(cmd, env, backends_env, plan, parts_dir, cwd, **kwargs):  # noqa: ANN001, ANN003, ANN202
+        planned.append(plan)
+        files = [(parts_dir / f"{i}.json", parts_dir / f"{i}.log") for i in range(len(plan.parts))]
+        took = {"torch_native": 45.0, "fa4": 30.0}
+        return [
+            parallel.Part(p.backend, *f, p.shard, p.shards, code=0, seconds=took[p.backend])
+            for p, f in zip(plan.parts, files)
+        ]
+
+    monkeypatch.setattr(parallel, "run", fake_run)
+    args = (["pytest"], {}, ["torch_native", "fa4"], 4, [], tmp_path / "run", "gpu", None, "sel", tmp_path)
+    assert cli._check_parallel(*args, "check") == 0
+    (plan,) = planned
+    mine = [p for p in plan.parts if p.backend == "torch_native"]
+    n = len(mine)
+    assert n > 1 and all(p.seconds == pytest.approx(20 + 50 / n) for p in mine)  # not 999 s, nor 10 s fixed
+    kept = json.loads((cache / costs.TIMINGS).read_text())
+    assert kept["selections"]["sel"]["torch_native"] == n * 45.0 - (n - 1) * 20.0  # the extra shards' fixed
+    assert kept["shards"]["sel"]["torch_native"] == {"1": 70.0, "2": 45.0, "4": 32.5} | {str(n): 45.0}
+    assert kept["shards"]["sel"]["fa4"] == {str(len(plan.parts) - n): 30.0}  # its first shard count

@@ -143,7 +143,8 @@ def test_describe_names_each_backend_once_with_its_shards_and_source():
 
 def test_costs_come_from_the_last_run_of_the_same_selection_else_the_defaults(tmp_path):
     names = ["flex_eager", "torch_native", "mine:make"]
-    got, sources = costs.expected(names, "sel", tmp_path)  # no file yet
+    got, sources, startups = costs.expected(names, "sel", tmp_path)  # no file yet
+    assert startups == dict.fromkeys(names, STARTUP_S)
     default = costs.DEFAULT_SECONDS
     assert got == {"flex_eager": default["flex_eager"], "torch_native": default["torch_native"],
                    "mine:make": costs.UNKNOWN_SECONDS}
@@ -151,12 +152,16 @@ def test_costs_come_from_the_last_run_of_the_same_selection_else_the_defaults(tm
     costs.save(tmp_path, "sel", {"torch_native": 12.5})
     costs.save(tmp_path, "other", {"flex_eager": 1.0})
     costs.save(tmp_path, "sel", {"mine:make": 3.0})  # merged with what the selection had
-    got, sources = costs.expected(names, "sel", tmp_path)
+    got, sources, _ = costs.expected(names, "sel", tmp_path)
     assert got == {"flex_eager": default["flex_eager"], "torch_native": 12.5, "mine:make": 3.0}
     assert sources["torch_native"] == "measured" and sources["flex_eager"] == "default"
 
 
-@pytest.mark.parametrize("text", ["not json", "[]", '{"format": "x", "selections": {}}'])
+UNREADABLE = ["not json", "[]", '{"format": "x", "selections": {}}']
+UNREADABLE += ['{"format": "attn-harness-timings", "shards": 3}']  # a known format with no entries
+
+
+@pytest.mark.parametrize("text", UNREADABLE)
 def test_an_unreadable_timings_file_means_the_defaults(tmp_path, text):
     (tmp_path / costs.TIMINGS).write_text(text)
     assert costs.expected(["fa4"], "sel", tmp_path)[0] == {"fa4": costs.DEFAULT_SECONDS["fa4"]}
@@ -166,4 +171,53 @@ def test_an_unreadable_timings_file_means_the_defaults(tmp_path, text):
 
 def test_measured_cost_sums_the_shards_less_their_extra_startups_and_skips_unfinished_backends():
     parts = [("fa4", 0, 40.0), ("fa4", 1, 50.0), ("torch_native", 5, 8.0), ("flex", 0, 9.0), ("flex", 2, 3.0)]
-    assert costs.measured(parts, startup=10) == {"fa4": 80.0, "torch_native": 8.0}
+    assert costs.measured(parts) == {"fa4": 90.0 - STARTUP_S, "torch_native": 8.0}
+    assert costs.measured(parts, {"fa4": 30.0}) == {"fa4": 60.0, "torch_native": 8.0}  # its own fixed cost
+    assert costs.shard_means(parts) == {"fa4": {"2": 45.0}, "torch_native": {"1": 8.0}}
+
+
+def test_fit_finds_a_process_fixed_cost_from_two_shard_counts_or_none():
+    """flex_compiled on two H100s (docs/bench.md): 108.4 s a part as one of 3, 80.8 s as one of 6."""
+    fixed, work = costs.fit({3: 108.4, 6: 80.8})
+    assert (round(fixed, 1), round(work, 1)) == (53.2, 165.6)
+    fixed, work = costs.fit({1: 60.0, 2: 35.0, 4: 22.5})  # exactly 10 + 50 / n
+    assert (fixed, work) == (pytest.approx(10.0), pytest.approx(50.0))
+    assert costs.fit({3: 100.0}) is None  # one shard count: no fit
+    assert costs.fit({2: 50.0, 4: 60.0}) is None  # longer with more shards: no work to divide
+    assert costs.fit({1: 100.0, 2: 40.0}) is None  # a fixed cost below zero
+
+
+def test_a_backend_seen_at_two_shard_counts_is_planned_with_its_fitted_fixed_cost(tmp_path):
+    costs.save(tmp_path, "sel", {"flex_compiled": 300.0, "fa4": 40.0}, {"flex_compiled": {"3": 108.4}})
+    got, sources, startups = costs.expected(["flex_compiled", "fa4"], "sel", tmp_path)
+    assert got == {"flex_compiled": 300.0, "fa4": 40.0} and startups["flex_compiled"] == STARTUP_S
+    costs.save(tmp_path, "sel", {}, {"flex_compiled": {"6": 80.8}, "fa4": {"1": 40.0}})
+    got, sources, startups = costs.expected(["flex_compiled", "fa4"], "sel", tmp_path)
+    assert got == {"flex_compiled": 218.8, "fa4": 40.0}  # fixed + work: one process
+    assert sources == {"flex_compiled": "fitted: 53 s fixed", "fa4": "measured"}
+    assert startups == {"flex_compiled": 53.2, "fa4": STARTUP_S}
+    plan = schedule.plan(got, 6, [], startups)
+    flex = [p for p in plan.parts if p.backend == "flex_compiled"]
+    assert sum(p.seconds for p in flex) == pytest.approx(218.8 + (len(flex) - 1) * 53.2)
+    assert json.loads((tmp_path / costs.TIMINGS).read_text())["shards"] == {
+        "sel": {"flex_compiled": {"3": 108.4, "6": 80.8}, "fa4": {"1": 40.0}}
+    }
+
+
+def test_a_timings_file_without_shard_means_still_gives_its_costs(tmp_path):
+    doc = {"format": costs.FORMAT, "selections": {"sel": {"fa4": 5.0}}}
+    (tmp_path / costs.TIMINGS).write_text(json.dumps(doc))
+    assert costs.expected(["fa4"], "sel", tmp_path)[:2] == ({"fa4": 5.0}, {"fa4": "measured"})
+    costs.save(tmp_path, "sel", {}, {"fa4": {"2": 3.0, "x": 1.0}})
+    doc = json.loads((tmp_path / costs.TIMINGS).read_text())
+    assert doc["selections"] == {"sel": {"fa4": 5.0}} and doc["shards"]["sel"]["fa4"]["2"] == 3.0
+    assert costs.expected(["fa4"], "sel", tmp_path)[0] == {"fa4": 5.0}  # "x" is no shard count
+
+
+def test_each_backend_pays_its_own_startup_when_split():
+    """slow (200 s, 60 s fixed) over 4 slots with two 40 s backends: three shards of 60 + 140 / 3."""
+    plan = schedule.plan({"slow": 200, "x": 40, "y": 40}, 4, [], {"slow": 60.0})
+    assert [p.name for p in plan.parts] == ["slow[0/3]", "slow[1/3]", "slow[2/3]", "x", "y"]
+    assert plan.parts[0].seconds == pytest.approx(60 + 140 / 3)
+    even = schedule.plan({"slow": 200, "x": 40, "y": 40}, 4, [])  # STARTUP_S: the shards are cheaper
+    assert even.parts[0].seconds == pytest.approx(STARTUP_S + (200 - STARTUP_S) / 3)

@@ -1,5 +1,6 @@
 """Each backend's expected cost for the check's schedule (harness/run/schedule.py), in seconds as one
-pytest process: measured by the last `check --jobs` run of the same selection, else a default.
+pytest process, and what each of its processes pays whatever its share (its fixed cost): measured by
+the last `check --jobs` runs of the same selection, else a default.
 
 Every parallel check saves what each backend's parts took into `timings.json` in the cache
 directory (harness/run/cache_dir.py: a CI job that restores its compile caches restores these),
@@ -7,6 +8,11 @@ under a key naming the selection (profile, markers, -k), so a `--family decode` 
 the costs of a full one; a run whose warm-up compiled beside it saves none (harness/cli.py). A
 backend never measured for the selection gets DEFAULT_SECONDS (an H100 with its cache restored, gpu
 profile) or, when not in that table, UNKNOWN_SECONDS.
+
+A process's fixed cost is STARTUP_S until the backend has run at two shard counts: a part's mean
+seconds at N shards is then fitted to fixed + work / N (`fit`), and the backend costs fixed + work.
+It matters for flex_compiled, whose every shard traces its compiled variants again: on two H100s a
+shard took 106-114 s as one of three and 76-95 s as one of six, about 53 s fixed (docs/bench.md).
 """
 
 from __future__ import annotations
@@ -38,55 +44,110 @@ DEFAULT_SECONDS = {
 }
 UNKNOWN_SECONDS = 60.0
 MEASURED_CODES = (0, 1, 5)  # a part that ran to its end (1: it found failures); not interrupted
+Parts = list[tuple[str, int, float]]  # each part's backend, exit code and seconds
 
 
-def _read(path: Path) -> dict[str, dict[str, float]]:
-    """The timings file's selections; an absent or unreadable file is no measurement (never an error:
-    the schedule then falls back to the defaults)."""
+def _read(path: Path) -> dict[str, dict[str, dict]]:
+    """The timings file's `selections` (backend -> seconds as one process) and `shards` (backend ->
+    shard count -> a part's mean seconds), each by selection; an absent or unreadable file is no
+    measurement (never an error: the schedule then falls back to the defaults)."""
+    empty: dict[str, dict[str, dict]] = {"selections": {}, "shards": {}}
     try:
         doc = json.loads(path.read_text())
     except (OSError, ValueError):
-        return {}
+        return empty
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
-        return {}
-    if not isinstance(doc.get("selections"), dict):
-        return {}
-    return {k: v for k, v in doc["selections"].items() if isinstance(v, dict)}
+        return empty
+    kept = {key: doc.get(key) if isinstance(doc.get(key), dict) else {} for key in empty}
+    return {key: {k: v for k, v in entries.items() if isinstance(v, dict)} for key, entries in kept.items()}
 
 
-def expected(names: list[str], selection: str, where: Path) -> tuple[dict[str, float], dict[str, str]]:
-    """Each backend's expected seconds, and where it came from (`measured`, `default`, `unknown`)."""
-    measured = _read(where / TIMINGS).get(selection, {})
-    costs, sources = {}, {}
+def fit(means: dict[int, float]) -> tuple[float, float] | None:
+    """(fixed, work) seconds of a backend's process from a part's mean seconds at each shard count,
+    least squares over mean = fixed + work / shards; None from fewer than two shard counts, or where
+    the fit is not a fixed cost >= 0 and work > 0 (the parts did not get shorter with more shards)."""
+    if len(means) < 2:
+        return None
+    xs, ys = [1 / n for n in means], list(means.values())
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    work = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
+    fixed = my - work * mx
+    return (fixed, work) if work > 0 and fixed >= 0 else None
+
+
+def _means(entry: object) -> dict[int, float]:
+    """A backend's `shards` entry as shard count -> mean seconds, dropping what is not a measurement."""
+    if not isinstance(entry, dict):
+        return {}
+    out = {}
+    for n, seconds in entry.items():
+        if str(n).isdigit() and int(n) >= 1 and isinstance(seconds, (int, float)) and seconds >= 0:
+            out[int(n)] = float(seconds)
+    return out
+
+
+def expected(
+    names: list[str], selection: str, where: Path
+) -> tuple[dict[str, float], dict[str, str], dict[str, float]]:
+    """Each backend's expected seconds as one process, where they came from (`measured`, `fitted: F s
+    fixed`, `default`, `unknown`), and its process's fixed cost (fitted, else STARTUP_S)."""
+    timings = _read(where / TIMINGS)
+    measured, shards = timings["selections"].get(selection, {}), timings["shards"].get(selection, {})
+    costs, sources, startups = {}, {}, {}
     for name in names:
-        value = measured.get(name)
-        if isinstance(value, (int, float)) and value >= 0:
+        value, fitted = measured.get(name), fit(_means(shards.get(name)))
+        startups[name] = STARTUP_S
+        if fitted is not None:
+            startups[name] = round(fitted[0], 1)
+            costs[name], sources[name] = round(sum(fitted), 1), f"fitted: {fitted[0]:.0f} s fixed"
+        elif isinstance(value, (int, float)) and value >= 0:
             costs[name], sources[name] = float(value), "measured"
         elif name in DEFAULT_SECONDS:
             costs[name], sources[name] = DEFAULT_SECONDS[name], "default"
         else:
             costs[name], sources[name] = UNKNOWN_SECONDS, "unknown"
-    return costs, sources
+    return costs, sources, startups
 
 
-def measured(parts: list[tuple[str, int, float]], startup: float = STARTUP_S) -> dict[str, float]:
-    """Each backend's cost as one process from its parts' (backend, exit code, seconds): the sum,
-    less the startups its extra shards paid; a backend with a part that did not run to its end (an
-    interrupt, an internal error, a signal) is left out."""
+def _finished(parts: Parts) -> dict[str, list[float]]:
+    """Each backend's parts' seconds, leaving out a backend with a part that did not run to its end
+    (an interrupt, an internal error, a signal)."""
     by_backend: dict[str, list[float]] = {}
     broken = set()
     for backend, code, seconds in parts:
         by_backend.setdefault(backend, []).append(seconds)
         if code not in MEASURED_CODES:
             broken.add(backend)
-    kept = {b: s for b, s in by_backend.items() if b not in broken}
-    return {b: round(max(sum(s) - (len(s) - 1) * startup, 0.0), 1) for b, s in kept.items()}
+    return {b: s for b, s in by_backend.items() if b not in broken}
 
 
-def save(where: Path, selection: str, costs: dict[str, float]) -> None:
-    """Merge `costs` into the selection's entry of the timings file (written whole, then renamed)."""
-    if not costs:
+def measured(parts: Parts, startups: dict[str, float] | None = None) -> dict[str, float]:
+    """Each backend's cost as one process from its parts: the sum, less the fixed cost its extra
+    shards paid (`startups`, STARTUP_S for a backend it lacks)."""
+    fixed = startups or {}
+    out = {}
+    for b, s in _finished(parts).items():
+        out[b] = round(max(sum(s) - (len(s) - 1) * fixed.get(b, STARTUP_S), 0.0), 1)
+    return out
+
+
+def shard_means(parts: Parts) -> dict[str, dict[str, float]]:
+    """Each finished backend's shard count -> its parts' mean seconds, for `fit` in later runs."""
+    return {b: {str(len(s)): round(sum(s) / len(s), 1)} for b, s in _finished(parts).items()}
+
+
+def save(
+    where: Path, selection: str, costs: dict[str, float], means: dict[str, dict[str, float]] | None = None
+) -> None:
+    """Merge `costs` and each backend's `means` (shard_means) into the selection's entries of the
+    timings file (written whole, then renamed)."""
+    if not costs and not means:
         return
-    selections = _read(where / TIMINGS)
+    timings = _read(where / TIMINGS)
+    selections, shards = timings["selections"], timings["shards"]
     selections[selection] = {**selections.get(selection, {}), **costs}
-    cache_dir.write_json(where / TIMINGS, {"format": FORMAT, "selections": selections})
+    mine = shards.setdefault(selection, {})
+    for backend, seen in (means or {}).items():
+        prior = mine.get(backend)
+        mine[backend] = {**(prior if isinstance(prior, dict) else {}), **seen}
+    cache_dir.write_json(where / TIMINGS, {"format": FORMAT, "selections": selections, "shards": shards})

@@ -5,14 +5,16 @@ finds them), the job slots and the GPUs. The parts are started longest first and
 slot that frees first (longest-processing-time-first list scheduling, within 4/3 of the best wall
 time for the given parts). The ideal wall time is the total cost over the slots (the share); a
 backend longer than the share bounds the wall time, so it is split into shards (pytest's
-`--harness-shard I/N`), as many as make the expected wall time shortest: every process pays
-STARTUP_S whatever its share of the work, so more shards are not always better.
+`--harness-shard I/N`), as many as make the expected wall time shortest: every process pays its
+backend's fixed cost (STARTUP_S unless costs.py learned it) whatever its share of the work, so more
+shards are not always better.
 Slot s is pinned to GPU s mod the GPU count, so the first parts (the longest) go round the GPUs.
 """
 
 from __future__ import annotations
 
 import heapq
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 # A part's fixed cost: fa2/fa3's parts, which collect and skip every test, took 7-8 s on the H100
@@ -53,13 +55,13 @@ class Plan:
         return self.slot_gpus[part.slot]
 
 
-def _pieces(costs: dict[str, float], shards: dict[str, int], startup: float) -> list[tuple]:
+def _pieces(costs: dict[str, float], shards: dict[str, int], startup: Mapping[str, float]) -> list[tuple]:
     """(backend, shard, shards, expected seconds) of every part, longest first; ties keep `costs`'
-    order, a backend's shards together. A shard costs a startup and its share of the rest."""
+    order, a backend's shards together. A shard costs its backend's startup and its share of the rest."""
     out = []
     for backend, cost in costs.items():
-        n = shards[backend]
-        each = cost if n == 1 else startup + (cost - startup) / n
+        n, fixed = shards[backend], startup[backend]
+        each = cost if n == 1 else fixed + (cost - fixed) / n
         out += [(backend, i, n, each) for i in range(n)]
     return sorted(out, key=lambda p: -p[3])  # stable
 
@@ -79,18 +81,25 @@ def _makespan(parts: list[Planned]) -> float:
     return max((p.start + p.seconds for p in parts), default=0.0)
 
 
-def plan(costs: dict[str, float], jobs: int, gpus: list[str], startup: float = STARTUP_S) -> Plan:
+def plan(
+    costs: dict[str, float], jobs: int, gpus: list[str], startup: float | Mapping[str, float] = STARTUP_S
+) -> Plan:
     """The parts of every backend in `costs` (expected seconds as one process), started longest
     first over min(jobs, parts) slots spread round-robin over `gpus` (none: the slots have no GPU).
 
     While the longest part is longer than the share (its backend alone bounds the wall time), its
     backend is split into the number of shards, up to `jobs`, that gives the shortest expected wall
-    time (the fewest of equals); it stops when that does not shorten it (each shard pays a startup)."""
+    time (the fewest of equals); it stops when that does not shorten it. Each shard pays `startup`
+    (one number, or per backend: STARTUP_S for a backend it lacks)."""
     if jobs < 1:
         raise ValueError(f"jobs must be at least 1, got {jobs}")
     bad = {name: c for name, c in costs.items() if not c >= 0}
     if bad:
         raise ValueError(f"a backend's cost must be a number of seconds >= 0, got {bad}")
+    if isinstance(startup, Mapping):
+        startup = {name: startup.get(name, STARTUP_S) for name in costs}
+    else:
+        startup = dict.fromkeys(costs, startup)
     share = sum(costs.values()) / jobs
     shards = dict.fromkeys(costs, 1)
     parts = _lpt(_pieces(costs, shards, startup), jobs)
