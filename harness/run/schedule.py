@@ -97,17 +97,17 @@ def plan(
     if bad:
         raise ValueError(f"a backend's cost must be a number of seconds >= 0, got {bad}")
     if isinstance(startup, Mapping):
-        startup = {name: startup.get(name, STARTUP_S) for name in costs}
+        fixed = {name: startup.get(name, STARTUP_S) for name in costs}
     else:
-        startup = dict.fromkeys(costs, startup)
+        fixed = dict.fromkeys(costs, startup)
     share = sum(costs.values()) / jobs
     shards = dict.fromkeys(costs, 1)
-    parts = _lpt(_pieces(costs, shards, startup), jobs)
+    parts = _lpt(_pieces(costs, shards, fixed), jobs)
     while parts and parts[0].seconds > share and shards[parts[0].backend] < jobs:
         longest = parts[0].backend
         tries = []
         for n in range(shards[longest] + 1, jobs + 1):
-            tried = _lpt(_pieces(costs, {**shards, longest: n}, startup), jobs)
+            tried = _lpt(_pieces(costs, {**shards, longest: n}, fixed), jobs)
             tries.append((_makespan(tried), n, tried))
         best, n, tried = min(tries, key=lambda t: (t[0], t[1]))
         if best >= _makespan(parts) - 1e-9:
