@@ -56,14 +56,16 @@ def _checked_and_recorded(monkeypatch, tmp_path) -> tuple[list, list, list]:
 
 
 def test_record_mode_draws_what_a_real_run_checks_with_the_gpu_profiles_phases(monkeypatch, tmp_path):
-    """The gpu profile searches without hypothesis's target phase (whose mutations follow the measured
-    err/budget, which record mode does not have), so the two runs draw the same cases in the same
-    order: the warm-up compiles what its check draws."""
+    """The gpu profile searches without hypothesis's target phase, and so reports no err/budget to
+    `target()` (hypothesis's generate phase keeps a mutated example only if it scores as high, and
+    record mode measures nothing), so the two runs draw the same cases in the same order, at the gpu
+    profile's 40 examples a search: the warm-up compiles what its check draws."""
     profiles.load("ci")
     assert Phase.target in settings.default.phases  # the other profiles keep it (the test below)
-    with settings_profile(settings(settings.default, phases=settings.get_profile("gpu").phases)):
+    gpu = settings.get_profile("gpu")
+    with settings_profile(settings(settings.default, phases=gpu.phases, max_examples=gpu.max_examples)):
         checked, recorded, results = _checked_and_recorded(monkeypatch, tmp_path)
-    assert len(checked) >= 10
+    assert len(checked) >= 30
     assert [r["case"] for r in recorded] == checked
     assert {(r["backend"], r["family"], r["kind"], r["device"]) for r in recorded} == {
         ("torch_native", "decode", "numeric", "cpu")

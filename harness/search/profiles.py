@@ -100,5 +100,14 @@ def current() -> str:
     return name if name in SIZES else "ci"
 
 
+def steers_by_target() -> bool:
+    """Whether the active profile's searches run hypothesis's target phase. Only then does the suite
+    report err/budget to `target()`: hypothesis's generate phase also weighs reported targets (a
+    mutated example is kept only if it scores as high), so reporting them in a profile without the
+    phase would make its draws depend on the values measured, and a record-mode run (which measures
+    nothing) or a variant shard (which measures only its own cases) would draw other cases."""
+    return Phase.target in settings().phases
+
+
 def sizes() -> Sizes:
     return SIZES[current()]

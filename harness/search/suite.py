@@ -98,8 +98,9 @@ def judge(
 ) -> None:
     """What every property test of the suite does with one example's result: a crash or hang already
     ended the search; a refusal is counted once and the example discarded; the result is recorded,
-    its err/budget targeted, and anything but a pass (or a known library bug, xfail) fails the test
-    with the result's text (raised, not `assert`ed: pytest would append its own explanation)."""
+    its err/budget targeted (in a profile with the target phase), and anything but a pass (or a
+    known library bug, xfail) fails the test with the result's text (raised, not `assert`ed: pytest
+    would append its own explanation)."""
     if res is None:
         assume(False)  # a CRASH or HANG already ended this search (isolation.Search)
     if res.status == "skip":  # refused by supports(): counted once (harness/search/refusals.py)
@@ -108,7 +109,7 @@ def judge(
         assume(False)
     if record:
         record(res)
-    if res.verdict is not None and res.verdict.ratio == res.verdict.ratio:
+    if profiles.steers_by_target() and res.verdict is not None and res.verdict.ratio == res.verdict.ratio:
         target(min(res.verdict.ratio, 1e6), label="err/budget")
     if res.status not in ("pass", "xfail"):
         raise AssertionError(res.failure_text())
