@@ -473,7 +473,7 @@ def _check_parallel(
         costs.save(kept, selection, costs.measured(ran, startups), costs.shard_means(ran))
     else:  # the parts shared the cores with the compiles: their times are not the check's cost
         print(f"timings not saved to {kept / costs.TIMINGS}: the warm-up compiled beside the check")
-    records = [r for p in parts for r in p.records]
+    records = parallel.merged_records(parts)
     environment = next((p.environment for p in parts if p.environment), {})
     run = {
         "id": run_dir.name,

@@ -20,6 +20,8 @@ from pathlib import Path
 import pytest
 
 from harness import cli
+from harness.backends.flex import FlexCompiled
+from harness.run import variant_shards
 from harness.search.profiles import SIZES
 from harness.tools import warmup
 from harness.tools.warmup import libraries, ninja, stamp
@@ -172,7 +174,7 @@ def test_flex_without_a_recording_plans_each_shape_with_every_mode_and_the_model
     assert ci == {"bfloat16", "float16"}
 
 
-def test_flex_variants_are_the_recorded_cases_grouped_by_what_compiles_anew(monkeypatch):
+def test_flex_variants_are_the_recorded_cases_grouped_by_what_compiles_anew(monkeypatch, cache):
     from harness.core.case import Case, Request
     from harness.core.graph_case import GraphCase
 
@@ -205,7 +207,18 @@ def test_flex_variants_are_the_recorded_cases_grouped_by_what_compiles_anew(monk
         (("graph", replay), ("graph", replay2)),  # captured launches: a compile apart from base's
     ]
     assert variants[-1].label.startswith("graph of 2 at max_batch 4: DECODE")
-    assert libraries.flex_key(per_request)[-2:] == (False, True) and libraries.flex_key(long)[-1] is False
+    key = FlexCompiled().variant_key
+    assert key(per_request)[-2:] == (False, True) and key(long)[-1] is False
+    # the recording's weights, for the check's variant shards: a trace and each case's kind
+    weights = variant_shards.read_weights(variant_shards.weights_path("flex_compiled", "gpu"))
+    assert weights == {
+        repr(key(base)): 1.03,  # base and same: two numeric cases
+        repr(key(scaled)): 1.015,
+        repr(key(one_row)): 1.015,
+        repr(key(long)): 1.015,
+        repr(key(per_request)): 5.0,
+        repr(key(replay)): 2.1,  # two graph replays of one captured kernel
+    }
     assert FLEX.note() == "6 drawn cases and 2 graph replays in 6 groups (record mode), 3 model checks"
 
 

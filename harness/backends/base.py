@@ -7,8 +7,9 @@ can override exactly one of them.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
@@ -124,6 +125,11 @@ class Backend:
     name: str = "unnamed"
     library: str = "torch"
     capabilities: Capabilities
+    # What the backend compiles per case, as a key (cases with equal keys share a compiled kernel):
+    # a method `variant_key(case)` on a backend that compiles in each process (flex_compiled's
+    # dynamo traces), None on one that does not. A backend with keys is split across processes by
+    # key, so a process compiles only its share (harness/run/variant_shards.py).
+    variant_key: ClassVar[Callable[..., Hashable] | None] = None
 
     def available(self, device: str) -> str | None:
         """None if the backend can run on `device` here, else why not (becomes a skip reason).

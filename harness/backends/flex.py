@@ -29,6 +29,8 @@ from harness.backends.glue import EngineGlue
 from harness.backends.graph_glue import GraphGlue, GraphLimits, GraphState, StaticInputs
 from harness.backends.library import import_library
 from harness.core.batch import Batch
+from harness.core.case import Case
+from harness.core.graph_case import GraphCase
 from harness.core.modes import Mode
 from harness.core.pool import translate_slots
 from harness.core.timing import phase
@@ -672,6 +674,21 @@ class FlexCompiled(FlexBase, GraphGlue):
 
     def returns_lse_on(self, device: str) -> bool:
         return device != "cpu"
+
+    def variant_key(self, case: Case | GraphCase) -> tuple:
+        """What plausibly makes torch.compile(flex_attention) compile anew on CUDA (dynamic shapes, so
+        not the lengths): dtype, head_dim and heads (static in flex), the softmax scale (a constant of
+        the kernel), deterministic mode (its kernel options, one launch per request), and the launch's
+        query rows: one (a size dynamo specialises) or under 128 (inductor's decoding kernel). A graph
+        replay's captured launches are keyed apart, by its layer. The warm-up groups by it too."""
+        if isinstance(case, GraphCase):
+            return ("graph", *self.variant_key(case.layer))
+        rows = [r.extend_len for r in case.requests]
+        launch_rows = max(rows) if case.deterministic else sum(rows)
+        return (
+            case.dtype, case.head_dim, case.num_q_heads, case.num_kv_heads, case.scale, case.deterministic,
+            launch_rows == 1, launch_rows < 128,
+        )
 
     def static_shapes(self, device: str) -> bool:
         """Static shapes (padded to buckets) on the CPU, where inductor's dynamic-shape flex template

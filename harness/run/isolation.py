@@ -28,7 +28,7 @@ from harness.checks.replay import replay_result
 from harness.core.case import Case
 from harness.core.graph_case import GraphCase
 from harness.core.results import CaseResult
-from harness.run import record_mode
+from harness.run import record_mode, variant_shards
 from harness.run.workers import Outcome, Worker, WorkerError, describe_exit, spread
 
 ISOLATE_ENV = "ATTN_HARNESS_ISOLATE"
@@ -230,7 +230,8 @@ class Search:
     Results are memoised, so hypothesis's replay of a failure sees the same result without rerunning
     it. When cases are isolated, the first CRASH or HANG ends the search: later new cases return None
     (the caller rejects them), so a crash is reported as found, not shrunk (each would cost a fresh
-    worker); `python -m harness repro --sanitize` is the tool for digging into it.
+    worker); `python -m harness repro --sanitize` is the tool for digging into it. In a variant
+    shard (harness/run/variant_shards.py) a case of another shard's variant is answered unchecked.
     """
 
     def __init__(
@@ -264,7 +265,9 @@ class Search:
             return self.seen[key]
         if self.stopped is not None:
             return None
-        if record_mode.path():
+        if variant_shards.elsewhere(self.backend, case):  # another process checks this variant
+            res = variant_shards.answer(self.backend, case, self.device)
+        elif record_mode.path():
             res = record_mode.record(self.backend, case, self.device, self.kind, self.family)
         elif self.kind == "numeric":
             res = check(self.backend, case, self.device)

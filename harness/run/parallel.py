@@ -13,6 +13,7 @@ A process's output goes to `<run dir>/parts/<backend>.log`; its results to `part
 
 from __future__ import annotations
 
+import json
 import re
 import sys
 import time
@@ -198,6 +199,21 @@ def gpu_lines(parts: list[Part], wall: float) -> list[str]:
     load = f"busy per GPU: {sums}" if sums else f"busy {sum(busy.values()):.0f} s"
     lines.append(f"wall {wall:.0f} s; {load}; longest part {longest.name} {longest.seconds:.0f} s")
     return lines
+
+
+def merged_records(parts: list[Part]) -> list[dict]:
+    """Every part's records, in part order, with each record of a whole test (no case) once: the
+    shards of a backend split by variant all run its search tests, so a test skipped as a whole, or
+    failed on its refusals over the same draw, says so in each (harness/run/variant_shards.py)."""
+    out, seen = [], set()
+    for r in (r for p in parts for r in p.records):
+        if r.get("case") is None:
+            key = json.dumps(r, sort_keys=True, default=str)
+            if key in seen:
+                continue
+            seen.add(key)
+        out.append(r)
+    return out
 
 
 def part_records(parts: list[Part]) -> list[dict]:

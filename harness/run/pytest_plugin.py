@@ -3,7 +3,9 @@
 Registered by the root conftest.py. `--harness-results PATH` writes results.json; `--harness-report
 DIR` writes results.json, index.html and junit.xml into DIR (docs/reports.md); `--harness-progress`
 prints a progress line while the suite runs; `--harness-shard I/N` keeps every Nth test from the
-Ith, so N processes can split one backend's suite (harness/run/parallel.py). The summary table is
+Ith, so N processes can split one backend's suite (harness/run/parallel.py), except that a backend
+with variant keys keeps every search test and checks its Ith share of the variants in each
+(harness/run/variant_shards.py). The summary table is
 printed at the end of any run that checked cases. Examples hypothesis tried while shrinking a
 failure (or crash, or hang) are dropped except the final (minimal) one, so a failure counts once; a
 failing one is rerun through the mask probe.
@@ -25,7 +27,7 @@ from harness.checks.probe import ProbeResult, probe
 from harness.core.results import REFUSALS_CHECK, CaseResult, summary_table, test_record
 from harness.report import environment, results_json, write_run
 from harness.report.progress import Progress
-from harness.run import record_mode
+from harness.run import record_mode, variant_shards
 from harness.search import profiles
 from harness.search.refusals import TooManyRefusals
 from harness.search.suite import Target
@@ -55,7 +57,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "--harness-shard",
         default=None,
         metavar="I/N",
-        help="run only the tests whose index (after -k/-m) modulo N is I, 0 <= I < N",
+        help="run only the tests whose index (after -k/-m) modulo N is I, 0 <= I < N (a backend with "
+        "variant keys: every search test, checking the cases of the Ith share of its variants)",
     )
 
 
@@ -83,6 +86,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[_STARTED_KEY] = (time.time(), time.strftime("%Y-%m-%dT%H:%M:%S%z"))
     shard = config.getoption("--harness-shard")
     config.stash[_SHARD_KEY] = parse_shard(shard) if shard else (0, 1)
+    variant_shards.configure(*config.stash[_SHARD_KEY])
     if config.getoption("--harness-command") and hasattr(config.option, "force_short_summary"):
         # Run by `check`: a failure on a case has printed its verdict and repro already; on CI pytest
         # would repeat the whole text in its short summary (running_on_ci()), so keep that to one line.
@@ -105,6 +109,10 @@ def pytest_configure(config: pytest.Config) -> None:
         config.addinivalue_line("markers", line)
     for name in backends.names():
         config.addinivalue_line("markers", f"{name}: the {name} backend")
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    variant_shards.configure(0, 1)  # a run inside another (pytester) must not leave its shard set
 
 
 @pytest.fixture
@@ -140,14 +148,23 @@ def _print_progress(config: pytest.Config, progress: Progress) -> None:
 
 @pytest.hookimpl(trylast=True)  # after -k and -m: the shards split what is selected, evenly
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Keep this shard's items; the others are reported as deselected, so the counts add up."""
+    """Keep this shard's items: every search test of a backend split by variant, and every Nth of the
+    others; the rest are reported as deselected, so the counts add up."""
     index, count = config.stash[_SHARD_KEY]
     if count == 1:
         return
-    dropped = [item for i, item in enumerate(items) if i % count != index]
-    items[:] = [item for i, item in enumerate(items) if i % count == index]
+    by_test = [item for item in items if not _split_by_variant(item)]
+    mine = {id(item) for i, item in enumerate(by_test) if i % count == index}
+    dropped = [item for item in by_test if id(item) not in mine]
+    items[:] = [item for item in items if id(item) in mine or _split_by_variant(item)]
     if dropped:
         config.hook.pytest_deselected(items=dropped)
+
+
+def _split_by_variant(item: pytest.Item) -> bool:
+    """Whether a test is a search of a backend whose shards split by variant (every shard runs it)."""
+    t = item.callspec.params.get("target") if hasattr(item, "callspec") else None
+    return isinstance(t, Target) and variant_shards.splits(t.backend())
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:

@@ -29,9 +29,9 @@ def path() -> str | None:
     return os.environ.get(RECORD_ENV) or None
 
 
-def record(backend: Backend, case: Case | GraphCase, device: str, kind: str, family: str) -> CaseResult:
-    """Append one drawn case to the record file; a pass (or the check's skip, when the backend cannot
-    run the case here) with nothing run."""
+def unchecked(backend: Backend, case: Case | GraphCase, device: str, reason: str) -> CaseResult:
+    """A drawn case answered without running anything: the check's own skip when the backend cannot
+    run it here (so hypothesis sees what a checking run shows it), else a pass saying `reason`."""
     shown = case  # the result's Case: a replay check's is its first batch (harness/checks/replay.py)
     if isinstance(case, GraphCase):
         from harness.checks.replay import why_not
@@ -41,10 +41,18 @@ def record(backend: Backend, case: Case | GraphCase, device: str, kind: str, fam
         why = backend.available(device) or backend.supports(case)
     if why:
         return CaseResult("skip", backend.name, device, shown, reason=why)
-    line = {"backend": backend.name, "family": family, "kind": kind, "device": device, "case": case.to_dict()}
-    with open(path(), "a") as f:  # type: ignore[arg-type] - only called in record mode
-        f.write(json.dumps(line) + "\n")
-    return CaseResult("pass", backend.name, device, shown, reason=REASON)
+    return CaseResult("pass", backend.name, device, shown, reason=reason)
+
+
+def record(backend: Backend, case: Case | GraphCase, device: str, kind: str, family: str) -> CaseResult:
+    """Append one drawn case to the record file; a pass (or the check's skip, when the backend cannot
+    run the case here) with nothing run."""
+    res = unchecked(backend, case, device, REASON)
+    if res.status == "pass":
+        line = dict(backend=backend.name, family=family, kind=kind, device=device, case=case.to_dict())
+        with open(path(), "a") as f:  # type: ignore[arg-type] - only called in record mode
+            f.write(json.dumps(line) + "\n")
+    return res
 
 
 def read(file: str) -> list[dict]:

@@ -20,7 +20,7 @@ from harness.backends.base import Backend
 from harness.core.case import Case
 from harness.core.modes import FAMILY_MODE, Mode
 from harness.core.results import CaseResult
-from harness.run import isolation
+from harness.run import isolation, variant_shards
 from harness.search import profiles
 from harness.search.pinned import PINNED
 from harness.search.refusals import as_refused, search_with_refusals
@@ -97,12 +97,16 @@ def judge(
     res: CaseResult | None, search: isolation.Search, record: Callable[[CaseResult], None] | None
 ) -> None:
     """What every property test of the suite does with one example's result: a crash or hang already
-    ended the search; a refusal is counted once and the example discarded; the result is recorded,
-    its err/budget targeted (in a profile with the target phase), and anything but a pass (or a
-    known library bug, xfail) fails the test with the result's text (raised, not `assert`ed: pytest
-    would append its own explanation)."""
+    ended the search; another variant shard's case is passed over unrecorded, as its owner will
+    judge it (rejected if refused); a refusal is counted once and the example discarded; the result
+    is recorded, its err/budget targeted (in a profile with the target phase), and anything but a
+    pass (or a known library bug, xfail) fails the test with the result's text (raised, not
+    `assert`ed: pytest would append its own explanation)."""
     if res is None:
         assume(False)  # a CRASH or HANG already ended this search (isolation.Search)
+    if variant_shards.is_elsewhere(res):  # the shard that owns its variant checks and records it
+        assume(res.status != "skip")
+        return
     if res.status == "skip":  # refused by supports(): counted once (harness/search/refusals.py)
         if record and search.ran_last:
             record(as_refused(res))

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
 
-from harness.run import cache_dir
+from harness.run import cache_dir, variant_shards
 from harness.tools import flashinfer_warmup
 from harness.tools.warmup import CACHED, COMPILED, Library, Variant
 
@@ -289,24 +289,6 @@ FA4 = Library(
 # --- flex_compiled ----------------------------------------------------------------------------
 
 
-def flex_key(case) -> tuple:  # noqa: ANN001 - a Case or a GraphCase
-    """What plausibly makes torch.compile(flex_attention) compile anew on CUDA (dynamic shapes, so not
-    the lengths): dtype, head_dim and heads (static in flex), the softmax scale (a constant of the
-    kernel), deterministic mode (its kernel options, one launch per request), and the launch's query
-    rows: one (a size dynamo specialises) or under 128 (inductor's decoding kernel). A graph replay's
-    captured launches are keyed apart, by its layer."""
-    from harness.core.graph_case import GraphCase
-
-    if isinstance(case, GraphCase):
-        return ("graph", *flex_key(case.layer))
-    rows = [r.extend_len for r in case.requests]
-    launch_rows = max(rows) if case.deterministic else sum(rows)
-    return (
-        case.dtype, case.head_dim, case.num_q_heads, case.num_kv_heads, case.scale, case.deterministic,
-        launch_rows == 1, launch_rows < 128,
-    )
-
-
 def flex_cases(dtype: str, head_dim: int, heads: tuple[int, int], modes: set[str]) -> tuple:
     """One case per mode (and a deterministic one: a launch per request) of one dtype, head_dim and
     heads; the compiled mask and score functions hold every term, so their values do not matter."""
@@ -352,7 +334,8 @@ def flex_shapes(profile: str) -> list[Variant]:
 
 def flex_variants(profile: str) -> list[Variant]:
     """The groups of the cases a check will draw (record mode), and each model check whole; one case
-    per mode and shape (flex_shapes) when the recording run fails (one line says why)."""
+    per mode and shape (flex_shapes) when the recording run fails (one line says why). The recording
+    also gives the weights that balance the check's variant shards (harness/run/variant_shards.py)."""
     from harness.checks.invariance import neighbour_sizes
     from harness.checks.model.check import MODELS
     from harness.search.profiles import SIZES
@@ -364,7 +347,9 @@ def flex_variants(profile: str) -> list[Variant]:
     except RecordFailed as e:
         _NOTES["flex_compiled"] = f"{e}; one case per mode of each shape instead"
         return flex_shapes(profile) + models
-    out = recorded_groups("flex_compiled", recorded, flex_key, neighbour_sizes(SIZES[profile]))
+    flex = _backend("flex_compiled")
+    variant_shards.save_weights(flex, profile, recorded)  # how the check's shards deal its variants
+    out = recorded_groups("flex_compiled", recorded, flex.variant_key, neighbour_sizes(SIZES[profile]))
     graphs = sum(r["kind"] == "graph" for r in recorded)
     _NOTES["flex_compiled"] = (
         f"{len(recorded) - graphs} drawn cases and {graphs} graph replays in {len(out)} groups "

@@ -1,0 +1,156 @@
+"""Variant shards: N processes split a JIT backend's suite by compiled variant instead of by test.
+
+A backend with a `variant_key` (harness/backends/base.py) compiles per variant in each process that
+meets the variant: flex_compiled's dynamo traces each one anew in every process, inductor's cache
+warm or not. Split by test (`--harness-shard I/N`), every shard meets nearly every variant, since
+each family draws most of them, so its shards barely shrank (two H100s: 3 shards of 106-114 s, 6 of
+76-95 s, about 53 s fixed each). Split by variant, every shard runs every search test and draws the
+same examples, but checks only the cases whose key it owns; it answers another shard's case
+unchecked, as record mode does (the check's skip when refused, else a pass), and records nothing for
+it. Hypothesis then sees the same search in every shard, and one shard checks and records each case.
+
+Draws are alike only in a derandomized profile without the target phase (`gpu`; `ci` has it): in
+another profile the shards split the backend's tests as for any backend. Tests without a search
+target (a model check) are split by index too (harness/run/pytest_plugin.py).
+
+Balance: the warm-up records what a check draws (record mode) and saves each variant's weight, the
+seconds its cases are expected to take, in the cache directory; every shard reads that file and
+deals the variants out the same way, heaviest first, each to the lightest shard. A variant the file
+lacks (no warm-up ran, or the draws changed) goes to the shard a hash of its key names.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Hashable, Iterable
+from functools import cache
+from pathlib import Path
+
+from hypothesis import settings
+
+from harness.backends.base import Backend
+from harness.core.case import Case
+from harness.core.graph_case import GraphCase
+from harness.core.results import CaseResult
+from harness.run import cache_dir, record_mode
+from harness.search import profiles
+
+# A case's seconds by check kind, the median on flex_compiled's shards on two H200s (the gpus bench of
+# 2026-11-26, gpu profile, caches warm), and the first case of a variant in a process beyond that
+# (dynamo's trace, inductor's cached kernels loaded): the weights that balance the shards.
+KIND_SECONDS = {"numeric": 0.015, "graph": 0.55, "invariance": 4.0}
+TRACE_SECONDS = 1.0
+WEIGHTS_DIR = "variants"  # in the cache directory: <backend>.<profile>.json
+FORMAT = "attn-harness-variant-weights"
+ELSEWHERE = "elsewhere"  # the `extra` key of an answer for another shard's case: its shard, "I/N"
+_shard: tuple[int, int] = (0, 1)  # this process's (index, count); set from --harness-shard
+
+
+def configure(index: int, count: int) -> None:
+    """Make this process shard `index` of `count` (0 <= index < count)."""
+    global _shard
+    _dealt.cache_clear()  # the weights are read again (a new run may follow a warm-up)
+    if count < 1 or not 0 <= index < count:
+        raise ValueError(f"shard {index}/{count}: expected 0 <= index < count")
+    _shard = (index, count)
+
+
+def current() -> tuple[int, int]:
+    """This process's (index, count); (0, 1) when it is not a shard."""
+    return _shard
+
+
+def owner(key: Hashable, count: int) -> int:
+    """The shard of `count` that owns a variant no weights name: a hash of its repr, the same in every
+    process (Python's own hash of a string is salted per process)."""
+    return int.from_bytes(hashlib.sha1(repr(key).encode()).digest()[:8], "big") % count
+
+
+def weights_path(backend: str, profile: str, root: Path | None = None) -> Path:
+    """Where the weights of a backend's variants under a profile are kept."""
+    name = "".join(c if c.isalnum() or c in "_.-" else "_" for c in backend)
+    return (root or cache_dir.root()) / WEIGHTS_DIR / f"{name}.{profile}.json"
+
+
+def save_weights(backend: Backend, profile: str, drawn: Iterable[dict], root: Path | None = None) -> Path:
+    """Write each variant's weight from the cases a check draws (record mode's lines: `kind`, `case`):
+    TRACE_SECONDS and KIND_SECONDS of each of its cases."""
+    weights: dict[str, float] = {}
+    for line in drawn:
+        key = repr(backend.variant_key(line["case"]))
+        weights[key] = weights.get(key, TRACE_SECONDS) + KIND_SECONDS[line["kind"]]
+    path = weights_path(backend.name, profile, root)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    rounded = {k: round(w, 3) for k, w in sorted(weights.items())}
+    doc = {"format": FORMAT, "backend": backend.name, "profile": profile, "weights": rounded}
+    cache_dir.write_json(path, doc)
+    return path
+
+
+def read_weights(path: Path) -> dict[str, float]:
+    """A weights file's variant -> seconds; an absent or unreadable one is empty (hashing then deals)."""
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT or not isinstance(doc.get("weights"), dict):
+        return {}
+    return {k: float(w) for k, w in doc["weights"].items() if isinstance(w, (int, float)) and w >= 0}
+
+
+def deal(weights: dict[str, float], count: int) -> dict[str, int]:
+    """Each variant's shard: heaviest first (ties by key), each to the lightest shard so far (ties to
+    the lowest), the same in every process."""
+    loads, out = [0.0] * count, {}
+    for key, weight in sorted(weights.items(), key=lambda kw: (-kw[1], kw[0])):
+        shard = min(range(count), key=lambda i: (loads[i], i))
+        out[key], loads[shard] = shard, loads[shard] + weight
+    return out
+
+
+@cache
+def _dealt(backend: str, profile: str, count: int) -> dict[str, int]:
+    return deal(read_weights(weights_path(backend, profile)), count)
+
+
+def shard_of(backend: Backend, case: Case | GraphCase, count: int) -> int:
+    """The shard of `count` that checks this case: its variant's, as dealt from the saved weights,
+    else as hashed."""
+    key = backend.variant_key(case)
+    dealt = _dealt(backend.name, profiles.current(), count)
+    return dealt.get(repr(key), owner(key, count)) if dealt else owner(key, count)
+
+
+def same_draws() -> bool:
+    """Whether every shard draws the same examples: a derandomized profile without hypothesis's
+    target phase (which steers by the err/budget of the cases a shard checked; the `ci` profile runs
+    it, the `gpu` profile not: harness/search/profiles.py)."""
+    return bool(settings().derandomize) and not profiles.steers_by_target()
+
+
+def splits(backend: Backend) -> bool:
+    """Whether this process checks only a share of the backend's variants: it is a shard, the backend
+    has variant keys and the shards draw alike (else they split its tests)."""
+    return _shard[1] > 1 and backend.variant_key is not None and same_draws()
+
+
+def elsewhere(backend: Backend, case: Case | GraphCase) -> bool:
+    """Whether another shard owns this case's variant (so this one must not check it)."""
+    if not splits(backend):
+        return False
+    index, count = _shard
+    return shard_of(backend, case, count) != index
+
+
+def answer(backend: Backend, case: Case | GraphCase, device: str) -> CaseResult:
+    """Another shard's case, unchecked: what a checking run shows hypothesis (a refusal's skip, else a
+    pass), marked so the suite records nothing for it (harness/search/suite.py, `judge`)."""
+    res = record_mode.unchecked(backend, case, device, "checked by the shard that owns its variant")
+    res.extra[ELSEWHERE] = "{}/{}".format(*_shard)
+    return res
+
+
+def is_elsewhere(res: CaseResult) -> bool:
+    """Whether `res` is another shard's case, answered unchecked."""
+    return ELSEWHERE in res.extra

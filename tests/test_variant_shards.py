@@ -1,0 +1,256 @@
+"""Variant shards (harness/run/variant_shards.py): the shards of a backend with variant keys run every
+search test, draw the same cases, and between them check each case exactly once; in a profile whose
+draws depend on what was measured they split the tests instead."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hypothesis import settings
+
+from harness import backends
+from harness.backends.torch_native import TorchNative
+from harness.core.results import CaseResult
+from harness.run import cache_dir, isolation, parallel, variant_shards
+from harness.search import profiles, suite
+from harness.search.refusals import TooManyRefusals
+from harness.search.suite import Target, judge, run_family
+from tests.helpers import case
+from tests.variant_keyed import KeyedNative
+
+ROOT = Path(__file__).resolve().parent.parent
+KEYED = "tests.variant_keyed:native"
+
+
+@pytest.fixture
+def shard():  # noqa: ANN201 - a function setting this process's shard
+    yield variant_shards.configure
+    variant_shards.configure(0, 1)
+
+
+@pytest.fixture
+def gpu_draws():  # noqa: ANN201
+    """The gpu profile's phases and derandomization over the ci profile's sizes (fast on the CPU)."""
+    gpu = settings.get_profile("gpu")
+    settings.register_profile("variant-shards-test", settings(settings.default, phases=gpu.phases))
+    settings.load_profile("variant-shards-test")
+    yield
+    profiles.load("ci")
+
+
+def test_a_variants_owner_is_the_same_in_every_process_and_the_keys_spread():
+    keys = [
+        ("bfloat16", 128, h, 2, 0.088, d, one, short)
+        for h in (2, 4, 8, 16)
+        for d in (0, 1)
+        for one in (0, 1)
+        for short in (0, 1)
+    ]
+    here = [variant_shards.owner(k, 4) for k in keys]
+    code = (
+        "import sys\n"
+        "from harness.run.variant_shards import owner\n"
+        "print([owner(k, 4) for k in eval(sys.argv[1])])"
+    )
+    for seed in ("0", "12345"):  # Python salts str hashes per process: an owner must not use them
+        env = {**os.environ, "PYTHONHASHSEED": seed}
+        out = subprocess.run(
+            [sys.executable, "-c", code, repr(keys)],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        assert json.loads(out.stdout) == here
+    assert set(here) == {0, 1, 2, 3} and max(here.count(i) for i in range(4)) <= len(keys) // 2
+
+
+def test_splitting_by_variant_needs_keys_several_shards_and_alike_draws(shard, gpu_draws):
+    keyed, plain = KeyedNative(), TorchNative()
+    assert not variant_shards.splits(keyed)  # not a shard
+    shard(1, 2)
+    assert variant_shards.splits(keyed) and not variant_shards.splits(plain)
+    profiles.load("ci")  # derandomized, but its target phase steers by what each shard measured
+    assert not variant_shards.splits(keyed)
+    with pytest.raises(ValueError, match="shard 2/2"):
+        variant_shards.configure(2, 2)
+
+
+def _suite(tmp_path: Path, name: str, *args: str) -> list[dict]:
+    """The decode and verify families of the keyed backend on the CPU under the gpu profile, with the
+    cache directory in tmp_path: the records of results.json."""
+    results = tmp_path / f"{name}.json"
+    cmd = [sys.executable, "-m", "pytest", "cases", "-q", "-p", "no:cacheprovider", "-k", "decode or verify"]
+    env = {**os.environ, "ATTN_HARNESS_BACKENDS": KEYED, "ATTN_HARNESS_PROFILE": "gpu"}
+    env[cache_dir.ENV] = str(tmp_path / "cache")
+    out = subprocess.run(
+        [*cmd, *args, "--harness-results", str(results)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
+    return json.loads(results.read_text())["results"]
+
+
+def _cases(records: list[dict]) -> list[str]:
+    return sorted(
+        json.dumps([r["test_id"], r["case"], r["status"]], sort_keys=True) for r in records if r["case"]
+    )
+
+
+def test_two_variant_shards_check_exactly_the_cases_of_one_unsharded_run(tmp_path):
+    """Under the gpu profile (the sizes of the device's runs): every search test runs in both shards,
+    each checks its own variants (dealt from saved weights where they name one, else hashed), and
+    together they checked and recorded each case once; the tests skipped as a whole say so in both,
+    and the merged run says it once."""
+    whole = _suite(tmp_path, "whole")
+    keys = {("bfloat16", 1): 9.0, ("bfloat16", 2): 1.0, ("float16", 3): 2.0}  # the rest unnamed: hashed
+    weights = {repr(k): w for k, w in keys.items()}
+    path = variant_shards.weights_path(KEYED, "gpu", tmp_path / "cache")
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({"format": variant_shards.FORMAT, "weights": weights}))
+    shards = [_suite(tmp_path, f"shard{i}", "--harness-shard", f"{i}/2") for i in range(2)]
+    assert len(_cases(whole)) >= 100
+    assert all(_cases(s) for s in shards)  # both checked some
+    assert _cases(whole) == sorted(_cases(shards[0]) + _cases(shards[1]))
+    heaviest = [
+        r
+        for r in shards[0]
+        if r["case"] and (r["case"]["dtype"], len(r["case"]["requests"])) == ("bfloat16", 1)
+    ]
+    assert heaviest  # dealt first, to shard 0
+    skips = [r for r in whole if not r["case"]]
+    assert skips and all(r["status"] == "skip" for r in skips)  # the cross family etc.: not drawn
+    for s in shards:
+        assert sorted(map(json.dumps, (r for r in s if not r["case"]))) == sorted(map(json.dumps, skips))
+    parts = [parallel.Part(KEYED, tmp_path / f"{i}.json", tmp_path / f"{i}.log", i, 2) for i in range(2)]
+    for part, records in zip(parts, shards):
+        part.records = records
+    merged = parallel.merged_records(parts)
+    assert _cases(merged) == _cases(whole)
+    assert sorted(map(json.dumps, (r for r in merged if not r["case"]))) == sorted(map(json.dumps, skips))
+
+
+def _collect(profile: str, *args: str) -> list[str]:
+    env = {**os.environ, "ATTN_HARNESS_BACKENDS": KEYED, "ATTN_HARNESS_PROFILE": profile}
+    cmd = [sys.executable, "-m", "pytest", "cases", "--collect-only", "-q", "-p", "no:cacheprovider"]
+    out = subprocess.run([*cmd, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
+    return [line for line in out.stdout.splitlines() if "::" in line]
+
+
+def test_collection_keeps_every_search_test_of_a_keyed_backend_and_splits_the_model_checks():
+    every = _collect("gpu")
+    searches = [i for i in every if "test_model_logprobs" not in i]
+    models = [i for i in every if "test_model_logprobs" in i]
+    assert searches and len(models) >= 2
+    for index in range(2):
+        ids = _collect("gpu", "--harness-shard", f"{index}/2")
+        assert [i for i in ids if i in searches] == searches
+        assert [i for i in ids if i in models] == models[index::2]
+
+
+def test_shards_split_the_tests_when_the_profile_targets():
+    """The ci profile's target phase steers each search by the err/budget it measured, so shards would
+    draw apart: they split the tests as for any backend, every Nth from the Ith."""
+    every = _collect("ci")
+    assert [_collect("ci", "--harness-shard", f"{i}/2") for i in range(2)] == [every[0::2], every[1::2]]
+
+
+def test_the_weights_deal_the_heaviest_variant_first_to_the_lightest_shard():
+    weights = {"a": 5.0, "b": 4.0, "c": 3.0, "d": 3.0, "e": 1.0}
+    assert variant_shards.deal(weights, 2) == {"a": 0, "b": 1, "c": 1, "d": 0, "e": 1}  # 8 and 8
+    assert variant_shards.deal(weights, 1) == dict.fromkeys(weights, 0)
+    assert variant_shards.deal({}, 3) == {}
+
+
+def test_a_shard_follows_the_saved_weights_and_hashes_what_they_lack(shard, gpu_draws, tmp_path, monkeypatch):
+    """A variant named in the weights file goes where the deal puts it, one it lacks (or every one,
+    when the file is unreadable) where its hash does."""
+    backend = KeyedNative()
+    named = [case("DECODE", ((5, 1),) * n) for n in (1, 2, 3, 4)]
+    other = case("DECODE", ((5, 1),) * 9)
+    lines = [{"kind": "numeric", "case": c} for c in named for _ in range(len(c.requests))]
+    lines.append({"kind": "invariance", "case": named[0]})
+    path = variant_shards.save_weights(backend, profiles.current(), lines, tmp_path)
+    weights = variant_shards.read_weights(path)
+    assert weights[repr(backend.variant_key(named[0]))] == 5.015  # a trace, a numeric case, an invariance one
+    dealt = variant_shards.deal(weights, 3)
+    monkeypatch.setenv(cache_dir.ENV, str(tmp_path))
+    hashed = [variant_shards.owner(backend.variant_key(c), 3) for c in named]
+    assert [dealt[repr(backend.variant_key(c))] for c in named] != hashed  # the test tells them apart
+    shard(0, 3)
+    assert [variant_shards.shard_of(backend, c, 3) for c in named] == [
+        dealt[repr(backend.variant_key(c))] for c in named
+    ]
+    assert variant_shards.shard_of(backend, other, 3) == variant_shards.owner(backend.variant_key(other), 3)
+    path.write_text("{not json")
+    shard(0, 3)  # the weights are read again
+    assert [variant_shards.shard_of(backend, c, 3) for c in named] == hashed
+
+
+def _refusing(req_count: int) -> KeyedNative:
+    """A keyed backend that refuses every batch of more than `req_count` requests (most draws)."""
+
+    class Refusing(KeyedNative):
+        name = "refusing"
+
+        def supports(self, c):  # noqa: ANN001, ANN202
+            return "too many requests" if len(c.requests) > req_count else super().supports(c)
+
+    return Refusing()
+
+
+def test_another_shards_case_is_neither_recorded_nor_checked_and_its_refusal_is_rejected(
+    shard, gpu_draws, monkeypatch
+):
+    backend = _refusing(1)
+    taken, refused = case("DECODE", ((5, 1),)), case("DECODE", ((5, 1), (3, 1)))
+    records: list[CaseResult] = []
+    assumed: list[bool] = []
+    monkeypatch.setattr(suite, "assume", assumed.append)  # hypothesis's, outside a search
+    shard(1 - variant_shards.owner(backend.variant_key(taken), 2), 2)
+    search = isolation.Search(backend, "cpu")
+    judge(search(taken), search, records.append)  # passed over: no record, no failure
+    assert records == [] and assumed == [True] and variant_shards.is_elsewhere(search.seen[taken.to_json()])
+    shard(1 - variant_shards.owner(backend.variant_key(refused), 2), 2)
+    search = isolation.Search(backend, "cpu")
+    judge(search(refused), search, records.append)
+    assert records == [] and assumed == [True, False]  # rejected, as its owner rejects it
+    assert search.seen[refused.to_json()].status == "skip"
+
+
+def test_every_shard_judges_refusals_over_the_whole_draw(shard, gpu_draws, monkeypatch):
+    """A backend refusing most draws fails the search in each shard with the same counts (the merged
+    run keeps that record once), though each shard checked only its own share."""
+    monkeypatch.setenv(isolation.ISOLATE_ENV, "0")
+    texts = []
+    for index in range(2):
+        shard(index, 2)
+        monkeypatch.setattr(backends, "load", lambda name: _refusing(1))
+        with pytest.raises(TooManyRefusals) as e:
+            run_family(Target("refusing", "cpu", "decode", "full"))
+        texts.append(str(e.value))
+    assert texts[0] == texts[1] and "refused" in texts[0]
+
+
+def test_merged_records_keep_each_whole_test_record_once_and_every_case_record():
+    def part(i: int, records: list[dict]) -> parallel.Part:
+        p = parallel.Part("b", Path(f"{i}.json"), Path(f"{i}.log"), i, 2)
+        p.records = records
+        return p
+
+    skip = {"status": "skip", "case": None, "test_id": "t", "reason": "no window"}
+    other = {**skip, "test_id": "u"}
+    c = {"status": "pass", "case": {"mode": "DECODE"}, "test_id": "t"}
+    merged = parallel.merged_records([part(0, [skip, c, other]), part(1, [dict(skip), dict(c)])])
+    assert merged == [skip, c, other, c]
