@@ -442,14 +442,15 @@ def _check_parallel(
 ) -> int:
     """The suite as pytest processes, one per backend or per shard of one, `jobs` at once over
     `gpus`, in the schedule's order (harness/run/schedule.py, costs from harness/run/costs.py),
-    merged into one results.json and report in run_dir; the measured costs saved for the next run.
+    merged into one results.json and report in run_dir; the measured costs (and the variant weights of
+    backends split by variant) saved for the next run.
     With a `gate` (the warm-up running beside the check) a backend's parts wait for its libraries."""
     import time
 
-    from harness import report
+    from harness import backends, report
     from harness.core.results import summary_table
     from harness.report import results_json
-    from harness.run import cache_dir, costs, parallel, schedule
+    from harness.run import cache_dir, costs, parallel, schedule, variant_shards
     from harness.search.suite import BACKENDS_ENV
 
     started, t0 = time.strftime("%Y-%m-%dT%H:%M:%S%z"), time.monotonic()
@@ -468,12 +469,15 @@ def _check_parallel(
     warmed = gate.join() if gate is not None else []
     code = parallel.combined_code([p.code for p in parts])
     elapsed = time.monotonic() - t0
+    records = parallel.merged_records(parts)
     if gate is None or not gate.compiled():
         ran = [(p.backend, p.code, p.seconds) for p in parts]
         costs.save(kept, selection, costs.measured(ran, startups), costs.shard_means(ran))
+        for name in names:  # how the next run's variant shards deal this backend's variants
+            if backends.load(name).variant_key is not None:
+                variant_shards.save_measured(backends.load(name), profile, records, kept)
     else:  # the parts shared the cores with the compiles: their times are not the check's cost
         print(f"timings not saved to {kept / costs.TIMINGS}: the warm-up compiled beside the check")
-    records = parallel.merged_records(parts)
     environment = next((p.environment for p in parts if p.environment), {})
     run = {
         "id": run_dir.name,

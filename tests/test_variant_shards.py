@@ -254,3 +254,79 @@ def test_merged_records_keep_each_whole_test_record_once_and_every_case_record()
     c = {"status": "pass", "case": {"mode": "DECODE"}, "test_id": "t"}
     merged = parallel.merged_records([part(0, [skip, c, other]), part(1, [dict(skip), dict(c)])])
     assert merged == [skip, c, other, c]
+
+
+def _record(c, seconds: float, backend: str = "torch_native", graph=None) -> dict:  # noqa: ANN001
+    """A case's results.json record (a replay's when `graph`, a GraphCase, is given)."""
+    extra = {"check": "graph", "graph_case": graph.to_dict()} if graph else {}
+    return CaseResult("pass", backend, "cpu", c, seconds=seconds, extra=extra).to_dict()
+
+
+def test_a_check_measures_each_variants_seconds_and_keeps_the_unmeasured_weights(tmp_path):
+    from harness.core.graph_case import GraphCase
+
+    backend = KeyedNative()
+    one, two = case("DECODE", ((5, 1),)), case("DECODE", ((5, 1), (3, 1)))
+    replay = GraphCase((case("DECODE", ((5, 1),) * 3), two), max_batch=4, max_kv=64)
+    kept = case("DECODE", ((5, 1),) * 5)
+    variant_shards.save_weights(
+        backend, "gpu", [{"kind": "numeric", "case": c} for c in (one, kept)], tmp_path
+    )
+    records = [_record(one, 2.0), _record(one, 0.5), _record(two, 1.25), _record(one, 9.0, graph=replay)]
+    records += [_record(two, 7.0, backend="other"), {"backend": "torch_native", "case": None, "seconds": 3.0}]
+    path = variant_shards.save_measured(backend, "gpu", records, tmp_path)
+    key = backend.variant_key
+    assert variant_shards.read_weights(path) == {
+        repr(key(one)): 2.5,
+        repr(key(two)): 1.25,
+        repr(key(replay)): 9.0,  # a replay is weighed by its first batch's variant, as it is dealt
+        repr(key(kept)): 1.015,  # not run: its modelled weight stays
+    }
+    assert variant_shards.save_measured(backend, "gpu", records[4:], tmp_path) is None
+
+
+class _CompiledGate:
+    """A warm-up that compiled beside the check (harness/run/warm_gate.py's interface)."""
+
+    seconds = 1.0
+
+    def ready(self, backend: str) -> bool:
+        return True
+
+    def nice(self) -> int:
+        return 0
+
+    def join(self) -> list[str]:
+        return []
+
+    def compiled(self) -> bool:
+        return True
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_check_saves_the_measured_weights_unless_the_warm_up_compiled_beside_it(
+    monkeypatch, tmp_path, compiled
+):
+    from harness import cli
+    from tests.helpers import fresh_cache
+
+    cache = fresh_cache(monkeypatch, tmp_path)
+    cache.mkdir(parents=True)
+    c = case("DECODE", ((5, 1),))
+
+    def fake_run(cmd, env, backends_env, plan, parts_dir, cwd, **kwargs):  # noqa: ANN001, ANN003, ANN202
+        out = []
+        for i, p in enumerate(plan.parts):
+            part = parallel.Part(
+                p.backend, parts_dir / f"{i}.json", parts_dir / f"{i}.log", p.shard, p.shards
+            )
+            part.code, part.seconds, part.records = 0, 5.0, [_record(c, 4.0, backend=KEYED)]
+            out.append(part)
+        return out
+
+    monkeypatch.setattr(parallel, "run", fake_run)
+    args = (["pytest"], {}, [KEYED], 1, [], tmp_path / "run", "gpu", None, "sel", tmp_path, "check")
+    gate = _CompiledGate() if compiled else None
+    assert cli._check_parallel(*args, gate=gate) == 0
+    weights = variant_shards.read_weights(variant_shards.weights_path(KEYED, "gpu", cache))
+    assert weights == ({} if compiled else {repr(KeyedNative().variant_key(c)): 4.0})

@@ -13,10 +13,12 @@ Draws are alike only in a derandomized profile without the target phase (`gpu`; 
 another profile the shards split the backend's tests as for any backend. Tests without a search
 target (a model check) are split by index too (harness/run/pytest_plugin.py).
 
-Balance: the warm-up records what a check draws (record mode) and saves each variant's weight, the
-seconds its cases are expected to take, in the cache directory; every shard reads that file and
-deals the variants out the same way, heaviest first, each to the lightest shard. A variant the file
-lacks (no warm-up ran, or the draws changed) goes to the shard a hash of its key names.
+Balance: each variant's weight, the seconds its cases take in the shard that owns it, is kept in
+the cache directory: modelled by the warm-up from what its recording drew (record mode), then
+measured by each check that did not compile (the sum of its cases' seconds, the first one's trace
+included). Every shard reads that file and deals the variants out the same way, heaviest first,
+each to the lightest shard. A variant the file lacks (no warm-up ran, or the draws changed) goes to
+the shard a hash of its key names.
 """
 
 from __future__ import annotations
@@ -80,11 +82,39 @@ def save_weights(backend: Backend, profile: str, drawn: Iterable[dict], root: Pa
     for line in drawn:
         key = repr(backend.variant_key(line["case"]))
         weights[key] = weights.get(key, TRACE_SECONDS) + KIND_SECONDS[line["kind"]]
+    return _write(backend, profile, weights, root)
+
+
+def save_measured(
+    backend: Backend, profile: str, records: Iterable[dict], root: Path | None = None
+) -> Path | None:
+    """Replace the weights of the variants a finished check ran with their measured seconds (the sum
+    over its results.json records of the backend's cases); the others keep theirs. None when it ran
+    no case of the backend."""
+    measured: dict[str, float] = {}
+    for r in records:
+        if r.get("backend") != backend.name or not r.get("case"):
+            continue
+        extra = r.get("extra") or {}
+        case = (
+            GraphCase.from_dict(extra["graph_case"]) if "graph_case" in extra else Case.from_dict(r["case"])
+        )
+        key = repr(backend.variant_key(case))
+        measured[key] = measured.get(key, 0.0) + float(r.get("seconds") or 0.0)
+    if not measured:
+        return None
+    return _write(
+        backend, profile, {**read_weights(weights_path(backend.name, profile, root)), **measured}, root
+    )
+
+
+def _write(backend: Backend, profile: str, weights: dict[str, float], root: Path | None) -> Path:
     path = weights_path(backend.name, profile, root)
     path.parent.mkdir(parents=True, exist_ok=True)
     rounded = {k: round(w, 3) for k, w in sorted(weights.items())}
-    doc = {"format": FORMAT, "backend": backend.name, "profile": profile, "weights": rounded}
-    cache_dir.write_json(path, doc)
+    cache_dir.write_json(
+        path, {"format": FORMAT, "backend": backend.name, "profile": profile, "weights": rounded}
+    )
     return path
 
 
