@@ -442,8 +442,8 @@ def _check_parallel(
 ) -> int:
     """The suite as pytest processes, one per backend or per shard of one, `jobs` at once over
     `gpus`, in the schedule's order (harness/run/schedule.py, costs from harness/run/costs.py),
-    merged into one results.json and report in run_dir; the measured costs (and the variant weights of
-    backends split by variant) saved for the next run.
+    merged into one results.json and report in run_dir; the measured costs (and the weights of each
+    backend's variants, by which its shards split its cases) saved for the next run.
     With a `gate` (the warm-up running beside the check) a backend's parts wait for its libraries."""
     import time
 
@@ -473,9 +473,8 @@ def _check_parallel(
     if gate is None or not gate.compiled():
         ran = [(p.backend, p.code, p.seconds) for p in parts]
         costs.save(kept, selection, costs.measured(ran, startups), costs.shard_means(ran))
-        for name in names:  # how the next run's variant shards deal this backend's variants
-            if backends.load(name).variant_key is not None:
-                variant_shards.save_measured(backends.load(name), profile, records, kept)
+        for name in names:  # how the next run's shards deal each backend's variants
+            variant_shards.save_measured(backends.load(name), profile, records, kept)
     else:  # the parts shared the cores with the compiles: their times are not the check's cost
         print(f"timings not saved to {kept / costs.TIMINGS}: the warm-up compiled beside the check")
     environment = next((p.environment for p in parts if p.environment), {})

@@ -71,15 +71,25 @@ def test_a_variants_owner_is_the_same_in_every_process_and_the_keys_spread():
     assert set(here) == {0, 1, 2, 3} and max(here.count(i) for i in range(4)) <= len(keys) // 2
 
 
-def test_splitting_by_variant_needs_keys_several_shards_and_alike_draws(shard, gpu_draws):
-    keyed, plain = KeyedNative(), TorchNative()
-    assert not variant_shards.splits(keyed)  # not a shard
+def test_shards_split_by_variant_where_they_draw_alike(shard, gpu_draws):
+    assert not variant_shards.splits()  # not a shard
     shard(1, 2)
-    assert variant_shards.splits(keyed) and not variant_shards.splits(plain)
+    assert variant_shards.splits()
     profiles.load("ci")  # derandomized, but its target phase steers by what each shard measured
-    assert not variant_shards.splits(keyed)
+    assert not variant_shards.splits()
     with pytest.raises(ValueError, match="shard 2/2"):
         variant_shards.configure(2, 2)
+
+
+def test_a_backend_that_compiles_nothing_per_case_makes_each_case_its_own_variant(shard, gpu_draws):
+    """torch_native: its two shards split even cases that a keyed backend keeps together."""
+    plain, keyed = TorchNative(), KeyedNative()
+    cases = [case("DECODE", ((n, 1),)) for n in range(5, 45)]
+    assert plain.variant_key(cases[0]) == cases[0].to_json()
+    assert len({keyed.variant_key(c) for c in cases}) == 1
+    shard(0, 2)
+    assert len({variant_shards.elsewhere(plain, c) for c in cases}) == 2  # some here, some there
+    assert len({variant_shards.elsewhere(keyed, c) for c in cases}) == 1
 
 
 def _suite(tmp_path: Path, name: str, *args: str) -> list[dict]:
@@ -114,7 +124,7 @@ def test_two_variant_shards_check_exactly_the_cases_of_one_unsharded_run(tmp_pat
     and the merged run says it once."""
     whole = _suite(tmp_path, "whole")
     keys = {("bfloat16", 1): 9.0, ("bfloat16", 2): 1.0, ("float16", 3): 2.0}  # the rest unnamed: hashed
-    weights = {repr(k): w for k, w in keys.items()}
+    weights = {variant_shards.name(k): w for k, w in keys.items()}
     path = variant_shards.weights_path(KEYED, "gpu", tmp_path / "cache")
     path.parent.mkdir(parents=True)
     path.write_text(json.dumps({"format": variant_shards.FORMAT, "weights": weights}))
@@ -140,8 +150,9 @@ def test_two_variant_shards_check_exactly_the_cases_of_one_unsharded_run(tmp_pat
     assert sorted(map(json.dumps, (r for r in merged if not r["case"]))) == sorted(map(json.dumps, skips))
 
 
-def _collect(profile: str, *args: str) -> list[str]:
+def _collect(profile: str, *args: str, cache: Path | None = None) -> list[str]:
     env = {**os.environ, "ATTN_HARNESS_BACKENDS": KEYED, "ATTN_HARNESS_PROFILE": profile}
+    env[cache_dir.ENV] = str(cache or ROOT / ".no-such-cache")
     cmd = [sys.executable, "-m", "pytest", "cases", "--collect-only", "-q", "-p", "no:cacheprovider"]
     out = subprocess.run([*cmd, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
@@ -157,6 +168,23 @@ def test_collection_keeps_every_search_test_of_a_keyed_backend_and_splits_the_mo
         ids = _collect("gpu", "--harness-shard", f"{index}/2")
         assert [i for i in ids if i in searches] == searches
         assert [i for i in ids if i in models] == models[index::2]
+
+
+def test_the_weights_deal_whole_tests_too_and_the_unnamed_ones_split_by_index(tmp_path):
+    """A model check's measured seconds weigh it like a variant: the heaviest goes to shard 0, the
+    next to the lighter shard 1; those the weights do not name are split by index among themselves."""
+    models = [i for i in _collect("gpu") if "test_model_logprobs" in i]
+    weights = {variant_shards.TEST_KEY + models[0]: 50.0, variant_shards.TEST_KEY + models[1]: 1.0}
+    path = variant_shards.weights_path(KEYED, "gpu", tmp_path)
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({"format": variant_shards.FORMAT, "weights": weights}))
+    dealt = [
+        [i for i in _collect("gpu", "--harness-shard", f"{n}/2", cache=tmp_path) if i in models]
+        for n in (0, 1)
+    ]
+    rest = models[2:]
+    assert dealt[0] == [m for m in models if m == models[0] or m in rest[0::2]]
+    assert dealt[1] == [m for m in models if m == models[1] or m in rest[1::2]]
 
 
 def test_shards_split_the_tests_when_the_profile_targets():
@@ -183,14 +211,18 @@ def test_a_shard_follows_the_saved_weights_and_hashes_what_they_lack(shard, gpu_
     lines.append({"kind": "invariance", "case": named[0]})
     path = variant_shards.save_weights(backend, profiles.current(), lines, tmp_path)
     weights = variant_shards.read_weights(path)
-    assert weights[repr(backend.variant_key(named[0]))] == 5.015  # a trace, a numeric case, an invariance one
+    assert (
+        weights[variant_shards.name(backend.variant_key(named[0]))] == 5.015
+    )  # a trace, a numeric case, an invariance one
     dealt = variant_shards.deal(weights, 3)
     monkeypatch.setenv(cache_dir.ENV, str(tmp_path))
     hashed = [variant_shards.owner(backend.variant_key(c), 3) for c in named]
-    assert [dealt[repr(backend.variant_key(c))] for c in named] != hashed  # the test tells them apart
+    assert [
+        dealt[variant_shards.name(backend.variant_key(c))] for c in named
+    ] != hashed  # the test tells them apart
     shard(0, 3)
     assert [variant_shards.shard_of(backend, c, 3) for c in named] == [
-        dealt[repr(backend.variant_key(c))] for c in named
+        dealt[variant_shards.name(backend.variant_key(c))] for c in named
     ]
     assert variant_shards.shard_of(backend, other, 3) == variant_shards.owner(backend.variant_key(other), 3)
     path.write_text("{not json")
@@ -274,15 +306,20 @@ def test_a_check_measures_each_variants_seconds_and_keeps_the_unmeasured_weights
     )
     records = [_record(one, 2.0), _record(one, 0.5), _record(two, 1.25), _record(one, 9.0, graph=replay)]
     records += [_record(two, 7.0, backend="other"), {"backend": "torch_native", "case": None, "seconds": 3.0}]
+    model = {"backend": "torch_native", "case": None, "seconds": 12.5, "test_id": "cases/t.py::m[x]"}
+    records += [model, {**model, "test_id": "cases/t.py::skipped", "seconds": 0.0}]
     path = variant_shards.save_measured(backend, "gpu", records, tmp_path)
     key = backend.variant_key
     assert variant_shards.read_weights(path) == {
-        repr(key(one)): 2.5,
-        repr(key(two)): 1.25,
-        repr(key(replay)): 9.0,  # a replay is weighed by its first batch's variant, as it is dealt
-        repr(key(kept)): 1.015,  # not run: its modelled weight stays
+        variant_shards.name(key(one)): 2.5,
+        variant_shards.name(key(two)): 1.25,
+        variant_shards.name(
+            key(replay)
+        ): 9.0,  # a replay is weighed by its first batch's variant, as it is dealt
+        variant_shards.name(key(kept)): 1.015,  # not run: its modelled weight stays
+        "test cases/t.py::m[x]": 12.5,  # a whole test (a model check) with its seconds
     }
-    assert variant_shards.save_measured(backend, "gpu", records[4:], tmp_path) is None
+    assert variant_shards.save_measured(backend, "gpu", [records[4], records[-1]], tmp_path) is None
 
 
 class _CompiledGate:
@@ -329,4 +366,4 @@ def test_check_saves_the_measured_weights_unless_the_warm_up_compiled_beside_it(
     gate = _CompiledGate() if compiled else None
     assert cli._check_parallel(*args, gate=gate) == 0
     weights = variant_shards.read_weights(variant_shards.weights_path(KEYED, "gpu", cache))
-    assert weights == ({} if compiled else {repr(KeyedNative().variant_key(c)): 4.0})
+    assert weights == ({} if compiled else {variant_shards.name(KeyedNative().variant_key(c)): 4.0})

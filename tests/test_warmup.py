@@ -212,12 +212,12 @@ def test_flex_variants_are_the_recorded_cases_grouped_by_what_compiles_anew(monk
     # the recording's weights, for the check's variant shards: a trace and each case's kind
     weights = variant_shards.read_weights(variant_shards.weights_path("flex_compiled", "gpu"))
     assert weights == {
-        repr(key(base)): 1.03,  # base and same: two numeric cases
-        repr(key(scaled)): 1.015,
-        repr(key(one_row)): 1.015,
-        repr(key(long)): 1.015,
-        repr(key(per_request)): 5.0,
-        repr(key(replay)): 2.1,  # two graph replays of one captured kernel
+        variant_shards.name(key(base)): 1.03,  # base and same: two numeric cases
+        variant_shards.name(key(scaled)): 1.015,
+        variant_shards.name(key(one_row)): 1.015,
+        variant_shards.name(key(long)): 1.015,
+        variant_shards.name(key(per_request)): 5.0,
+        variant_shards.name(key(replay)): 2.1,  # two graph replays of one captured kernel
     }
     assert FLEX.note() == "6 drawn cases and 2 graph replays in 6 groups (record mode), 3 model checks"
 

@@ -7,14 +7,15 @@ can override exactly one of them.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable
+from collections.abc import Hashable
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any
 
 import torch
 
 from harness.core.batch import Batch
 from harness.core.case import KV_LAYOUTS, Case
+from harness.core.graph_case import GraphCase
 from harness.core.modes import Mode
 from harness.core.vocab import (
     CASE_FEATURES,
@@ -125,11 +126,6 @@ class Backend:
     name: str = "unnamed"
     library: str = "torch"
     capabilities: Capabilities
-    # What the backend compiles per case, as a key (cases with equal keys share a compiled kernel):
-    # a method `variant_key(case)` on a backend that compiles in each process (flex_compiled's
-    # dynamo traces), None on one that does not. A backend with keys is split across processes by
-    # key, so a process compiles only its share (harness/run/variant_shards.py).
-    variant_key: ClassVar[Callable[..., Hashable] | None] = None
 
     def available(self, device: str) -> str | None:
         """None if the backend can run on `device` here, else why not (becomes a skip reason).
@@ -169,6 +165,13 @@ class Backend:
         if pair:
             return c.reason("+".join(pair), f"{n} does not support {pair[0]} together with {pair[1]}")
         return None
+
+    def variant_key(self, case: Case | GraphCase) -> Hashable:
+        """What a process compiles for this case, as a key: cases with equal keys share what was
+        compiled for the first. By default each case is a variant of its own (nothing is compiled per
+        case). A check's processes split a backend's cases by this key (harness/run/variant_shards.py),
+        so a backend that compiles per case (flex_compiled) compiles only its share in each."""
+        return case.to_json()
 
     def run(self, batch: Batch) -> BackendOutput:
         raise NotImplementedError

@@ -3,9 +3,9 @@
 Registered by the root conftest.py. `--harness-results PATH` writes results.json; `--harness-report
 DIR` writes results.json, index.html and junit.xml into DIR (docs/reports.md); `--harness-progress`
 prints a progress line while the suite runs; `--harness-shard I/N` keeps every Nth test from the
-Ith, so N processes can split one backend's suite (harness/run/parallel.py), except that a backend
-with variant keys keeps every search test and checks its Ith share of the variants in each
-(harness/run/variant_shards.py). The summary table is
+Ith, so N processes can split one backend's suite (harness/run/parallel.py); where the shards draw
+alike (the `gpu` profile) each keeps every search test and checks its Ith share of the cases in
+each, by variant (harness/run/variant_shards.py). The summary table is
 printed at the end of any run that checked cases. Examples hypothesis tried while shrinking a
 failure (or crash, or hang) are dropped except the final (minimal) one, so a failure counts once; a
 failing one is rerun through the mask probe.
@@ -57,8 +57,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "--harness-shard",
         default=None,
         metavar="I/N",
-        help="run only the tests whose index (after -k/-m) modulo N is I, 0 <= I < N (a backend with "
-        "variant keys: every search test, checking the cases of the Ith share of its variants)",
+        help="run only the tests whose index (after -k/-m) modulo N is I, 0 <= I < N (in a profile "
+        "whose shards draw alike, such as gpu: every search test, checking the Ith share of its cases)",
     )
 
 
@@ -148,13 +148,17 @@ def _print_progress(config: pytest.Config, progress: Progress) -> None:
 
 @pytest.hookimpl(trylast=True)  # after -k and -m: the shards split what is selected, evenly
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Keep this shard's items: every search test of a backend split by variant, and every Nth of the
-    others; the rest are reported as deselected, so the counts add up."""
+    """Keep this shard's items: every search test where the shards split the cases by variant, the
+    whole tests the variant weights deal to this shard, and every Nth of the others; the rest are
+    reported as deselected, so the counts add up."""
     index, count = config.stash[_SHARD_KEY]
     if count == 1:
         return
     by_test = [item for item in items if not _split_by_variant(item)]
-    mine = {id(item) for i, item in enumerate(by_test) if i % count == index}
+    dealt = {id(item): _dealt_shard(item, count) for item in by_test}
+    by_index = [item for item in by_test if dealt[id(item)] is None]
+    mine = {id(item) for i, item in enumerate(by_index) if i % count == index}
+    mine |= {id(item) for item in by_test if dealt[id(item)] == index}
     dropped = [item for item in by_test if id(item) not in mine]
     items[:] = [item for item in items if id(item) in mine or _split_by_variant(item)]
     if dropped:
@@ -162,9 +166,20 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def _split_by_variant(item: pytest.Item) -> bool:
-    """Whether a test is a search of a backend whose shards split by variant (every shard runs it)."""
+    """Whether a test is a search whose cases the shards split by variant (every shard runs it)."""
     t = item.callspec.params.get("target") if hasattr(item, "callspec") else None
-    return isinstance(t, Target) and variant_shards.splits(t.backend())
+    return isinstance(t, Target) and variant_shards.splits()
+
+
+def _dealt_shard(item: pytest.Item, count: int) -> int | None:
+    """The shard the variant weights deal a whole test to (a model check), or None."""
+    params = item.callspec.params if hasattr(item, "callspec") else {}
+    name = params.get("backend_name")
+    if not isinstance(name, str) or not variant_shards.splits():
+        return None
+    from harness import backends
+
+    return variant_shards.shard_of_test(backends.load(name), item.nodeid, count)
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:

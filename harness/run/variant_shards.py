@@ -1,24 +1,27 @@
-"""Variant shards: N processes split a JIT backend's suite by compiled variant instead of by test.
+"""Variant shards: the N processes of a backend's check split its cases by variant, not its tests.
 
-A backend with a `variant_key` (harness/backends/base.py) compiles per variant in each process that
-meets the variant: flex_compiled's dynamo traces each one anew in every process, inductor's cache
-warm or not. Split by test (`--harness-shard I/N`), every shard meets nearly every variant, since
-each family draws most of them, so its shards barely shrank (two H100s: 3 shards of 106-114 s, 6 of
-76-95 s, about 53 s fixed each). Split by variant, every shard runs every search test and draws the
-same examples, but checks only the cases whose key it owns; it answers another shard's case
-unchecked, as record mode does (the check's skip when refused, else a pass), and records nothing for
-it. Hypothesis then sees the same search in every shard, and one shard checks and records each case.
+Every shard runs every search test of the backend and draws the same examples, but checks only the
+cases whose variant it owns (Backend.variant_key: by default each case is a variant of its own; a
+backend that compiles per case keys the cases that share a compile, as flex_compiled's dynamo
+traces each variant anew in every process). It answers another shard's case unchecked, as record
+mode does (the check's skip when refused, else a pass), and records nothing for it: hypothesis sees
+the same search in every shard, and one shard checks and records each case. Split by test instead,
+a shard is no shorter than its heaviest test (flex_compiled's graph family: about 60 replays of half
+a second each) and meets nearly every variant, since each family draws most of them: on two H100s
+3 flex_compiled shards took 106-114 s and 6 took 76-95 s. On one H100, flex_compiled alone in one
+process took 165 s, and 3 variant shards 69-72 s each (docs/bench.md).
 
 Draws are alike only in a derandomized profile without the target phase (`gpu`; `ci` has it): in
-another profile the shards split the backend's tests as for any backend. Tests without a search
-target (a model check) are split by index too (harness/run/pytest_plugin.py).
+another profile the shards split the tests, every Nth from the Ith. A test without a search target
+(a model check) is run whole by one shard (harness/run/pytest_plugin.py).
 
 Balance: each variant's weight, the seconds its cases take in the shard that owns it, is kept in
-the cache directory: modelled by the warm-up from what its recording drew (record mode), then
-measured by each check that did not compile (the sum of its cases' seconds, the first one's trace
-included). Every shard reads that file and deals the variants out the same way, heaviest first,
-each to the lightest shard. A variant the file lacks (no warm-up ran, or the draws changed) goes to
-the shard a hash of its key names.
+the cache directory: modelled by the warm-up from what its recording drew (record mode, for the
+backends it records), then measured by each check that did not compile (the sum of its cases'
+seconds, the first one's trace included). A test a shard runs whole is weighed too, by its measured
+seconds. Every shard reads that file and deals the variants and such tests out the same way,
+heaviest first, each to the lightest shard. A variant the file lacks (no check measured it yet, or
+the draws changed) goes to the shard a hash of its key names; a test it lacks, by index.
 """
 
 from __future__ import annotations
@@ -43,8 +46,9 @@ from harness.search import profiles
 # (dynamo's trace, inductor's cached kernels loaded): the weights that balance the shards.
 KIND_SECONDS = {"numeric": 0.015, "graph": 0.55, "invariance": 4.0}
 TRACE_SECONDS = 1.0
-WEIGHTS_DIR = "variants"  # in the cache directory: <backend>.<profile>.json
+WEIGHTS_DIR = "variants"  # in the cache directory: <backend>.<profile>.json, keyed by `name`
 FORMAT = "attn-harness-variant-weights"
+TEST_KEY = "test "  # + a test's node id: the weight of a test a shard runs whole
 ELSEWHERE = "elsewhere"  # the `extra` key of an answer for another shard's case: its shard, "I/N"
 _shard: tuple[int, int] = (0, 1)  # this process's (index, count); set from --harness-shard
 
@@ -63,10 +67,15 @@ def current() -> tuple[int, int]:
     return _shard
 
 
+def name(key: Hashable) -> str:
+    """A variant's name in the weights file and for the hash: 16 hex digits of the SHA-1 of its
+    repr, the same in every process (Python's own hash of a string is salted per process)."""
+    return hashlib.sha1(repr(key).encode()).hexdigest()[:16]
+
+
 def owner(key: Hashable, count: int) -> int:
-    """The shard of `count` that owns a variant no weights name: a hash of its repr, the same in every
-    process (Python's own hash of a string is salted per process)."""
-    return int.from_bytes(hashlib.sha1(repr(key).encode()).digest()[:8], "big") % count
+    """The shard of `count` that owns a variant no weights name: its name, as a number, modulo count."""
+    return int(name(key), 16) % count
 
 
 def weights_path(backend: str, profile: str, root: Path | None = None) -> Path:
@@ -80,7 +89,7 @@ def save_weights(backend: Backend, profile: str, drawn: Iterable[dict], root: Pa
     TRACE_SECONDS and KIND_SECONDS of each of its cases."""
     weights: dict[str, float] = {}
     for line in drawn:
-        key = repr(backend.variant_key(line["case"]))
+        key = name(backend.variant_key(line["case"]))
         weights[key] = weights.get(key, TRACE_SECONDS) + KIND_SECONDS[line["kind"]]
     return _write(backend, profile, weights, root)
 
@@ -89,17 +98,21 @@ def save_measured(
     backend: Backend, profile: str, records: Iterable[dict], root: Path | None = None
 ) -> Path | None:
     """Replace the weights of the variants a finished check ran with their measured seconds (the sum
-    over its results.json records of the backend's cases); the others keep theirs. None when it ran
-    no case of the backend."""
+    over its results.json records of the backend's cases), and of each test it ran whole (a record of
+    the test with seconds: a model check); the others keep theirs. None when it ran none of them."""
     measured: dict[str, float] = {}
     for r in records:
-        if r.get("backend") != backend.name or not r.get("case"):
+        if r.get("backend") != backend.name:
+            continue
+        if not r.get("case"):
+            if r.get("test_id") and float(r.get("seconds") or 0.0) > 0:
+                measured[TEST_KEY + r["test_id"]] = float(r["seconds"])
             continue
         extra = r.get("extra") or {}
         case = (
             GraphCase.from_dict(extra["graph_case"]) if "graph_case" in extra else Case.from_dict(r["case"])
         )
-        key = repr(backend.variant_key(case))
+        key = name(backend.variant_key(case))
         measured[key] = measured.get(key, 0.0) + float(r.get("seconds") or 0.0)
     if not measured:
         return None
@@ -144,12 +157,18 @@ def _dealt(backend: str, profile: str, count: int) -> dict[str, int]:
     return deal(read_weights(weights_path(backend, profile)), count)
 
 
+def shard_of_test(backend: Backend, nodeid: str, count: int) -> int | None:
+    """The shard of `count` that runs a whole test of the backend, as dealt from the saved weights;
+    None when they do not name it (the test is then split by index)."""
+    return _dealt(backend.name, profiles.current(), count).get(TEST_KEY + nodeid)
+
+
 def shard_of(backend: Backend, case: Case | GraphCase, count: int) -> int:
     """The shard of `count` that checks this case: its variant's, as dealt from the saved weights,
     else as hashed."""
     key = backend.variant_key(case)
     dealt = _dealt(backend.name, profiles.current(), count)
-    return dealt.get(repr(key), owner(key, count)) if dealt else owner(key, count)
+    return dealt.get(name(key), owner(key, count)) if dealt else owner(key, count)
 
 
 def same_draws() -> bool:
@@ -159,15 +178,15 @@ def same_draws() -> bool:
     return bool(settings().derandomize) and not profiles.steers_by_target()
 
 
-def splits(backend: Backend) -> bool:
-    """Whether this process checks only a share of the backend's variants: it is a shard, the backend
-    has variant keys and the shards draw alike (else they split its tests)."""
-    return _shard[1] > 1 and backend.variant_key is not None and same_draws()
+def splits() -> bool:
+    """Whether this process checks only its share of each search's cases: it is a shard and the
+    shards draw alike (else they split the tests)."""
+    return _shard[1] > 1 and same_draws()
 
 
 def elsewhere(backend: Backend, case: Case | GraphCase) -> bool:
     """Whether another shard owns this case's variant (so this one must not check it)."""
-    if not splits(backend):
+    if not splits():
         return False
     index, count = _shard
     return shard_of(backend, case, count) != index
