@@ -5,10 +5,10 @@ DIR` writes results.json, index.html and junit.xml into DIR (docs/reports.md); `
 prints a progress line while the suite runs; `--harness-shard I/N` keeps every Nth test from the
 Ith, so N processes can split one backend's suite (harness/run/parallel.py); where the shards draw
 alike (the `gpu` profile) each keeps every search test and checks its Ith share of the cases in
-each, by variant (harness/run/variant_shards.py). The summary table is
-printed at the end of any run that checked cases. Examples hypothesis tried while shrinking a
-failure (or crash, or hang) are dropped except the final (minimal) one, so a failure counts once; a
-failing one is rerun through the mask probe.
+each, by variant (harness/run/variant_shards.py). The summary table is printed at the end of any
+run that checked cases. Examples hypothesis tried while shrinking a failure (or crash, or hang) are
+dropped except the final (minimal) one, so a failure counts once; a failing one is rerun through
+the mask probe.
 
 A suite test (one that takes the `record` fixture) always leaves a record of how it ended: a test
 that failed without a failing case (the harness raised: build_batch, a reference, compare, this

@@ -41,11 +41,10 @@ from harness.core.results import CaseResult
 from harness.run import cache_dir, record_mode
 from harness.search import profiles
 
-# A case's seconds by check kind, the median on flex_compiled's shards on two H200s (the gpus bench of
-# 2026-11-26, gpu profile, caches warm), and the first case of a variant in a process beyond that
-# (dynamo's trace, inductor's cached kernels loaded): the weights that balance the shards.
-KIND_SECONDS = {"numeric": 0.015, "graph": 0.55, "invariance": 4.0}
-TRACE_SECONDS = 1.0
+# A case's mean seconds by check kind in flex_compiled's one-process check on an H100 (2026-11-27,
+# gpu profile, cache warm; each variant's first case, with its trace, included): the modelled
+# weights, until a check measures them.
+KIND_SECONDS = {"numeric": 0.142, "graph": 0.668, "invariance": 1.317}
 WEIGHTS_DIR = "variants"  # in the cache directory: <backend>.<profile>.json, keyed by `name`
 FORMAT = "attn-harness-variant-weights"
 TEST_KEY = "test "  # + a test's node id: the weight of a test a shard runs whole
@@ -86,11 +85,11 @@ def weights_path(backend: str, profile: str, root: Path | None = None) -> Path:
 
 def save_weights(backend: Backend, profile: str, drawn: Iterable[dict], root: Path | None = None) -> Path:
     """Write each variant's weight from the cases a check draws (record mode's lines: `kind`, `case`):
-    TRACE_SECONDS and KIND_SECONDS of each of its cases."""
+    the KIND_SECONDS of each of its cases."""
     weights: dict[str, float] = {}
     for line in drawn:
         key = name(backend.variant_key(line["case"]))
-        weights[key] = weights.get(key, TRACE_SECONDS) + KIND_SECONDS[line["kind"]]
+        weights[key] = weights.get(key, 0.0) + KIND_SECONDS[line["kind"]]
     return _write(backend, profile, weights, root)
 
 
