@@ -81,13 +81,13 @@ def parts(plan: Plan, parts_dir: Path) -> list[Part]:
     `<backend>.<I>of<N>.json` for shard I of N."""
     out = []
     for p in plan.parts:
-        stem = _file_name(p.backend) + (f".{p.shard}of{p.shards}" if p.shards > 1 else "")
+        stem = file_name(p.backend) + (f".{p.shard}of{p.shards}" if p.shards > 1 else "")
         files = (parts_dir / f"{stem}.json", parts_dir / f"{stem}.log")
         out.append(Part(p.backend, *files, p.shard, p.shards, expected=p.seconds))
     return out
 
 
-def _file_name(backend: str) -> str:
+def file_name(backend: str) -> str:
     """A backend name or module:factory spec as a file name."""
     return re.sub(r"[^A-Za-z0-9_.-]", "_", backend)
 

@@ -39,6 +39,7 @@ from harness.core.case import Case
 from harness.core.graph_case import GraphCase
 from harness.core.results import CaseResult
 from harness.run import cache_dir, record_mode
+from harness.run.parallel import file_name
 from harness.search import profiles
 
 # A case's mean seconds by check kind in flex_compiled's one-process check on an H100 (2026-11-27,
@@ -79,8 +80,7 @@ def owner(key: Hashable, count: int) -> int:
 
 def weights_path(backend: str, profile: str, root: Path | None = None) -> Path:
     """Where the weights of a backend's variants under a profile are kept."""
-    name = "".join(c if c.isalnum() or c in "_.-" else "_" for c in backend)
-    return (root or cache_dir.root()) / WEIGHTS_DIR / f"{name}.{profile}.json"
+    return (root or cache_dir.root()) / WEIGHTS_DIR / f"{file_name(backend)}.{profile}.json"
 
 
 def save_weights(backend: Backend, profile: str, drawn: Iterable[dict], root: Path | None = None) -> Path:
@@ -166,8 +166,7 @@ def shard_of(backend: Backend, case: Case | GraphCase, count: int) -> int:
     """The shard of `count` that checks this case: its variant's, as dealt from the saved weights,
     else as hashed."""
     key = backend.variant_key(case)
-    dealt = _dealt(backend.name, profiles.current(), count)
-    return dealt.get(name(key), owner(key, count)) if dealt else owner(key, count)
+    return _dealt(backend.name, profiles.current(), count).get(name(key), owner(key, count))
 
 
 def same_draws() -> bool:
