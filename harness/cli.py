@@ -759,6 +759,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         mutant_backends=args.backend,
         coldstart_timeout=args.coldstart_timeout,
         gpus_timeout=args.gpus_timeout,
+        gpus_results=Path(args.json).with_name(Path(args.json).stem + "-gpus"),
     )
     print(f"attn-harness bench on {device}: {', '.join(sections)}", flush=True)
     doc = bench.run(opts, lambda line: print(line, flush=True), lambda d: bench.write_json(args.json, d))

@@ -57,6 +57,24 @@ def test_primes_until_warm_then_one_gpu_then_every_gpu(monkeypatch, tmp_path):
     assert every.verdict == ("met" if every.speedup >= gpus.SPEEDUP_TARGET else "MISSED")
     assert all(r.exit == 0 and r.reason == "" for r in rows)
     assert made and list(made[0].iterdir()) == []  # its results and reports were removed
+    assert all(r.results == "" for r in rows)  # none kept: no place was given
+
+
+def test_each_checks_results_are_kept_where_asked_and_named_in_its_row(monkeypatch, tmp_path):
+    """Every case's seconds stay readable after the section (what bounded a run is in them)."""
+    _fake(monkeypatch, tmp_path)
+    kept = tmp_path / "bench-gpus"
+    rows = gpus.scaling("cuda", ["0", "1"], None, 60.0, keep=kept)
+    assert [Path(r.results).name for r in rows] == [
+        "0-prime.json",
+        "1-prime.json",
+        "2-one.json",
+        "3-all.json",
+    ]
+    for row in rows:
+        parts = json.loads(Path(row.results).read_text())["run"]["parts"]
+        assert [p["part"] for p in parts] == [p["part"] for p in row.parts]
+    assert sorted(p.name for p in kept.iterdir()) == sorted(Path(r.results).name for r in rows)  # no reports
 
 
 def test_judge_gives_the_speedup_its_verdict_and_what_bounds_it():
@@ -139,4 +157,12 @@ def test_the_cli_section_runs_only_when_asked_for_and_skips_without_a_gpu(tmp_pa
     out = tmp_path / "bench.json"
     assert cli.main(["bench", "--device", "cpu", "--section", "gpus", "--json", str(out)]) == 0
     (row,) = json.loads(out.read_text())["gpus"]
-    assert row["run"] == "skip" and "needs CUDA" in row["reason"]
+    assert row["run"] == "skip" and "needs CUDA" in row["reason"] and row["results"] == ""
+
+
+def test_the_cli_keeps_the_checks_results_beside_its_json(monkeypatch, tmp_path):
+    seen = []
+    monkeypatch.setattr(gpus, "scaling", lambda *args: seen.append(args[5]) or [])
+    out = tmp_path / "out" / "bench.json"
+    assert cli.main(["bench", "--device", "cpu", "--section", "gpus", "--json", str(out)]) == 0
+    assert seen == [tmp_path / "out" / "bench-gpus"]

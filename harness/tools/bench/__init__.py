@@ -53,6 +53,7 @@ class Options:
     mutant_backends: list[str] | None = None  # detection: only these backends' mutants (None: all)
     coldstart_timeout: float = 1800.0  # seconds for one run's check, its warm-up included
     gpus_timeout: float = 1800.0  # seconds for one check of the gpus section
+    gpus_results: Path | None = None  # where the gpus section keeps each check's results.json
 
 
 def run(
@@ -140,7 +141,7 @@ def run(
             keep("gpus", dataclasses.asdict(row))
 
         visible = visible_gpus() if opts.device == "cuda" else []
-        gpus.scaling(opts.device, visible, opts.mutant_backends, opts.gpus_timeout, scaled)
+        gpus.scaling(opts.device, visible, opts.mutant_backends, opts.gpus_timeout, scaled, opts.gpus_results)
     doc["passed"] = passed(doc)
     return doc
 

@@ -6,16 +6,17 @@ compiles what the cache lacks and saves the measured costs the schedule reads; r
 compiled, since a run that compiled saves none), then `check --gpus <first>` and `check --gpus <all>`,
 each with its default jobs (one per two cores, at most eight a GPU). A row gives the command's wall
 time and CPU time, its plan (processes, jobs, expected wall time), each GPU's busy time (the sum of
-its parts' seconds, from its results.json), its longest part and every part. The `all` row adds the
-speedup (the one-GPU wall over its own) against SPEEDUP_TARGET, and what bounds it: the longest part
-when it takes most of the wall time (more GPUs only help through more shards), the host when the
-check kept most of its cores busy (more GPUs add no cores), else the load (the parts' sum over the
-slots, and each process's fixed start).
+its parts' seconds, from its results.json, which is kept beside the bench's JSON), its longest part
+and every part. The `all` row adds the speedup (the one-GPU wall over its own) against
+SPEEDUP_TARGET, and what bounds it: the longest part when it takes most of the wall time (more GPUs
+only help through more shards), the host when the check kept most of its cores busy (more GPUs add
+no cores), else the load (the parts' sum over the slots, and each process's fixed start).
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -53,6 +54,7 @@ class GpuRow:
     verdict: str = ""  # all: met or MISSED against SPEEDUP_TARGET
     bound: str = ""  # all: "longest part", "host", both joined by "and", or "load"
     reason: str = ""  # why the run failed (its output's tail), or why the section was skipped
+    results: str = ""  # where the check's results.json was kept (every case's seconds), if it was
 
 
 def read_parts(row: GpuRow, results: Path) -> None:
@@ -117,14 +119,16 @@ def scaling(
     backends: list[str] | None,
     timeout: float,
     progress: Callable[[GpuRow], None] | None = None,
+    keep: Path | None = None,
 ) -> list[GpuRow]:
     """The priming check(s), then the check on `visible[0]`, then on every GPU in `visible`; a single
-    `skip` row with its reason off CUDA or with fewer than two GPUs."""
+    `skip` row with its reason off CUDA or with fewer than two GPUs. Each check's results.json is
+    copied into `keep` (`<n>-<run>.json`, named in its row) when given; its report is not kept."""
     profile, backends = "gpu", list(backends or [])
     say = progress or (lambda row: None)
     if device == "cuda" and len(visible) >= 2:
         with tempfile.TemporaryDirectory(prefix="attn-harness-gpus-") as tmp:
-            return _runs(visible, backends, profile, Path(tmp), timeout, say)
+            return _runs(visible, backends, profile, Path(tmp), timeout, say, keep)
     why = f"needs CUDA and at least 2 visible GPUs (device {device}, visible: {','.join(visible) or 'none'})"
     row = GpuRow("skip", list(visible), profile, backends, reason=why)
     say(row)
@@ -138,11 +142,16 @@ def _runs(
     tmp: Path,
     timeout: float,
     say: Callable[[GpuRow], None],
+    keep: Path | None,
 ) -> list[GpuRow]:
     rows: list[GpuRow] = []
 
     def run(name: str, gpus: list[str]) -> GpuRow:
-        row = measure(name, gpus, backends, profile, tmp / f"{len(rows)}-{name}.json", timeout)
+        results = tmp / f"{len(rows)}-{name}.json"
+        row = measure(name, gpus, backends, profile, results, timeout)
+        if keep is not None and results.is_file():
+            keep.mkdir(parents=True, exist_ok=True)
+            row.results = str(shutil.copy(results, keep / results.name))
         if name == "all":
             judge(rows[-1], row)
         rows.append(row)
