@@ -4,6 +4,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -67,6 +68,35 @@ def test_a_parallel_run_merges_every_backend_and_a_failure_fails_it(tmp_path):
     assert sorted(p["backend"] for p in doc["run"]["parts"]) == sorted(["torch_native", WINDOW_IGNORED])
     assert (run / "index.html").is_file() and (run / "junit.xml").is_file()
     assert len(list((run / "parts").glob("*.log"))) == 2
+    for part in doc["run"]["parts"]:  # where each part's seconds went, from its own results
+        own = results_json.load(run / "parts" / f"{parallel.file_name(part['backend'])}.json")
+        tests = own["run"]["test_s"]
+        assert tests and set(tests) == {r["test_id"] for r in own["results"]}
+        assert 0 < own["run"]["collect_s"] < own["run"]["elapsed_s"]
+        assert part["cases_s"] == round(sum(r["seconds"] or 0 for r in own["results"]), 3) > 0
+        assert part["cases_s"] <= part["tests_s"] == round(sum(tests.values()), 3)
+        assert 0 < part["startup_s"] < part["seconds"]
+        assert part["outside"][0][0] in tests and len(part["outside"]) == min(3, len(tests))
+
+
+def test_time_split_names_the_tests_with_the_most_time_outside_their_cases():
+    part = parallel.Part("b", Path("r.json"), Path("r.log"), seconds=30.0)
+    assert parallel.time_split(part) == {}  # no results read: nothing to split
+    part.run = {"elapsed_s": 26.0, "collect_s": 0.5, "test_s": {"t1": 10.0, "t2": 4.0, "t3": 9.0}}
+    part.records = [
+        {"test_id": "t1", "seconds": 9.5},  # 0.5 s outside its cases
+        {"test_id": "t2", "seconds": 1.0},
+        {"test_id": "t2", "seconds": None},  # a skip has no seconds
+        {"test_id": "t3", "seconds": 1.0},  # 8 s outside: the worker started here
+    ]
+    split = parallel.time_split(part, top=2)
+    assert split == {
+        "startup_s": 4.0,
+        "collect_s": 0.5,
+        "cases_s": 11.5,
+        "tests_s": 23.0,
+        "outside": [["t3", 8.0], ["t2", 3.0]],
+    }
 
 
 def test_a_planned_split_gives_each_shard_its_own_files_and_shard_option(tmp_path):

@@ -31,6 +31,7 @@ STATUS_EVERY_S = 30.0  # a line naming the running backends, between completions
 NO_TESTS = 5  # pytest: nothing collected (a backend with no test under the filters)
 INTERRUPTED = 2  # pytest's status for an interrupted run
 INTERRUPT_GRACE_S = 20.0  # for an interrupted pytest to write its results
+OUTSIDE_TOP = 3  # tests named per part in run.parts' `outside`
 
 
 @dataclass
@@ -50,6 +51,7 @@ class Part:
     code: int | None = None
     records: list[dict] = field(default_factory=list)
     environment: dict[str, str] = field(default_factory=dict)
+    run: dict = field(default_factory=dict)  # its results.json's run object
 
     @property
     def name(self) -> str:
@@ -108,7 +110,7 @@ def _finish(part: Part, code: int) -> None:
     if part.results.is_file():
         try:
             doc = results_json.load(part.results)
-            part.records, part.environment = doc["results"], doc["environment"]
+            part.records, part.environment, part.run = doc["results"], doc["environment"], doc["run"]
         except (OSError, results_json.ResultsError) as e:
             part.code = part.code or 3
             with part.log.open("a") as log:
@@ -217,7 +219,8 @@ def merged_records(parts: list[Part]) -> list[dict]:
 
 
 def part_records(parts: list[Part]) -> list[dict]:
-    """The parts for results.json's run.parts: name, GPU, seconds (actual and expected), exit status."""
+    """The parts for results.json's run.parts: name, GPU, seconds (actual and expected), exit status,
+    and where its seconds went (time_split)."""
     return [
         {
             "part": p.name,
@@ -228,6 +231,30 @@ def part_records(parts: list[Part]) -> list[dict]:
             "seconds": round(p.seconds, 3),
             "expected_s": round(p.expected, 1),
             "exit_status": p.code,
+            **time_split(p),
         }
         for p in parts
     ]
+
+
+def time_split(part: Part, top: int = OUTSIDE_TOP) -> dict:
+    """Where a part's seconds went, from its results: `startup_s` (before pytest configured: the
+    interpreter and imports; and writing its results), `collect_s`, `cases_s` (its cases' own seconds,
+    timed in the isolation worker), `tests_s` (its tests' wall time), and `outside` (the `top` tests
+    with the most wall time outside their cases, [test id, seconds]: drawing, the worker's start and
+    imports, backend loading). Empty for a part that left no results."""
+    if not part.run:
+        return {}
+    cases: dict[str, float] = {}
+    for r in part.records:
+        test = r.get("test_id") or ""
+        cases[test] = cases.get(test, 0.0) + (r.get("seconds") or 0.0)
+    tests = part.run.get("test_s", {})
+    outside = sorted(((t, s - cases.get(t, 0.0)) for t, s in tests.items()), key=lambda x: -x[1])[:top]
+    return {
+        "startup_s": round(part.seconds - part.run.get("elapsed_s", 0.0), 3),
+        "collect_s": part.run.get("collect_s", 0.0),
+        "cases_s": round(sum(cases.values()), 3),
+        "tests_s": round(sum(tests.values()), 3),
+        "outside": [[t, round(s, 3)] for t, s in outside],
+    }

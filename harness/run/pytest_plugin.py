@@ -37,6 +37,7 @@ _ITEM_KEY = pytest.StashKey[list]()
 _PROGRESS_KEY = pytest.StashKey[Progress]()
 _STARTED_KEY = pytest.StashKey[tuple]()
 _SHARD_KEY = pytest.StashKey[tuple]()
+_TIMES_KEY = pytest.StashKey[dict]()  # "collect": seconds to the end of collection; nodeid -> test wall
 PROGRESS_EVERY_S = 5.0  # while a test runs; a line is also printed when a test ends (at most 1/s)
 RECORD_LINE = "attn-harness RECORD MODE: drawn cases recorded to"
 TRACEBACK_CHARS = 20000  # of a harness error's traceback kept in its record
@@ -84,6 +85,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[_RESULTS_KEY] = []
     config.stash[_PROGRESS_KEY] = Progress()
     config.stash[_STARTED_KEY] = (time.time(), time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+    config.stash[_TIMES_KEY] = {}
     shard = config.getoption("--harness-shard")
     config.stash[_SHARD_KEY] = parse_shard(shard) if shard else (0, 1)
     variant_shards.configure(*config.stash[_SHARD_KEY])
@@ -186,6 +188,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     progress = session.config.stash[_PROGRESS_KEY]
     progress.total_tests = len(session.items)
     progress.examples_per_test = settings().max_examples  # of the loaded profile: the estimate's unit
+    session.config.stash[_TIMES_KEY]["collect"] = time.time() - session.config.stash[_STARTED_KEY][0]
 
 
 def probe_failure(result: CaseResult, target: Target) -> dict:
@@ -272,6 +275,8 @@ def _case_failure_only(report: pytest.TestReport, call: pytest.CallInfo) -> None
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):  # noqa: ANN201
     outcome = yield
     report = outcome.get_result()
+    tests = item.config.stash[_TIMES_KEY].setdefault("tests", {})
+    tests[item.nodeid] = tests.get(item.nodeid, 0.0) + report.duration
     if report.when == "teardown" or (report.when == "setup" and report.passed):
         return
     items: list[CaseResult] = item.stash.get(_ITEM_KEY, [])
@@ -301,6 +306,7 @@ def run_info(config: pytest.Config, exitstatus: int) -> dict:
     """The `run` object of results.json; its command is the user's (`check` passes it), else pytest's."""
     start, started = config.stash[_STARTED_KEY]
     command = config.getoption("--harness-command") or " ".join(["pytest", *config.invocation_params.args])
+    times = config.stash[_TIMES_KEY]
     return {
         "id": config.getoption("--harness-run-id") or time.strftime("%Y%m%d-%H%M%S", time.localtime(start)),
         "started": started,
@@ -308,6 +314,8 @@ def run_info(config: pytest.Config, exitstatus: int) -> dict:
         "profile": profiles.current(),
         "command": command,
         "exit_status": int(exitstatus),
+        "collect_s": round(times.get("collect", 0.0), 3),
+        "test_s": {k: round(v, 3) for k, v in times.get("tests", {}).items()},
     }
 
 

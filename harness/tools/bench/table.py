@@ -267,11 +267,15 @@ def _gpus(doc: dict) -> list[str]:
 
 
 def _longest_parts(row: dict, count: int = 5) -> str:
-    """A run's longest parts, each with its GPU and the seconds the plan expected of it."""
+    """A run's longest parts, each with its GPU, the seconds the plan expected of it and, where its
+    results said, how many of its seconds were its cases' own."""
     parts = sorted(row["parts"], key=lambda p: -p["seconds"])[:count]
-    shown = [
-        f"{p['part']} {p['seconds']:.0f} s (GPU {p['gpu']}, planned {p['expected_s']:.0f})" for p in parts
-    ]
+    shown = []
+    for p in parts:
+        cases = "" if p.get("cases_s") is None else f", cases {p['cases_s']:.0f}"
+        shown.append(
+            f"{p['part']} {p['seconds']:.0f} s (GPU {p['gpu']}, planned {p['expected_s']:.0f}{cases})"
+        )
     return f"  {row['run']}: longest parts: " + ", ".join(shown)
 
 
