@@ -173,6 +173,27 @@ def test_a_backend_that_serves_nothing_is_a_skip_with_the_reasons():
     assert res.status == "skip" and "soft cap" in res.reason
 
 
+class _CrossOnly(TorchNative):
+    name = "torch_native_cross"
+    capabilities = Capabilities(
+        modes=frozenset({Mode.CROSS}), dtypes=frozenset({"float32"}), devices=frozenset({"cpu"})
+    )
+
+
+def test_a_backend_with_none_of_the_step_modes_skips_before_any_model_is_built(monkeypatch):
+    def build(*args, **kwargs):
+        raise AssertionError("a model was built for a backend that can serve none of its steps")
+
+    monkeypatch.setattr(M.TinyModel, "build", build)
+    res = M.check_model(_CrossOnly(), "mistral", "cpu")
+    assert res.status == "skip"
+    assert res.reason == (
+        "the backend serves no step of this model: torch_native_cross implements none of its modes "
+        "(DECODE, DRAFT_EXTEND_V2, EXTEND, TARGET_VERIFY)"
+    )
+    assert M.no_step_mode(_NoDecode()) is None  # one mode is enough to serve
+
+
 class _Raises(TorchNative):
     def run(self, batch):
         if batch.mode == Mode.DECODE:

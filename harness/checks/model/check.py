@@ -347,6 +347,17 @@ def fallback_summary(fallback: dict[str, str]) -> str:
     return "; ".join(f"{', '.join(steps)}: {reason}" for reason, steps in by_reason.items())
 
 
+def no_step_mode(backend: Backend) -> str | None:
+    """Why the backend can serve no step of any model, known before a model is built: it implements
+    none of the modes the scenario's steps run in. Serving would fall back to torch_native on every
+    step and end in the same skip, after building the models and running them (10.5 s on an H200)."""
+    modes = {p.mode for p in scenario(PAGE_SIZE_PREFERENCE[0], 4, 2)}
+    if modes & backend.capabilities.modes:
+        return None
+    names = ", ".join(sorted(str(m) for m in modes))
+    return f"the backend serves no step of this model: {backend.name} implements none of its modes ({names})"
+
+
 def choose_layout(backend: Backend) -> tuple[int, str]:
     caps = backend.capabilities
     page = next((p for p in PAGE_SIZE_PREFERENCE if p in caps.page_sizes), min(caps.page_sizes))
@@ -438,6 +449,8 @@ def _check_model(
     why = backend.available(device)
     if why is None and DTYPE_NAMES[attn] not in backend.capabilities.dtypes:
         why = f"{backend.name} does not support dtype {DTYPE_NAMES[attn]}"
+    if why is None:
+        why = no_step_mode(backend)
     if why is None:
         try:
             import transformers  # noqa: F401
