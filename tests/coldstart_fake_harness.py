@@ -5,8 +5,8 @@ variable reached it from the parent's environment. FAKE_WARMUP_FAILED: variants 
 compile; FAKE_CHECK_EXIT: the check's status. Its "compile" burns BURN_SECONDS of CPU in a child
 process it waits for, and writes the CPU that child used to cpu.log beside the cache. With --results
 it writes a results.json as a parallel check does: PARTS parts of PART_SECONDS each, dealt round the
-GPUs of --gpus, JOBS_PER_GPU at once on each, each part and the plan expected at PART_SECONDS a part
-(FAKE_ONE_PROCESS=1: as one pytest process, no parts)."""
+GPUs of --gpus, JOBS_PER_GPU at once on each, each part and the plan expected at PART_SECONDS a part,
+its cases' own seconds a CASES_SHARE of its own (FAKE_ONE_PROCESS=1: as one pytest process, no parts)."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ BURN_SECONDS = 0.3
 PARTS = 6
 PART_SECONDS = 10.0
 JOBS_PER_GPU = 2
+CASES_SHARE = (0.5, 0.6)  # of a part's seconds, its cases' own: on one GPU, on several (20 % slower)
 BURN = (
     "import time\nt = time.process_time()\nwhile time.process_time() - t < {s}: pass\n"
     "print(time.process_time())"
@@ -56,8 +57,15 @@ def _results(path: Path, gpus: list[str]) -> None:
     from harness.report import results_json
 
     seconds = [PART_SECONDS + i * 5 % PARTS for i in range(PARTS)]  # the longest is not the last
+    share = CASES_SHARE[min(len(gpus), 2) - 1]
     parts = [
-        {"part": f"fake[{i}/{PARTS}]", "gpu": gpus[i % len(gpus)], "seconds": s, "expected_s": PART_SECONDS}
+        {
+            "part": f"fake[{i}/{PARTS}]",
+            "gpu": gpus[i % len(gpus)],
+            "seconds": s,
+            "expected_s": PART_SECONDS,
+            "cases_s": s * share,
+        }
         for i, s in enumerate(seconds)
     ]
     jobs = JOBS_PER_GPU * len(gpus)

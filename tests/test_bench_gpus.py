@@ -51,7 +51,15 @@ def test_primes_until_warm_then_one_gpu_then_every_gpu(monkeypatch, tmp_path):
     assert (every.longest, every.longest_seconds) == ("fake[1/6]", 15.0)
     assert (one.expected, every.expected) == (30.0, 15.0)  # the plan's, from run.expected_s
     assert [p["part"] for p in every.parts] == [f"fake[{i}/6]" for i in range(6)]
-    assert every.parts[1] == {"part": "fake[1/6]", "gpu": "1", "seconds": 15.0, "expected_s": 10.0}
+    assert every.parts[1] == {
+        "part": "fake[1/6]",
+        "gpu": "1",
+        "seconds": 15.0,
+        "expected_s": 10.0,
+        "cases_s": 9.0,
+    }
+    assert (one.cases_s, every.cases_s) == (37.5, 45.0)  # the fake's cases are 20 % slower on two GPUs
+    assert one.cases_growth is None and every.cases_growth == 0.2 and "slower cases" in every.bound
     assert all(r.cpu_seconds > 0 and r.cores == os.cpu_count() for r in rows)
     assert one.speedup is None and every.speedup == round(one.seconds / every.seconds, 3)
     assert every.verdict == ("met" if every.speedup >= gpus.SPEEDUP_TARGET else "MISSED")
@@ -143,13 +151,13 @@ def test_the_table_shows_each_run_and_the_speedup(monkeypatch, tmp_path):
     (line,) = [r for r in text.splitlines() if r.startswith("all ")]
     load = f"{every.cpu_seconds / (every.seconds * every.cores):.0%}"
     assert line.split()[2:5] == [f"{every.seconds:.2f}", "15.00", load]  # check s, planned s, host CPU
-    longest = "fake[1/6] 15 s (GPU 1, planned 10), fake[2/6] 14 s (GPU 0, planned 10)"
+    longest = "fake[1/6] 15 s (GPU 1, planned 10, cases 9), fake[2/6] 14 s (GPU 0, planned 10, cases 8)"
     assert f"  all: longest parts: {longest}, " in text
-    assert "  one: longest parts: fake[1/6] 15 s (GPU 0, planned 10), " in text
+    assert "  one: longest parts: fake[1/6] 15 s (GPU 0, planned 10, cases 8), " in text
     assert "prime: longest parts" not in text
     every = rows[-1]
     line = f"  speedup {every.speedup:.2f} on 2 GPUs (target 1.7: {every.verdict}); bound by {every.bound}"
-    assert line in text
+    assert line + "; cases' own seconds +20% against one GPU (45 s)" in text
 
 
 def test_the_cli_section_runs_only_when_asked_for_and_skips_without_a_gpu(tmp_path):

@@ -30,6 +30,7 @@ SPLIT_KEYS = ("startup_s", "collect_s", "cases_s", "tests_s", "outside")  # para
 SPEEDUP_TARGET = 1.7  # two GPUs against one (issue 24)
 LONGEST_BOUND = 0.8  # a longest part over this fraction of the wall time bounds the run
 HOST_BOUND = 0.8  # a check whose CPU time is over this fraction of wall time x cores is bound by the host
+SLOWER_CASES_BOUND = 0.1  # the same cases' own seconds this much longer on every GPU than on one
 PRIMES = 2  # priming checks at most: the second only when the first compiled
 
 
@@ -51,6 +52,8 @@ class GpuRow:
     longest: str = ""  # the longest part
     longest_seconds: float = 0.0
     parts: list[dict] = field(default_factory=list)  # each: part, gpu, seconds, expected_s, SPLIT_KEYS
+    cases_s: float | None = None  # its parts' cases' own seconds; None: its check kept no time split
+    cases_growth: float | None = None  # all: its cases_s over the one row's, less 1 (both known)
     speedup: float | None = None  # all: the one row's seconds over this row's
     verdict: str = ""  # all: met or MISSED against SPEEDUP_TARGET
     bound: str = ""  # all: "longest part", "host", both joined by "and", or "load"
@@ -71,6 +74,8 @@ def read_parts(row: GpuRow, results: Path) -> None:
         row.busy[gpu] = round(row.busy.get(gpu, 0.0) + part["seconds"], 3)
         if part["seconds"] > row.longest_seconds:
             row.longest, row.longest_seconds = part["part"], part["seconds"]
+    if row.parts and all("cases_s" in p for p in row.parts):
+        row.cases_s = round(sum(p["cases_s"] for p in row.parts), 3)
 
 
 def measure(
@@ -107,6 +112,10 @@ def judge(one: GpuRow, every: GpuRow) -> None:
         bounds.append("longest part")
     if host_load(every.cpu_seconds, every.seconds, every.cores) >= HOST_BOUND:
         bounds.append("host")
+    if one.cases_s and every.cases_s is not None:  # both checks drew the same cases (the gpu profile)
+        every.cases_growth = round(every.cases_s / one.cases_s - 1, 3)
+        if every.cases_growth >= SLOWER_CASES_BOUND:
+            bounds.append("slower cases")
     every.bound = " and ".join(bounds) or "load"
 
 

@@ -256,7 +256,7 @@ def _gpus(doc: dict) -> list[str]:
     out += _grid(head, cells)
     out += [
         f"  speedup {r['speedup']:.2f} on {len(r['gpus'])} GPUs (target {SPEEDUP_TARGET}: {r['verdict']}); "
-        f"bound by {r['bound']}"
+        f"bound by {r['bound']}{_cases_growth(r)}"
         for r in rows
         if r["speedup"] is not None
     ]
@@ -264,6 +264,14 @@ def _gpus(doc: dict) -> list[str]:
     out += [f"  {r['run']}: {r['reason'].splitlines()[0]}" for r in rows if r["reason"]]
     out.append("")
     return out
+
+
+def _cases_growth(row: dict) -> str:
+    """How much longer the same cases took, in their own seconds, on every GPU than on one."""
+    growth = row.get("cases_growth")
+    if growth is None:
+        return ""
+    return f"; cases' own seconds {growth:+.0%} against one GPU ({row['cases_s']:.0f} s)"
 
 
 def _longest_parts(row: dict, count: int = 5) -> str:
