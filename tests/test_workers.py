@@ -136,13 +136,17 @@ def test_a_worker_that_cannot_be_spawned_raises_one_error_and_stops_cleanly(monk
     does not raise."""
     import multiprocessing.context
 
-    def refuse(self):  # noqa: ANN001, ANN202
-        raise RuntimeError("An attempt has been made to start a new process before the bootstrapping phase")
+    def refuse(self):  # noqa: ANN001, ANN202 - multiprocessing's text starts on a new line, indented
+        raise RuntimeError(
+            "\n        An attempt has been made to start a new process before\n        the current"
+        )
 
     monkeypatch.setattr(multiprocessing.context.SpawnProcess, "start", refuse)
     w = workers.Worker("unspawnable", preload=())
-    with pytest.raises(workers.WorkerError, match="could not be spawned: RuntimeError"):
+    with pytest.raises(workers.WorkerError) as raised:
         w.start()
+    why = "RuntimeError: An attempt has been made to start a new process before the current"
+    assert str(raised.value) == f"worker could not be spawned: {why}"  # one line: a record keeps the first
     assert w.proc is None and w.conn is None and w.log_path is None
     w.stop()
 

@@ -187,7 +187,8 @@ class Worker:
                 child.close()
                 self.proc = None
                 self.stop()
-                raise WorkerError(f"worker could not be spawned: {type(e).__name__}: {e}") from e
+                why = " ".join(str(e).split())  # one line: multiprocessing's text starts with one break
+                raise WorkerError(f"worker could not be spawned: {type(e).__name__}: {why}") from e
         child.close()
         self.mark = 0
         self.started += 1
