@@ -10,7 +10,9 @@ its parts' seconds, from its results.json, which is kept beside the bench's JSON
 and every part. The `all` row adds the speedup (the one-GPU wall over its own) against
 SPEEDUP_TARGET, and what bounds it: the longest part when it takes most of the wall time (more GPUs
 only help through more shards), the host when the check kept most of its cores busy (more GPUs add
-no cores), else the load (the parts' sum over the slots, and each process's fixed start).
+no cores), slower cases when the same cases took longer in their own seconds than on one GPU (its
+processes slowed each other), else the load (the parts' sum over the slots, and each process's fixed
+start).
 """
 
 from __future__ import annotations
@@ -56,7 +58,7 @@ class GpuRow:
     cases_growth: float | None = None  # all: its cases_s over the one row's, less 1 (both known)
     speedup: float | None = None  # all: the one row's seconds over this row's
     verdict: str = ""  # all: met or MISSED against SPEEDUP_TARGET
-    bound: str = ""  # all: "longest part", "host", both joined by "and", or "load"
+    bound: str = ""  # all: "longest part", "host", "slower cases", those applying joined by "and", or "load"
     reason: str = ""  # why the run failed (its output's tail), or why the section was skipped
     results: str = ""  # where the check's results.json was kept (every case's seconds), if it was
 
