@@ -291,7 +291,7 @@ def _unavailable(names: list[str], device: str) -> list[str]:
 
 def cmd_check(args: argparse.Namespace) -> int:
     from harness import backends, report
-    from harness.run import record_mode
+    from harness.run import parallel, record_mode
     from harness.search import profiles
     from harness.search.suite import BACKENDS_ENV
 
@@ -369,6 +369,8 @@ def cmd_check(args: argparse.Namespace) -> int:
         gate.start()
     if jobs > 1:  # no cache: processes at once would overwrite each other's last-failed set (--lf)
         cmd += ["-p", "no:cacheprovider"]
+        if cuda:
+            env.update(parallel.cuda_threads(env))
         selection = f"profile {profile}; -m {' and '.join(marks)}; -k {args.k or ''}"
         code = _check_parallel(
             cmd, env, names, jobs, gpus, run_dir, profile, args.results, selection, where.cwd,

@@ -15,8 +15,9 @@ from harness.core import timing
 from harness.core.modes import Mode
 from harness.mutants import by_name
 from harness.run import mutation
+from harness.run.workers import Outcome
 from harness.tools import bench
-from harness.tools.bench import opcount, throughput
+from harness.tools.bench import opcount, processes, throughput
 from harness.tools.bench import phases as bench_phases
 from harness.tools.bench.cases import MAX_BATCH, MAX_TOKENS, MIX_SHAPE, mix
 from harness.tools.bench.processes import parallel_passes
@@ -310,6 +311,28 @@ def test_a_pass_runs_from_the_barrier_not_from_a_late_workers_start():
         released = max(end for _, end in spans)
     here = [(r.status, r.reason) for r in throughput.one_pass(backend, cases, "cpu")[0]]
     assert par.found == [here, here] and {status for status, _ in here} == {"pass"}
+
+
+@pytest.mark.parametrize(("device", "env"), [("cuda", {"OMP_NUM_THREADS": "1"}), ("cpu", {})])
+def test_workers_get_the_threads_a_check_gives_its_parts(monkeypatch, device, env):
+    """On CUDA the workers run with the CPU threads of `check --jobs`'s parts (parallel.cuda_threads),
+    so the rate they measure is that of the check's processes; on the CPU torch's default."""
+    made = []
+
+    class NoWorker:
+        def __init__(self, name=None, env=None, preload=()):  # noqa: ANN001
+            made.append(env)
+
+        def call(self, fn, args, timeout):  # noqa: ANN001
+            return Outcome("raised", error="not started")
+
+        def stop(self, kill=False):  # noqa: ANN001
+            pass
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(processes, "Worker", NoWorker)
+    par = parallel_passes(load("torch_native"), device, [], workers=2, repeat=1)
+    assert made == [env, env] and par.error.startswith("worker 0: ")
 
 
 @pytest.mark.parametrize(

@@ -68,10 +68,11 @@ def two_gpus(monkeypatch):
 
     def fake_parallel(cmd, env, names, jobs, gpus, *rest):  # noqa: ANN001, ANN002, ANN202
         seen.update(jobs=jobs, gpus=gpus, visible=env.get("CUDA_VISIBLE_DEVICES"))
+        seen.update(threads=env.get("OMP_NUM_THREADS"))
         return 0
 
     def fake_run(cmd, cwd, env):  # noqa: ANN001, ANN202
-        seen.update(jobs=1, visible=env.get("CUDA_VISIBLE_DEVICES"))
+        seen.update(jobs=1, visible=env.get("CUDA_VISIBLE_DEVICES"), threads=env.get("OMP_NUM_THREADS"))
         return subprocess.CompletedProcess(cmd, 0)
 
     monkeypatch.setattr(cli, "_check_parallel", fake_parallel)
@@ -93,9 +94,30 @@ def test_check_spreads_over_every_visible_gpu_unless_told_and_scales_its_jobs(
     assert two_gpus["visible"] == (",".join(gpus) if "--gpus" in args else inherited)
 
 
-def test_one_process_on_the_gpus_given_sees_only_them(two_gpus, tmp_path):
+def test_one_process_on_the_gpus_given_sees_only_them(two_gpus, tmp_path, monkeypatch):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     assert main(["check", "--reports", str(tmp_path), "--gpus", "1", "--jobs", "1"]) == 0
-    assert two_gpus == {"jobs": 1, "visible": "1"}
+    assert two_gpus == {"jobs": 1, "visible": "1", "threads": None}  # alone: torch's default threads
+
+
+@pytest.mark.parametrize(("given", "threads"), [(None, "1"), ("6", "6")])
+def test_the_processes_of_a_cuda_check_get_one_cpu_thread_unless_the_user_chose(
+    two_gpus, tmp_path, monkeypatch, given, threads
+):
+    """16 parts' workers, each with torch's thread per core, oversubscribed a 32-core host
+    (parallel.CUDA_PART_THREADS); a user's OMP_NUM_THREADS is kept."""
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    if given:
+        monkeypatch.setenv("OMP_NUM_THREADS", given)
+    assert main(["check", "--reports", str(tmp_path)]) == 0
+    assert two_gpus["jobs"] == 16 and two_gpus["threads"] == threads
+
+
+def test_the_processes_of_a_cpu_check_keep_torchs_threads(two_gpus, tmp_path, monkeypatch):
+    """A CPU check's references are float64 arithmetic on the host: its threads are its speed."""
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    assert main(["check", "--reports", str(tmp_path), "--device", "cpu", "--jobs", "2"]) == 0
+    assert two_gpus["jobs"] == 2 and two_gpus["threads"] is None
 
 
 @pytest.mark.parametrize(

@@ -32,6 +32,11 @@ NO_TESTS = 5  # pytest: nothing collected (a backend with no test under the filt
 INTERRUPTED = 2  # pytest's status for an interrupted run
 INTERRUPT_GRACE_S = 20.0  # for an interrupted pytest to write its results
 OUTSIDE_TOP = 3  # tests named per part in run.parts' `outside`
+# torch's CPU threads (OMP_NUM_THREADS) in each process of a CUDA check run several at once. A CUDA
+# case's host work is Python and launches; torch's default pool (a thread per core) in every part's
+# worker oversubscribed the cores: on 2 x H200 (32 cores), three backends checked in 16 parts took 56 %
+# more case seconds than in 8 parts on one GPU with the default, 16 % with one thread (docs/bench.md).
+CUDA_PART_THREADS = 1
 
 
 @dataclass
@@ -92,6 +97,12 @@ def parts(plan: Plan, parts_dir: Path) -> list[Part]:
 def file_name(backend: str) -> str:
     """A backend name or module:factory spec as a file name."""
     return re.sub(r"[^A-Za-z0-9_.-]", "_", backend)
+
+
+def cuda_threads(env: dict[str, str]) -> dict[str, str]:
+    """OMP_NUM_THREADS for the processes of a CUDA check run several at once, unless `env` (the
+    user's) already sets it."""
+    return {} if "OMP_NUM_THREADS" in env else {"OMP_NUM_THREADS": str(CUDA_PART_THREADS)}
 
 
 def part_env(env: dict[str, str], backends_env: str, part: Part) -> dict[str, str]:

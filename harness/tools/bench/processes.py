@@ -8,6 +8,7 @@ finished the step before (the warm-up or the previous pass), so a slow warm-up n
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -16,6 +17,7 @@ from harness.backends import load
 from harness.backends.base import Backend
 from harness.checks.numeric import check_case
 from harness.core.case import Case
+from harness.run import parallel
 from harness.run.workers import Outcome, Worker, WorkerError, concurrently
 
 # A worker silent this long (its warm-up compiles included) is stuck.
@@ -77,7 +79,8 @@ def parallel_passes(
     """The mix checked by `workers` processes sharing the device: a warm-up, then `repeat` passes
     all started together. A worker that raises, dies or stays silent for `timeout` seconds ends
     the measurement with the passes completed before it."""
-    pool = [Worker(name=f"bench-worker-{w}", preload=PRELOAD) for w in range(workers)]
+    threads = parallel.cuda_threads(dict(os.environ)) if device == "cuda" else {}  # as check's parts
+    pool = [Worker(name=f"bench-worker-{w}", env=threads, preload=PRELOAD) for w in range(workers)]
     shares = [cases[w::workers] for w in range(workers)]
 
     def call(w: int, fn: Callable) -> Outcome:
