@@ -17,7 +17,7 @@ import json
 import re
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
@@ -99,7 +99,7 @@ def file_name(backend: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]", "_", backend)
 
 
-def cuda_threads(env: dict[str, str]) -> dict[str, str]:
+def cuda_threads(env: Mapping[str, str]) -> dict[str, str]:
     """OMP_NUM_THREADS for the processes of a CUDA check run several at once, unless `env` (the
     user's) already sets it."""
     return {} if "OMP_NUM_THREADS" in env else {"OMP_NUM_THREADS": str(CUDA_PART_THREADS)}

@@ -11,8 +11,8 @@ and every part. The `all` row adds the speedup (the one-GPU wall over its own) a
 SPEEDUP_TARGET, and what bounds it: the longest part when it takes most of the wall time (more GPUs
 only help through more shards), the host when the check kept most of its cores busy (more GPUs add
 no cores), slower cases when the same cases took longer in their own seconds than on one GPU (its
-processes slowed each other), else the load (the parts' sum over the slots, and each process's fixed
-start).
+processes slowed each other, or more shards each repeated a process's first-use work: a trace, a
+plan per shape), else the load (the parts' sum over the slots, and each process's fixed start).
 """
 
 from __future__ import annotations

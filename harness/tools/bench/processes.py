@@ -79,7 +79,7 @@ def parallel_passes(
     """The mix checked by `workers` processes sharing the device: a warm-up, then `repeat` passes
     all started together. A worker that raises, dies or stays silent for `timeout` seconds ends
     the measurement with the passes completed before it."""
-    threads = parallel.cuda_threads(dict(os.environ)) if device == "cuda" else {}  # as check's parts
+    threads = parallel.cuda_threads(os.environ) if device == "cuda" else {}  # as check's parts
     pool = [Worker(name=f"bench-worker-{w}", env=threads, preload=PRELOAD) for w in range(workers)]
     shares = [cases[w::workers] for w in range(workers)]
 
