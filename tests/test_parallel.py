@@ -97,6 +97,7 @@ def test_time_split_names_the_tests_with_the_most_time_outside_their_cases():
         "tests_s": 23.0,
         "outside": [["t3", 8.0], ["t2", 3.0]],
     }
+    assert tuple(split) == parallel.TIME_SPLIT_KEYS  # what the gpus bench keeps of each part
 
 
 def test_a_planned_split_gives_each_shard_its_own_files_and_shard_option(tmp_path):

@@ -32,6 +32,7 @@ NO_TESTS = 5  # pytest: nothing collected (a backend with no test under the filt
 INTERRUPTED = 2  # pytest's status for an interrupted run
 INTERRUPT_GRACE_S = 20.0  # for an interrupted pytest to write its results
 OUTSIDE_TOP = 3  # tests named per part in run.parts' `outside`
+TIME_SPLIT_KEYS = ("startup_s", "collect_s", "cases_s", "tests_s", "outside")  # what time_split gives
 # torch's CPU threads (OMP_NUM_THREADS) in each process of a CUDA check run several at once. A CUDA
 # case's host work is Python and launches; torch's default pool (a thread per core) in every part's
 # worker oversubscribed the cores: on 2 x H200 (32 cores), three backends checked in 16 parts took 56 %

@@ -26,9 +26,9 @@ from pathlib import Path
 
 from harness.report import results_json
 from harness.run import cache_dir
+from harness.run.parallel import TIME_SPLIT_KEYS
 from harness.tools.bench import harness_child
 
-SPLIT_KEYS = ("startup_s", "collect_s", "cases_s", "tests_s", "outside")  # parallel.time_split
 SPEEDUP_TARGET = 1.7  # two GPUs against one (issue 24)
 LONGEST_BOUND = 0.8  # a longest part over this fraction of the wall time bounds the run
 HOST_BOUND = 0.8  # a check whose CPU time is over this fraction of wall time x cores is bound by the host
@@ -53,7 +53,7 @@ class GpuRow:
     busy: dict[str, float] = field(default_factory=dict)  # GPU -> the sum of its parts' seconds
     longest: str = ""  # the longest part
     longest_seconds: float = 0.0
-    parts: list[dict] = field(default_factory=list)  # each: part, gpu, seconds, expected_s, SPLIT_KEYS
+    parts: list[dict] = field(default_factory=list)  # each: part, gpu, seconds, expected_s, TIME_SPLIT_KEYS
     cases_s: float | None = None  # its parts' cases' own seconds; None: its check kept no time split
     cases_growth: float | None = None  # all: its cases_s over the one row's, less 1 (both known)
     speedup: float | None = None  # all: the one row's seconds over this row's
@@ -70,7 +70,7 @@ def read_parts(row: GpuRow, results: Path) -> None:
         raise ValueError("the check ran as one pytest process (one job on this machine): no parts")
     row.processes, row.jobs, row.expected = len(run["parts"]), run["jobs"], run.get("expected_s", 0.0)
     for part in run["parts"]:
-        split = {k: part[k] for k in SPLIT_KEYS if k in part}  # a check from before they were kept has none
+        split = {k: part[k] for k in TIME_SPLIT_KEYS if k in part}  # none from a check before they were kept
         row.parts.append({**{k: part.get(k) for k in ("part", "gpu", "seconds", "expected_s")}, **split})
         gpu = str(part["gpu"])
         row.busy[gpu] = round(row.busy.get(gpu, 0.0) + part["seconds"], 3)
