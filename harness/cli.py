@@ -291,7 +291,7 @@ def _unavailable(names: list[str], device: str) -> list[str]:
 
 def cmd_check(args: argparse.Namespace) -> int:
     from harness import backends, report
-    from harness.run import parallel, record_mode
+    from harness.run import isolation, parallel, prestart, record_mode
     from harness.search import profiles
     from harness.search.suite import BACKENDS_ENV
 
@@ -336,7 +336,9 @@ def cmd_check(args: argparse.Namespace) -> int:
     except OSError as e:
         raise UsageError(f"cannot create a report directory under {args.reports}: {e}") from None
     where = suite()
-    cmd = [sys.executable, "-m", "pytest", str(where.path), "-q", *where.options]
+    early = cuda and isolation.enabled("cuda")  # each pytest process spawns its worker as it starts
+    cmd = [sys.executable, "-m", "pytest", str(where.path), "-q", *(prestart.OPTIONS if early else ())]
+    cmd += where.options
     if marks:
         cmd += ["-m", " and ".join(marks)]
     if args.k:
@@ -348,6 +350,8 @@ def cmd_check(args: argparse.Namespace) -> int:
         cmd.append("--harness-no-probe")
     env = {k: v for k, v in os.environ.items() if k != BACKENDS_ENV}
     env["ATTN_HARNESS_PROFILE"] = profile
+    if early:
+        env[prestart.ENV] = "1"
     if args.gpus:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
     env.update(where.env)

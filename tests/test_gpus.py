@@ -10,7 +10,7 @@ import pytest
 
 from harness import cli
 from harness.cli import main
-from harness.run import isolation, parallel, schedule, warm_gate
+from harness.run import isolation, parallel, prestart, schedule, warm_gate
 from tests.helpers import IdleGate
 
 CHILD = """
@@ -58,6 +58,17 @@ def test_without_gpus_the_parts_keep_the_environment_they_were_given(tmp_path):
     assert "per GPU" not in lines[1]
 
 
+def early_worker(cmd: list[str], env: dict[str, str]) -> bool:
+    """Whether the pytest command spawns its isolation worker as it starts: prestart's module loaded
+    ahead of the harness's plugin (which imports torch), and asked to."""
+    plugins = [cmd[i + 1] for i, arg in enumerate(cmd) if arg == "-p"]
+    loaded = "harness.run.prestart" in plugins
+    if loaded:
+        assert plugins.index("harness.run.prestart") < plugins.index("harness.run.pytest_plugin")
+    assert loaded == (env.get(prestart.ENV) == "1")
+    return loaded
+
+
 @pytest.fixture
 def two_gpus(monkeypatch):
     """A CUDA machine with GPUs 0 and 1 visible and 32 cores, as far as `check` can tell."""
@@ -68,11 +79,12 @@ def two_gpus(monkeypatch):
 
     def fake_parallel(cmd, env, names, jobs, gpus, *rest):  # noqa: ANN001, ANN002, ANN202
         seen.update(jobs=jobs, gpus=gpus, visible=env.get("CUDA_VISIBLE_DEVICES"))
-        seen.update(threads=env.get("OMP_NUM_THREADS"))
+        seen.update(threads=env.get("OMP_NUM_THREADS"), early=early_worker(cmd, env))
         return 0
 
     def fake_run(cmd, cwd, env):  # noqa: ANN001, ANN202
         seen.update(jobs=1, visible=env.get("CUDA_VISIBLE_DEVICES"), threads=env.get("OMP_NUM_THREADS"))
+        seen.update(early=early_worker(cmd, env))
         return subprocess.CompletedProcess(cmd, 0)
 
     monkeypatch.setattr(cli, "_check_parallel", fake_parallel)
@@ -97,7 +109,7 @@ def test_check_spreads_over_every_visible_gpu_unless_told_and_scales_its_jobs(
 def test_one_process_on_the_gpus_given_sees_only_them(two_gpus, tmp_path, monkeypatch):
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     assert main(["check", "--reports", str(tmp_path), "--gpus", "1", "--jobs", "1"]) == 0
-    assert two_gpus == {"jobs": 1, "visible": "1", "threads": None}  # alone: torch's default threads
+    assert two_gpus == {"jobs": 1, "visible": "1", "threads": None, "early": True}  # alone: torch's threads
 
 
 @pytest.mark.parametrize(("given", "threads"), [(None, "1"), ("6", "6")])
@@ -111,6 +123,22 @@ def test_the_processes_of_a_cuda_check_get_one_cpu_thread_unless_the_user_chose(
         monkeypatch.setenv("OMP_NUM_THREADS", given)
     assert main(["check", "--reports", str(tmp_path)]) == 0
     assert two_gpus["jobs"] == 16 and two_gpus["threads"] == threads
+
+
+@pytest.mark.parametrize(
+    ("args", "isolate", "early"),
+    [([], None, True), (["--jobs", "1"], None, True), (["--device", "cpu", "--jobs", "2"], None, False),
+     ([], "0", False)],
+)
+def test_the_processes_of_an_isolated_cuda_check_spawn_their_workers_as_they_start(
+    two_gpus, tmp_path, monkeypatch, args, isolate, early
+):
+    if isolate is None:
+        monkeypatch.delenv(isolation.ISOLATE_ENV, raising=False)
+    else:
+        monkeypatch.setenv(isolation.ISOLATE_ENV, isolate)
+    assert main(["check", "--reports", str(tmp_path), *args]) == 0
+    assert two_gpus["early"] is early
 
 
 def test_the_processes_of_a_cpu_check_keep_torchs_threads(two_gpus, tmp_path, monkeypatch):

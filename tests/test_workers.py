@@ -130,6 +130,31 @@ def test_the_output_tail_keeps_the_fatal_line_and_drops_the_module_list():
     assert workers.output_tail("short output\n") == "short output"
 
 
+WARMED: list[str] = []
+
+
+def warm_up(what: str) -> None:
+    WARMED.append(what)
+    if what == "bad":
+        raise ValueError("warm-up failed")
+
+
+def warmed() -> list[str]:
+    return WARMED
+
+
+@pytest.mark.parametrize("what", ["imports", "bad"])
+def test_a_workers_warm_call_runs_before_its_first_call_and_its_error_only_reaches_the_log(what):
+    w = workers.Worker(warm=(warm_up, (what,)))
+    try:
+        w.start()
+        assert w.call(warmed, (), 60).value == [what] and w.started == 1
+        with open(w.log_path) as log:
+            assert ("ValueError: warm-up failed" in log.read()) == (what == "bad")
+    finally:
+        w.stop()
+
+
 def test_a_worker_that_cannot_be_spawned_raises_one_error_and_stops_cleanly(monkeypatch):
     """multiprocessing refuses to spawn from a script without a __main__ guard (a helper's demo hit it):
     one WorkerError naming why, and the worker left stopped, so a later stop() (and the one at exit)

@@ -28,15 +28,14 @@ from harness.checks.replay import replay_result
 from harness.core.case import Case
 from harness.core.graph_case import GraphCase
 from harness.core.results import CaseResult
-from harness.run import record_mode, variant_shards
+from harness.run import prestart, record_mode, variant_shards
+from harness.run.prestart import PRELOAD
 from harness.run.workers import Outcome, Worker, WorkerError, describe_exit, spread
 
 ISOLATE_ENV = "ATTN_HARNESS_ISOLATE"
 TIMEOUT_ENV = "ATTN_HARNESS_CASE_TIMEOUT"
 DEFAULT_TIMEOUT = 120.0  # seconds per case
 FIRST_CASE_TIMEOUT = 600.0  # a backend's first case in a worker may compile kernels (JIT)
-# A worker imports the checks before its first case.
-PRELOAD = ("harness.checks.numeric", "harness.checks.replay")
 
 
 def enabled(device: str) -> bool:
@@ -70,6 +69,7 @@ def _run_in_worker(key: str, blob: bytes | None, fn: Callable, args: tuple) -> C
 
 class IsolatedRunner:
     """Runs checks in one worker (pinned to one GPU when given); replaces it after a CRASH or HANG.
+    Its first worker is the one harness/run/prestart.py spawned as the process started, if any.
 
     A backend is pickled to a worker once; its first case in a worker gets `first_timeout` (it may
     compile kernels), the later ones `timeout`."""
@@ -80,8 +80,8 @@ class IsolatedRunner:
         self.timeout = timeout if timeout is not None else case_timeout()
         first = first_timeout if first_timeout is not None else max(self.timeout, FIRST_CASE_TIMEOUT)
         self.first_timeout = first
-        env = {"CUDA_VISIBLE_DEVICES": gpu} if gpu is not None else {}
-        self.worker = Worker(env=env, preload=PRELOAD)
+        env = prestart.worker_env(gpu)
+        self.worker = prestart.claim(env) or Worker(env=env, preload=PRELOAD)
         self.process = 0  # the worker process that `sent` and `warm` describe (Worker.started)
         self.sent: set[str] = set()  # backends that process holds
         self.warm: set[str] = set()  # backends that completed a case there
@@ -141,12 +141,7 @@ def visible_gpus() -> list[str]:
     listed = os.environ.get("CUDA_VISIBLE_DEVICES")
     if listed is None:
         return [str(i) for i in range(torch.cuda.device_count())]
-    out = []
-    for entry in (g.strip() for g in listed.split(",")):
-        if not entry or entry.startswith("-"):
-            break
-        out.append(entry)
-    return out
+    return prestart.listed_gpus(listed)
 
 
 class WorkerPool:

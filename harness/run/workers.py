@@ -30,6 +30,7 @@ import weakref
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -41,6 +42,7 @@ _MODULE_LIST = re.compile(r"^Extension modules: .*?(?:\(total: (\d+)\))?$", re.M
 
 T = TypeVar("T")
 R = TypeVar("R")
+Call = tuple[Callable[..., Any], tuple]  # a function importable by name in the worker, and its arguments
 
 
 class WorkerError(RuntimeError):
@@ -91,9 +93,9 @@ class Outcome:
 # --- the worker process -------------------------------------------------------------------------
 
 
-def _serve(conn, log_path: str, preload: tuple[str, ...], nice: int) -> None:  # noqa: ANN001 - a Connection
+def _serve(conn: Connection, log_path: str, preload: tuple[str, ...], nice: int, warm: Call | None) -> None:
     """The worker's loop, at `nice` below its parent's priority: fn(*args) for each (fn, args)
-    received, until None or the pipe closes."""
+    received, until None or the pipe closes; `warm` first, once "ready" is sent."""
     if nice:
         os.nice(nice)
     fd = os.open(log_path, os.O_WRONLY | os.O_APPEND)
@@ -103,6 +105,11 @@ def _serve(conn, log_path: str, preload: tuple[str, ...], nice: int) -> None:  #
     for module in preload:  # the imports are paid before "ready"
         importlib.import_module(module)
     conn.send("ready")
+    if warm is not None:  # the first call waits in the pipe; a death here is that call's outcome
+        try:
+            warm[0](*warm[1])
+        except Exception:  # the calls that follow meet the same error and report it
+            traceback.print_exc()
     while True:
         try:
             msg = conn.recv()
@@ -140,11 +147,14 @@ _SPAWNING = threading.Lock()  # Workers started from several threads (the warm-u
 
 
 class Worker:
-    """One spawned worker process, started on first use and replaced after it dies or is killed.
+    """One spawned worker process, started on first use (or earlier: `spawn`) and replaced after it
+    dies or is killed.
 
     `env`: variables it starts with (CUDA_VISIBLE_DEVICES: one GPU); `name`: its process name
     (multiprocessing.current_process().name inside it); `preload`: modules it imports before it
-    reports ready; `nice`: how much lower its priority is than this process's (as Child's).
+    reports ready; `warm`: a call it makes once ready, before the first call sent to it (which waits
+    for it; its error goes to the log); `nice`: how much lower its priority is than this process's
+    (as Child's).
     `started` counts the processes started so far (1 + replacements): a caller that keeps state in
     the process sees a new one by a new count.
     """
@@ -155,20 +165,43 @@ class Worker:
         env: dict[str, str] | None = None,
         preload: Sequence[str] = (),
         nice: int = 0,
+        warm: Call | None = None,
     ) -> None:
         _WORKERS.add(self)
         self.name = name
         self.env = env or {}
         self.preload = tuple(preload)
+        self.warm = warm
         self.nice = nice
         self.proc = None
         self.conn = None
         self.log_path: str | None = None
         self.mark = 0  # the log's size when the last call began: its output starts there
         self.started = 0
+        self.ready = False  # the running process has reported its imports done
 
     def start(self) -> None:
-        """Start the process unless one is running (one that died while idle is replaced)."""
+        """Start the process unless one is running (one that died while idle is replaced), and wait
+        until it has imported its `preload`."""
+        self.spawn()
+        if self.ready:
+            return
+        if not self.conn.poll(STARTUP_TIMEOUT):
+            tail = self.log_tail()
+            self.stop(kill=True)
+            raise WorkerError(f"worker did not start within {STARTUP_TIMEOUT:.0f}s\n{tail}")
+        try:
+            self.conn.recv()
+        except EOFError:
+            code = self._reap()
+            tail = self.log_tail()
+            self.stop()
+            raise WorkerError(f"worker died while starting ({describe_exit(code)})\n{tail}") from None
+        self.ready = True
+
+    def spawn(self) -> None:
+        """Start the process unless one is running, without waiting for its imports: `start` (and
+        so every call) waits for them. Spawned early, a worker imports while its caller works."""
         if self.proc is not None and not self.proc.is_alive():
             self.stop()
         if self.proc is not None:
@@ -179,7 +212,7 @@ class Worker:
         parent, child = ctx.Pipe()
         self.conn = parent
         with _SPAWNING, _environ(self.env):  # one spawn at a time: each sees only its own changes
-            args = (child, self.log_path, self.preload, self.nice)
+            args = (child, self.log_path, self.preload, self.nice, self.warm)
             self.proc = ctx.Process(target=_serve, args=args, name=self.name, daemon=True)
             try:
                 self.proc.start()
@@ -192,17 +225,6 @@ class Worker:
         child.close()
         self.mark = 0
         self.started += 1
-        if not parent.poll(STARTUP_TIMEOUT):
-            tail = self.log_tail()
-            self.stop(kill=True)
-            raise WorkerError(f"worker did not start within {STARTUP_TIMEOUT:.0f}s\n{tail}")
-        try:
-            parent.recv()
-        except EOFError:
-            code = self._reap()
-            tail = self.log_tail()
-            self.stop()
-            raise WorkerError(f"worker died while starting ({describe_exit(code)})\n{tail}") from None
 
     def call(self, fn: Callable[..., Any], args: tuple, timeout: float) -> Outcome:
         """fn(*args) in the worker (fn importable by name there), within `timeout` seconds."""
@@ -257,6 +279,7 @@ class Worker:
         if self.log_path and os.path.exists(self.log_path):
             os.unlink(self.log_path)
         self.proc = self.conn = self.log_path = None
+        self.ready = False
 
 
 @atexit.register
