@@ -9,9 +9,10 @@ Ids read `test_model_logprobs[<backend>-<device>-<model>]` and carry only the ba
 markers: no family keyword occurs in them, so `-k swa` or `-k decode` leave them out and
 `-k <backend>` selects them. Under the `ci` profile the CPU runs torch_native only (CI's promise);
 other CPU backends run under the other profiles (flex_eager takes ~40 s a model on the CPU). On
-CUDA the selected checks run in the worker process the suite's cases run in (harness/run/isolation.py:
-torch, CUDA and the backend are loaded there already), so a kernel that kills its CUDA context fails
-its own test, not the rest of the session (harness/checks/model/table.py). Each check is a
+CUDA each check runs, within its own test, in the worker process the suite's cases run in
+(harness/run/isolation.py: torch, CUDA and the backend are loaded there already), so a kernel that
+kills its CUDA context fails its own test, not the rest of the session (harness/checks/model/table.py),
+and a backend whose library is broken raises in its test before any check is sent there. Each check is a
 results.json record of family `model` (docs/reports.md), in the summary, index.html and junit.xml.
 """
 
@@ -19,8 +20,9 @@ import pytest
 
 from harness import backends
 from harness.checks.model.check import MODELS, check_model
-from harness.checks.model.table import run_jobs
+from harness.checks.model.table import PRELOAD, run_jobs
 from harness.run import isolation
+from harness.run.workers import Worker
 from harness.search import profiles
 from harness.search.suite import selected_backends
 
@@ -38,28 +40,16 @@ def _params() -> list:
     return out
 
 
-def _runs_on_cuda(name: str) -> bool:
-    """Available on CUDA here. A broken one stays out of the shared worker: its own test raises."""
-    try:
-        return backends.load(name).available("cuda") is None
-    except backends.BackendBroken:
-        return False
-
-
 @pytest.fixture(scope="session")
-def cuda_results(request):
-    """Every selected CUDA model check, run once in this process's isolation worker (its own worker
-    where isolation is off): (backend, model) -> result."""
-    jobs = []
-    for item in request.session.items:
-        params = getattr(getattr(item, "callspec", None), "params", {})
-        if item.originalname == "test_model_logprobs" and params.get("device") == "cuda":
-            if _runs_on_cuda(params["backend_name"]):
-                jobs.append((params["backend_name"], params["model"]))
-    if not jobs:
-        return {}
-    worker = isolation.runner_for("cuda").worker if isolation.enabled("cuda") else None
-    return {(r.backend, r.model): r for r in run_jobs(jobs, "cuda", CUDA_JOB_TIMEOUT, worker=worker)}
+def cuda_model_worker():
+    """Where the CUDA model checks run, each within its own test (so its wall time is its own): this
+    process's isolation worker, or where isolation is off one of their own for the session."""
+    if isolation.enabled("cuda"):
+        yield isolation.runner_for("cuda").worker
+        return
+    worker = Worker(preload=PRELOAD)
+    yield worker
+    worker.stop()
 
 
 @pytest.mark.parametrize(("backend_name", "device", "model"), _params())
@@ -71,7 +61,8 @@ def test_model_logprobs(backend_name, device, model, request, record):
     if device == "cpu" and backend_name != "torch_native" and profiles.current() == "ci":
         pytest.skip("the ci profile runs the CPU model-level check on torch_native only")
     if device == "cuda":
-        res = request.getfixturevalue("cuda_results")[(backend_name, model)]
+        worker = request.getfixturevalue("cuda_model_worker")
+        (res,) = run_jobs([(backend_name, model)], "cuda", CUDA_JOB_TIMEOUT, worker=worker)
     else:
         res = check_model(backend, model, device)
     record(res)  # a model-level row of results.json and the reports

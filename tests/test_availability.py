@@ -137,14 +137,17 @@ def test_flex_without_flex_attention_in_torch_is_a_skip_reason(monkeypatch):
     assert why and f"torch {torch.__version__} has no flex_attention" in why
 
 
-def test_a_broken_backend_stays_out_of_the_shared_cuda_model_worker(site, monkeypatch):
-    from cases.test_model import _runs_on_cuda
+def test_a_broken_backend_sends_no_model_check_to_the_shared_cuda_worker(site, monkeypatch):
+    """Its model test raises before any job reaches the worker the other backends' checks share."""
+    import cases.test_model as model_tests
 
     site("flash_attn", BROKEN)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    assert _runs_on_cuda("fa2") is False  # its own test raises; the other backends' worker still runs
+    sent = []
+    monkeypatch.setattr(model_tests, "run_jobs", lambda jobs, *a, **k: sent.append(jobs))
     with pytest.raises(BackendBroken):
-        backends.load("fa2").available("cuda")
+        model_tests.test_model_logprobs("fa2", "cuda", "gemma2", None, lambda res: None)
+    assert sent == []
 
 
 # --- the suite and the command line -----------------------------------------------------------------

@@ -113,6 +113,53 @@ def test_a_mostly_refused_search_is_a_failure_and_its_refusals_are_shown(suite_r
     assert skipped.count("refused by the backend: page size 16 only <sim>") == len(refused)
 
 
+FAKE_CUDA = """
+import json, os
+from harness.backends.torch_native import TorchNative
+from harness.checks.model.check import ModelResult
+from harness.run import isolation
+
+TorchNative.available = lambda self, device: None  # as if on a GPU
+
+class Runner:
+    worker = "the isolation worker"
+
+isolation.runner_for = lambda device: Runner
+
+def log(*event):
+    with open(os.environ["FAKE_CUDA_LOG"], "a") as f:
+        f.write(json.dumps(event) + "\\n")
+
+def run_jobs(jobs, device, timeout, worker=None):
+    log("jobs", jobs, device, worker)
+    return [ModelResult(model, name, device, "pass", "faked", "bfloat16/float32") for name, model in jobs]
+
+def pytest_collection_finish(session):
+    import cases.test_model
+    cases.test_model.run_jobs = run_jobs
+
+def pytest_runtest_call(item):
+    log("test", item.callspec.params["model"])
+"""
+
+
+def test_each_cuda_model_check_runs_within_its_own_test_in_the_isolation_worker(tmp_path):
+    """Its wall time is then its own (a part's time split and the reports' per-test times); before,
+    the first model test ran all three in a session fixture."""
+    (tmp_path / "fake_cuda.py").write_text(FAKE_CUDA)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ATTN_HARNESS")}
+    env.update(PYTHONPATH=os.pathsep.join([str(tmp_path), str(ROOT)]), FAKE_CUDA_LOG=str(tmp_path / "log"))
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "fake_cuda"]
+    cmd += ["cases/test_model.py", "-k", "torch_native-cuda"]
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    events = [json.loads(line) for line in (tmp_path / "log").read_text().splitlines()]
+    expected = []
+    for model in ("gemma2", "gpt_oss", "mistral"):
+        expected += [["test", model], ["jobs", [["torch_native", model]], "cuda", "the isolation worker"]]
+    assert events == expected
+
+
 def test_model_level_checks_are_rows_of_every_report(tmp_path):
     proc = _pytest(
         ["cases/test_model.py", "-k", "cpu-mistral and (torch_native or flex_eager)"], ROOT, tmp_path / "r"
