@@ -8,6 +8,7 @@ import io
 import os
 import shutil
 import sys
+import threading
 
 import pytest
 
@@ -87,6 +88,36 @@ def test_a_warmup_that_raises_opens_the_gate_and_says_why(monkeypatch):
     why = "RuntimeError: the warm-up itself broke"
     assert f"warmup: stopped: {why}; the check compiles what it needs itself" in lines
     assert summary[-1].endswith(f"; stopped: {why}")
+
+
+def test_a_stamped_library_opens_the_gate_before_start_returns_without_importing_it(cache, monkeypatch):
+    """A restored cache: the stamped library's backend may start as soon as the gate is started (so
+    the parts start in the plan's order), its library never asked whether it imports; a library
+    without a stamp is still warmed in the thread, and the summary keeps the chosen order."""
+    warm = warmup_fake.library(["a"])
+    assert warm_gate.warmup.main([warm], "gpu", None, 1, True, str(cache), lambda line: None) == 0
+
+    def never(*args):  # noqa: ANN002, ANN202
+        raise AssertionError("a stamped library was imported")
+
+    warm.unavailable = never
+    other = warmup_fake.ninja_library(["gated"])
+    released, real_run = threading.Event(), warm_gate.warmup.run
+
+    def held_run(libraries, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+        assert released.wait(60)
+        return real_run(libraries, *args, **kwargs)
+
+    monkeypatch.setattr(warm_gate.warmup, "run", held_run)
+    lines: list[str] = []
+    gate = warm_gate.WarmGate([warm, other], "gpu", 1, ["fake_backend", "fake_ninja_backend"], lines.append)
+    gate.start()
+    assert gate.ready("fake_backend") and not gate.ready("fake_ninja_backend")
+    assert any(line.startswith("warmup: fake: warmed on ") for line in lines)
+    released.set()
+    gate.join()
+    assert gate.ready("fake_ninja_backend") and [t.library for t in gate.tallies] == ["fake", "fakeninja"]
+    assert (gate.tallies[0].cached, gate.tallies[0].compiled) == (1, 0)
 
 
 @pytest.fixture

@@ -307,6 +307,9 @@ def test_a_library_stamped_for_the_same_key_is_skipped_and_any_change_warms_it_a
     assert len(skipped) == 1 and str(stamp.path(cache, "fake")) in skipped[0]
     assert skipped[0].endswith("nothing to do")
     assert lines[-1] == f"warmup: nothing compiled: every variant was already in the cache ({cache})"
+    fake.unavailable = lambda: pytest.fail("a stamped library is not imported to be skipped")
+    assert warmup.warm(fake, "gpu", 2, lines.append).cached == 2
+    fake.unavailable = lambda: None
     assert warmup.main([fake], "ci", None, 2, True, str(cache), lines.append) == 0  # another key
     assert len(warmup_fake.asked(cache)) == 4
     monkeypatch.setattr(stamp, "source_digest", lambda: "the harness changed")

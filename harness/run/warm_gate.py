@@ -39,18 +39,31 @@ class WarmGate:
         self._t0 = 0.0
 
     def start(self) -> None:
+        """Open the gate at once for each library its stamp says is warm (a restored cache: the
+        parts then start in the plan's order, longest first), and warm up the others in a thread."""
         self._t0 = time.monotonic()
         if self.chosen:
             names = ", ".join(lib.name for lib in self.chosen)
             self.say(f"warmup: beside the check: {names}, {self.jobs} cores")
-        self._thread = threading.Thread(target=self._run, name="attn-harness-warmup", daemon=True)
-        self._thread.start()
+        warm: list[warmup.Tally] = []
+        for lib in self.chosen:
+            try:
+                tally = warmup.stamped(lib, self.profile, self.backends, self.say)
+            except Exception:  # noqa: BLE001 - the thread meets it again, and says so
+                tally = None
+            if tally is not None:
+                warm.append(tally)
+                self._done(lib, tally)
+        rest = [lib for lib in self.chosen if lib.name not in {t.library for t in warm}]
+        run = threading.Thread(target=self._run, args=(rest, warm), name="attn-harness-warmup", daemon=True)
+        self._thread = run
+        run.start()
 
-    def _run(self) -> None:
+    def _run(self, rest: list[warmup.Library], warm: list[warmup.Tally]) -> None:
         try:
-            self.tallies = warmup.run(
-                self.chosen, self.profile, self.jobs, self.say, self.backends, done=self._done
-            )
+            ran = warmup.run(rest, self.profile, self.jobs, self.say, self.backends, done=self._done)
+            by_library = {t.library: t for t in [*warm, *ran]}
+            self.tallies = [by_library[lib.name] for lib in self.chosen]
         except Exception as e:  # noqa: BLE001 - the check goes on without the warm-up, and says so
             self.error = f"{type(e).__name__}: {e}"
             self.say(f"warmup: stopped: {self.error}; the check compiles what it needs itself")

@@ -214,6 +214,28 @@ def warm_pool(
     return tally
 
 
+def _served(library: Library, backends: Sequence[str] | None) -> list[str]:
+    return [b for b in (backends or library.backends) if b in library.backends]
+
+
+def stamped(
+    library: Library, profile: str, backends: Sequence[str] | None, say: Callable[[str], None]
+) -> Tally | None:
+    """The outcome of a library whose stamp (stamp.py) says it was warmed for this profile, source,
+    packages and GPU and for these backends: nothing to do, said as such; None when it must run.
+    Nothing is imported (a library's import costs seconds: on a restored cache the check's JIT
+    backends start that much sooner); one broken since, at the same release, is met by the check."""
+    root = cache_dir.root()
+    before = stamp.found(root, library.name, stamp.key(profile), _served(library, backends))
+    if before is None:
+        return None
+    say(
+        f"warmup: {library.name}: warmed on {before['written']} for this profile, source, packages "
+        f"and GPU ({stamp.path(root, library.name)}; delete it to warm up again): nothing to do"
+    )
+    return Tally(library.name, variants=before["variants"], cached=before["variants"])
+
+
 def warm(
     library: Library,
     profile: str,
@@ -228,20 +250,13 @@ def warm(
     ninja build runs beside this library (None: none does)."""
     t0 = time.monotonic()
     start = t0 if start is None else start
+    done = stamped(library, profile, backends, say)
+    if done is not None:
+        return done
     tally = Tally(library.name)
     if not _ready(library, tally):
         return tally
-    root, served = cache_dir.root(), [b for b in (backends or library.backends) if b in library.backends]
-    want = stamp.key(profile)
-    before = stamp.found(root, library.name, want, served)
-    if before is not None:
-        where = stamp.path(root, library.name)
-        say(
-            f"warmup: {library.name}: warmed on {before['written']} for this profile, source, packages "
-            f"and GPU ({where}; delete it to warm up again): nothing to do"
-        )
-        tally.variants = tally.cached = before["variants"]
-        return tally
+    root, served, want = cache_dir.root(), _served(library, backends), stamp.key(profile)
     try:
         todo = needed(library.variants(profile), backends)
     except Exception as e:  # noqa: BLE001 - the libraries beside it go on; the run fails
