@@ -46,15 +46,17 @@ class WarmGate:
             names = ", ".join(lib.name for lib in self.chosen)
             self.say(f"warmup: beside the check: {names}, {self.jobs} cores")
         warm: list[warmup.Tally] = []
+        rest: list[warmup.Library] = []
         for lib in self.chosen:
             try:
                 tally = warmup.stamped(lib, self.profile, self.backends, self.say)
             except Exception:  # noqa: BLE001 - the thread meets it again, and says so
                 tally = None
-            if tally is not None:
+            if tally is None:
+                rest.append(lib)
+            else:
                 warm.append(tally)
                 self._done(lib, tally)
-        rest = [lib for lib in self.chosen if lib.name not in {t.library for t in warm}]
         run = threading.Thread(target=self._run, args=(rest, warm), name="attn-harness-warmup", daemon=True)
         self._thread = run
         run.start()
