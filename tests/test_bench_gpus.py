@@ -177,7 +177,8 @@ def test_the_cli_keeps_the_checks_results_beside_its_json(monkeypatch, tmp_path)
 
 
 def test_a_part_s_time_split_is_kept_and_its_cases_seconds_shown(tmp_path):
-    split = {"startup_s": 6.0, "collect_s": 0.1, "cases_s": 27.9, "tests_s": 63.6, "outside": [["t", 9.2]]}
+    split = {"start_s": 7.2, "startup_s": 6.0, "collect_s": 0.1, "cases_s": 27.9, "tests_s": 63.6}
+    split["outside"] = [["t", 9.2]]
     parts = [
         {"part": "a", "gpu": "0", "seconds": 70.1, "expected_s": 60.0, "exit_status": 0, **split},
         {"part": "b", "gpu": "1", "seconds": 20.0, "expected_s": 20.0, "exit_status": 0},  # an older check
@@ -206,4 +207,5 @@ def test_a_part_s_time_split_is_kept_and_its_cases_seconds_shown(tmp_path):
     assert row.parts[0] == {"part": "a", "gpu": "0", "seconds": 70.1, "expected_s": 60.0, **split}
     assert row.parts[1] == {"part": "b", "gpu": "1", "seconds": 20.0, "expected_s": 20.0}
     text = render({"gpus": [vars(row)]})
-    assert "  all: longest parts: a 70 s (GPU 0, planned 60, cases 28), b 20 s (GPU 1, planned 20)" in text
+    shown = "  all: longest parts: a 70 s (GPU 0, from 7 s, planned 60, cases 28), b 20 s (GPU 1, planned 20)"
+    assert shown in text

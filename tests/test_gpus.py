@@ -41,8 +41,11 @@ def test_each_part_sees_only_its_slots_gpu_and_the_longest_start_first_round_the
     assert lines[0].startswith("GPU 3: busy ") and "a " in lines[0] and "c " in lines[0]
     assert lines[1].startswith("GPU 5: busy ") and "b " in lines[1] and "d " in lines[1]
     assert lines[2].startswith("wall 1 s; busy per GPU: 3 ") and "; longest part " in lines[2]
-    record = parallel.part_records(parts)[0]
-    assert record["part"] == "a" and record["gpu"] == "3" and record["exit_status"] == 0
+    records = parallel.part_records(parts)
+    assert records[0]["part"] == "a" and records[0]["gpu"] == "3" and records[0]["exit_status"] == 0
+    starts = [r["start_s"] for r in records]  # when each started, after the run's first start
+    assert starts == sorted(starts) and 0 <= starts[0]
+    assert parts[4].start_s >= min(p.start_s + p.seconds for p in parts[:4])  # it waited for a slot
 
 
 def test_without_gpus_the_parts_keep_the_environment_they_were_given(tmp_path):

@@ -53,6 +53,7 @@ class Part:
     slot: int | None = None  # the job slot it ran in, and that slot's GPU
     gpu: str | None = None
     child: Child | None = None
+    start_s: float | None = None  # when it started, in seconds after the run's first start
     seconds: float = 0.0
     code: int | None = None
     records: list[dict] = field(default_factory=list)
@@ -151,7 +152,7 @@ def run(
     todo = parts(plan, parts_dir)
     waiting, running, started, done = list(todo), [], [], 0
     free = list(range(plan.jobs))
-    last_status = time.monotonic()
+    begun = last_status = time.monotonic()
     try:
         while waiting or running:
             while free:
@@ -162,6 +163,7 @@ def run(
                 started.append(part)
                 part.slot = free.pop(0)
                 part.gpu = plan.slot_gpus[part.slot]
+                part.start_s = time.monotonic() - begun
                 _start(part, cmd, env, backends_env, cwd, nice())
                 running.append(part)
             for part in list(running):
@@ -231,8 +233,8 @@ def merged_records(parts: list[Part]) -> list[dict]:
 
 
 def part_records(parts: list[Part]) -> list[dict]:
-    """The parts for results.json's run.parts: name, GPU, seconds (actual and expected), exit status,
-    and where its seconds went (time_split)."""
+    """The parts for results.json's run.parts: name, GPU, when it started (None: never), seconds
+    (actual and expected), exit status, and where its seconds went (time_split)."""
     return [
         {
             "part": p.name,
@@ -240,6 +242,7 @@ def part_records(parts: list[Part]) -> list[dict]:
             "shard": p.shard,
             "shards": p.shards,
             "gpu": p.gpu,
+            "start_s": None if p.start_s is None else round(p.start_s, 3),
             "seconds": round(p.seconds, 3),
             "expected_s": round(p.expected, 1),
             "exit_status": p.code,

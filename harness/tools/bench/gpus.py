@@ -70,7 +70,8 @@ def read_parts(row: GpuRow, results: Path) -> None:
         raise ValueError("the check ran as one pytest process (one job on this machine): no parts")
     row.processes, row.jobs, row.expected = len(run["parts"]), run["jobs"], run.get("expected_s", 0.0)
     for part in run["parts"]:
-        split = {k: part[k] for k in TIME_SPLIT_KEYS if k in part}  # none from a check before they were kept
+        later = ("start_s", *TIME_SPLIT_KEYS)  # none from a check before they were kept
+        split = {k: part[k] for k in later if k in part}
         row.parts.append({**{k: part.get(k) for k in ("part", "gpu", "seconds", "expected_s")}, **split})
         gpu = str(part["gpu"])
         row.busy[gpu] = round(row.busy.get(gpu, 0.0) + part["seconds"], 3)

@@ -275,15 +275,16 @@ def _cases_growth(row: dict) -> str:
 
 
 def _longest_parts(row: dict, count: int = 5) -> str:
-    """A run's longest parts, each with its GPU, the seconds the plan expected of it and, where its
-    results said, how many of its seconds were its cases' own."""
+    """A run's longest parts, each with its GPU, when it started, the seconds the plan expected of it
+    and, where its results said, how many of its seconds were its cases' own (a check before these
+    were kept has neither)."""
     parts = sorted(row["parts"], key=lambda p: -p["seconds"])[:count]
     shown = []
     for p in parts:
+        start = "" if p.get("start_s") is None else f", from {p['start_s']:.0f} s"
         cases = "" if p.get("cases_s") is None else f", cases {p['cases_s']:.0f}"
-        shown.append(
-            f"{p['part']} {p['seconds']:.0f} s (GPU {p['gpu']}, planned {p['expected_s']:.0f}{cases})"
-        )
+        where = f"GPU {p['gpu']}{start}, planned {p['expected_s']:.0f}{cases}"
+        shown.append(f"{p['part']} {p['seconds']:.0f} s ({where})")
     return f"  {row['run']}: longest parts: " + ", ".join(shown)
 
 
