@@ -160,6 +160,22 @@ def test_each_cuda_model_check_runs_within_its_own_test_in_the_isolation_worker(
     assert events == expected
 
 
+def test_each_checked_case_is_one_record_though_hypothesis_draws_it_again(tmp_path):
+    """Under the gpu profile hypothesis draws some of torch_native's cross cases more than once (13 of
+    40 records were repeats on this machine before): each is checked once and recorded once, and the
+    summary's count is the records'."""
+    argv = [sys.executable, "-m", "harness", "check", "--device", "cpu", "--profile", "gpu"]
+    argv += ["--backend", "torch_native", "--family", "cross", "--reports", str(tmp_path), "--no-progress"]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ATTN_HARNESS")}
+    env["ATTN_HARNESS_CACHE"] = str(tmp_path / "cache")
+    proc = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    records = results_json.load(tmp_path / "latest" / "results.json")["results"]
+    keys = [(r["test_id"], json.dumps(r["case"], sort_keys=True)) for r in records if r["case"]]
+    assert keys and len(keys) == len(set(keys))
+    assert _row(proc.stdout, "torch_native", "cross")["pass"] == str(len(keys))
+
+
 def test_model_level_checks_are_rows_of_every_report(tmp_path):
     proc = _pytest(
         ["cases/test_model.py", "-k", "cpu-mistral and (torch_native or flex_eager)"], ROOT, tmp_path / "r"

@@ -99,9 +99,11 @@ def judge(
     """What every property test of the suite does with one example's result: a crash or hang already
     ended the search; another variant shard's case is passed over unrecorded, as its owner will
     judge it (rejected if refused); a refusal is counted once and the example discarded; the result
-    is recorded, its err/budget targeted (in a profile with the target phase), and anything but a
-    pass (or a known library bug, xfail) fails the test with the result's text (raised, not
-    `assert`ed: pytest would append its own explanation)."""
+    is recorded (a pass or xfail once: hypothesis may draw a case again, and the memoised result was
+    not checked again; a failure each time, so that the plugin keeps the final, minimal one), its
+    err/budget targeted (in a profile with the target phase), and anything but a pass (or a known
+    library bug, xfail) fails the test with the result's text (raised, not `assert`ed: pytest would
+    append its own explanation)."""
     if res is None:
         assume(False)  # a CRASH or HANG already ended this search (isolation.Search)
     if variant_shards.is_elsewhere(res):  # the shard that owns its variant checks and records it
@@ -111,7 +113,7 @@ def judge(
         if record and search.ran_last:
             record(as_refused(res))
         assume(False)
-    if record:
+    if record and (search.ran_last or res.status not in ("pass", "xfail")):
         record(res)
     if profiles.steers_by_target() and res.verdict is not None and res.verdict.ratio == res.verdict.ratio:
         target(min(res.verdict.ratio, 1e6), label="err/budget")
