@@ -24,14 +24,13 @@ from harness.checks.model.table import PRELOAD, run_jobs
 from harness.run import isolation
 from harness.run.workers import Worker
 from harness.search import profiles
-from harness.search.suite import selected_backends
 
 CUDA_JOB_TIMEOUT = 900.0  # seconds per model check, a first JIT compile included
 
 
 def _params() -> list:
     out = []
-    for name in selected_backends():  # `check --backend` (and each `--jobs` part) runs its own only
+    for name in backends.selected():  # `check --backend` (and each `--jobs` part) runs its own only
         for device in sorted(backends.load(name).capabilities.devices):
             marks = [getattr(pytest.mark, name)] if name.isidentifier() else []  # a spec is no marker
             marks += [pytest.mark.gpu] if device == "cuda" else []

@@ -291,9 +291,9 @@ def _unavailable(names: list[str], device: str) -> list[str]:
 
 def cmd_check(args: argparse.Namespace) -> int:
     from harness import backends, report
+    from harness.backends import BACKENDS_ENV
     from harness.run import isolation, parallel, prestart, record_mode
     from harness.search import profiles
-    from harness.search.suite import BACKENDS_ENV
 
     if record_mode.path():  # every case would pass unchecked (the warm-up sets it for its own run only)
         raise UsageError(f"${record_mode.RECORD_ENV} is set: a check would record its cases, not check "
@@ -454,10 +454,10 @@ def _check_parallel(
     import time
 
     from harness import backends, report
+    from harness.backends import BACKENDS_ENV
     from harness.core.results import summary_table
     from harness.report import results_json
     from harness.run import cache_dir, costs, parallel, schedule, variant_shards
-    from harness.search.suite import BACKENDS_ENV
 
     started, t0 = time.strftime("%Y-%m-%dT%H:%M:%S%z"), time.monotonic()
     kept = cache_dir.root()  # the costs travel with the compile caches a CI job restores

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from harness.backends import BACKENDS_ENV
 from harness.backends.torch_native import TorchNative
 from harness.checks.numeric import check_case
 from harness.run import isolation, prestart, workers
-from harness.search.suite import BACKENDS_ENV
 from tests.helpers import case
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -11,12 +11,16 @@ entry-point group `attn_harness.backends` (name -> factory) or on the command li
 from __future__ import annotations
 
 import importlib
+import os
 import pkgutil
 from collections.abc import Callable
 from functools import cache
 from importlib.metadata import entry_points
 
 from harness.backends.base import Backend, BackendBroken, BackendOutput, Capabilities
+
+# Comma-separated backend names or module:factory specs; set by `python -m harness check --backend`.
+BACKENDS_ENV = "ATTN_HARNESS_BACKENDS"
 
 __all__ = [
     "Backend",
@@ -61,6 +65,12 @@ def names() -> list[str]:
     """Built-in backend names, then plugin names."""
     known = builtin()
     return list(known) + sorted(n for n in _plugins() if n not in known)
+
+
+def selected() -> list[str]:
+    """The backends a suite run checks: those named in $ATTN_HARNESS_BACKENDS, else every one."""
+    chosen = [n.strip() for n in os.environ.get(BACKENDS_ENV, "").split(",") if n.strip()]
+    return chosen or names()
 
 
 def _from_spec(spec: str) -> Backend:

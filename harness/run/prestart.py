@@ -68,9 +68,8 @@ def warm() -> None:
     import torch
 
     from harness import backends
-    from harness.search.suite import selected_backends
 
-    for name in selected_backends():
+    for name in backends.selected():
         try:
             backends.load(name).available("cuda")
         except Exception:  # noqa: BLE001 - a broken backend is its tests' error, not this one's

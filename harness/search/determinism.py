@@ -26,7 +26,7 @@ from harness.run import isolation
 from harness.search import profiles
 from harness.search.refusals import search_with_refusals
 from harness.search.strategies import cases
-from harness.search.suite import WINDOWS, Target, judge, selected_backends
+from harness.search.suite import WINDOWS, Target, judge
 
 FAMILY = "deterministic"
 # An invariance check runs the backend on about a dozen batches (up to 64 requests): fewer examples.
@@ -36,7 +36,7 @@ EXAMPLES_DIVISOR = 6
 def params() -> list:
     """pytest params over every selected backend that declares a deterministic mode."""
     out = []
-    for name in selected_backends():
+    for name in backends.selected():
         b = backends.load(name)
         if not b.capabilities.deterministic:
             continue

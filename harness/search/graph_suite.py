@@ -27,7 +27,7 @@ from harness.search import profiles
 from harness.search.pinned import PINNED_GRAPHS
 from harness.search.refusals import search_with_refusals
 from harness.search.strategies import GRAPH_FAMILIES, graph_cases
-from harness.search.suite import WINDOWS, Target, judge, selected_backends
+from harness.search.suite import WINDOWS, Target, judge
 
 LABELS = {"decode": "next_token", "verify": "spec", "draft_extend_v2": "draft"}
 UNCAPTURED = "uncaptured"  # the label of a backend's one test when it has no graph path
@@ -52,7 +52,7 @@ def params() -> list:
     """pytest params over every selected backend and device: its graph families and windows, or one
     test that skips with the reason it cannot be captured."""
     out = []
-    for name in selected_backends():
+    for name in backends.selected():
         caps = backends.load(name).capabilities
         for device in sorted(caps.devices):
             families = [f for f in GRAPH_FAMILIES if FAMILY_MODE[f] in caps.graph_modes & caps.modes]

@@ -8,7 +8,6 @@ checks every keyword selects only its own family.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -27,8 +26,6 @@ from harness.search.refusals import as_refused, search_with_refusals
 from harness.search.strategies import cases
 
 WINDOWS = ("full", "swa")
-# Comma-separated backend names or module:factory specs; set by `python -m harness check --backend`.
-BACKENDS_ENV = "ATTN_HARNESS_BACKENDS"
 
 
 @dataclass(frozen=True)
@@ -57,17 +54,11 @@ class Target:
         return pytest.param(self, id=self.id, marks=marks)
 
 
-def selected_backends() -> list[str]:
-    """The backends the suite runs: those named in ATTN_HARNESS_BACKENDS, else every registered one."""
-    chosen = [n.strip() for n in os.environ.get(BACKENDS_ENV, "").split(",") if n.strip()]
-    return chosen or backends.names()
-
-
 def family_params(family: str) -> list:
     """pytest params for a family over every selected backend and device it declares."""
     out = []
     windows = ("full",) if FAMILY_MODE[family] == Mode.CROSS else WINDOWS
-    for name in selected_backends():
+    for name in backends.selected():
         b = backends.load(name)
         for device in sorted(b.capabilities.devices):
             out += [Target(name, device, family, w).param() for w in windows]

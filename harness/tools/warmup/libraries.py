@@ -148,9 +148,9 @@ def record_cases(profile: str, backend: str, leave_out: str = UNRECORDED_TESTS) 
     import sys
     import tempfile
 
+    from harness.backends import BACKENDS_ENV
     from harness.cli import suite
     from harness.run import record_mode
-    from harness.search.suite import BACKENDS_ENV
 
     where = suite()
     with tempfile.TemporaryDirectory(prefix="attn-harness-record-") as tmp:
