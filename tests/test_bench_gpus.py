@@ -177,7 +177,8 @@ def test_the_cli_keeps_the_checks_results_beside_its_json(monkeypatch, tmp_path)
 
 
 def test_a_part_s_time_split_is_kept_and_its_cases_seconds_shown(tmp_path):
-    split = {"start_s": 7.2, "startup_s": 6.0, "collect_s": 0.1, "cases_s": 27.9, "tests_s": 63.6}
+    split = {"start_s": 7.2, "startup_s": 6.0, "launch_s": 4.5, "collect_s": 0.1, "cases_s": 27.9}
+    split["tests_s"] = 63.6
     split["outside"] = [["t", 9.2]]
     parts = [
         {"part": "a", "gpu": "0", "seconds": 70.1, "expected_s": 60.0, "exit_status": 0, **split},
@@ -209,3 +210,5 @@ def test_a_part_s_time_split_is_kept_and_its_cases_seconds_shown(tmp_path):
     text = render({"gpus": [vars(row)]})
     shown = "  all: longest parts: a 70 s (GPU 0, from 7 s, planned 60, cases 28), b 20 s (GPU 1, planned 20)"
     assert shown in text
+    fixed = "  all: outside pytest: 4 s before it configured (4.5 s a part, 1 parts), 2 s after its session"
+    assert fixed in text

@@ -5,6 +5,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -75,7 +76,7 @@ def test_a_parallel_run_merges_every_backend_and_a_failure_fails_it(tmp_path):
         assert 0 < own["run"]["collect_s"] < own["run"]["elapsed_s"]
         assert part["cases_s"] == round(sum(r["seconds"] or 0 for r in own["results"]), 3) > 0
         assert part["cases_s"] <= part["tests_s"] == round(sum(tests.values()), 3)
-        assert 0 < part["startup_s"] < part["seconds"]
+        assert 0 < part["launch_s"] < part["startup_s"] < part["seconds"]
         assert part["outside"][0][0] in tests and len(part["outside"]) == min(3, len(tests))
 
 
@@ -92,12 +93,16 @@ def test_time_split_names_the_tests_with_the_most_time_outside_their_cases():
     split = parallel.time_split(part, top=2)
     assert split == {
         "startup_s": 4.0,
+        "launch_s": None,  # no child, no configure time: unknown
         "collect_s": 0.5,
         "cases_s": 11.5,
         "tests_s": 23.0,
         "outside": [["t3", 8.0], ["t2", 3.0]],
     }
     assert tuple(split) == parallel.TIME_SPLIT_KEYS  # what the gpus bench keeps of each part
+    part.child = SimpleNamespace(started_at=1000.0)
+    part.run["configured_at"] = 1003.25
+    assert parallel.time_split(part)["launch_s"] == 3.25  # of its 4 s outside its session
 
 
 def test_a_planned_split_gives_each_shard_its_own_files_and_shard_option(tmp_path):
@@ -162,6 +167,7 @@ time.sleep(120)
 DRIVER = """
 import json, os, sys
 from pathlib import Path
+from types import SimpleNamespace
 from harness.run import parallel, schedule
 d = Path(sys.argv[1])
 cmd = [sys.executable, str(d / "child.py")]

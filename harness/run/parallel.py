@@ -32,7 +32,8 @@ NO_TESTS = 5  # pytest: nothing collected (a backend with no test under the filt
 INTERRUPTED = 2  # pytest's status for an interrupted run
 INTERRUPT_GRACE_S = 20.0  # for an interrupted pytest to write its results
 OUTSIDE_TOP = 3  # tests named per part in run.parts' `outside`
-TIME_SPLIT_KEYS = ("startup_s", "collect_s", "cases_s", "tests_s", "outside")  # what time_split gives
+# what time_split gives
+TIME_SPLIT_KEYS = ("startup_s", "launch_s", "collect_s", "cases_s", "tests_s", "outside")
 # torch's CPU threads (OMP_NUM_THREADS) in each process of a CUDA check run several at once. A CUDA
 # case's host work is Python and launches; torch's default pool (a thread per core) in every part's
 # worker oversubscribed the cores: on 2 x H200 (32 cores), three backends checked in 16 parts took 56 %
@@ -254,7 +255,8 @@ def part_records(parts: list[Part]) -> list[dict]:
 
 def time_split(part: Part, top: int = OUTSIDE_TOP) -> dict:
     """Where a part's seconds went, from its results: `startup_s` (before pytest configured: the
-    interpreter and imports; and writing its results), `collect_s`, `cases_s` (its cases' own seconds,
+    interpreter and imports; and writing its results and exiting), `launch_s` (the part of it before
+    pytest configured; None when unknown), `collect_s`, `cases_s` (its cases' own seconds,
     timed in the isolation worker), `tests_s` (its tests' wall time), and `outside` (the `top` tests
     with the most wall time outside their cases, [test id, seconds]: drawing, the worker's start and
     imports, backend loading). Empty for a part that left no results."""
@@ -266,8 +268,11 @@ def time_split(part: Part, top: int = OUTSIDE_TOP) -> dict:
         cases[test] = cases.get(test, 0.0) + (r.get("seconds") or 0.0)
     tests = part.run.get("test_s", {})
     outside = sorted(((t, s - cases.get(t, 0.0)) for t, s in tests.items()), key=lambda x: -x[1])[:top]
+    configured = part.run.get("configured_at")
+    launched = part.child.started_at if part.child else None
     return {
         "startup_s": round(part.seconds - part.run.get("elapsed_s", 0.0), 3),
+        "launch_s": None if configured is None or launched is None else round(configured - launched, 3),
         "collect_s": part.run.get("collect_s", 0.0),
         "cases_s": round(sum(cases.values()), 3),
         "tests_s": round(sum(tests.values()), 3),

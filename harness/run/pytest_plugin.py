@@ -310,6 +310,7 @@ def run_info(config: pytest.Config, exitstatus: int) -> dict:
     return {
         "id": config.getoption("--harness-run-id") or time.strftime("%Y%m%d-%H%M%S", time.localtime(start)),
         "started": started,
+        "configured_at": round(start, 3),
         "elapsed_s": round(time.time() - start, 3),
         "profile": profiles.current(),
         "command": command,

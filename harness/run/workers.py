@@ -353,6 +353,7 @@ class Child:
             )
         self.log = log
         self.started = time.monotonic()
+        self.started_at = time.time()  # the clock a child's results.json gives (run.configured_at)
 
     def poll(self) -> int | None:
         """The exit status, or None while it runs."""

@@ -261,6 +261,7 @@ def _gpus(doc: dict) -> list[str]:
         if r["speedup"] is not None
     ]
     out += [_longest_parts(r) for r in rows if r["run"] != "prime" and r["parts"]]
+    out += [line for r in rows if r["run"] != "prime" and (line := _fixed_seconds(r))]
     out += [f"  {r['run']}: {r['reason'].splitlines()[0]}" for r in rows if r["reason"]]
     out.append("")
     return out
@@ -272,6 +273,20 @@ def _cases_growth(row: dict) -> str:
     if growth is None:
         return ""
     return f"; cases' own seconds {growth:+.0%} against one GPU ({row['cases_s']:.0f} s)"
+
+
+def _fixed_seconds(row: dict) -> str:
+    """What a run's parts spent around their pytest sessions: before pytest configured (the
+    interpreter, imports) and after (results, exit); empty for a check that did not keep it."""
+    parts = [p for p in row["parts"] if p.get("launch_s") is not None and p.get("startup_s") is not None]
+    if not parts:
+        return ""
+    launch = sum(p["launch_s"] for p in parts)
+    after = sum(p["startup_s"] - p["launch_s"] for p in parts)
+    return (
+        f"  {row['run']}: outside pytest: {launch:.0f} s before it configured ({launch / len(parts):.1f} s "
+        f"a part, {len(parts)} parts), {after:.0f} s after its session"
+    )
 
 
 def _longest_parts(row: dict, count: int = 5) -> str:
