@@ -41,7 +41,7 @@ _TIMES_KEY = pytest.StashKey[dict]()  # "collect": seconds to the end of collect
 PROGRESS_EVERY_S = 5.0  # while a test runs; a line is also printed when a test ends (at most 1/s)
 RECORD_LINE = "attn-harness RECORD MODE: drawn cases recorded to"
 TRACEBACK_CHARS = 20000  # of a harness error's traceback kept in its record
-NOT_FAILURES = ("pass", "refused", "skip")
+NOT_FAILURES = ("pass", "xfail", "refused", "skip")  # kept whether or not the test failed
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
