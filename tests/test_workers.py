@@ -1,6 +1,7 @@
 """harness/run/workers.py: a call's value, exception, death (by signal or exit) and time limit each
 come back as an Outcome, a fresh worker takes the next call, and a child command keeps to its limit."""
 
+import atexit
 import os
 import signal
 import sys
@@ -37,6 +38,37 @@ def exits(code: int) -> None:
 def sleeps(seconds: float) -> None:
     print("going to sleep", flush=True)
     time.sleep(seconds)
+
+
+def leaves_a_thread() -> None:
+    """As a library may: a non-daemon thread that never ends (Python's finalisation waits for it)."""
+    threading.Thread(target=threading.Event().wait, daemon=False).start()
+    print("thread left running", flush=True)
+
+
+def test_a_stopped_worker_exits_at_once_whatever_its_libraries_left_running():
+    w = workers.Worker()
+    try:
+        assert w.call(leaves_a_thread, (), 60).kind == "ok"
+        proc = w.proc
+    finally:
+        w.stop()
+    assert proc.exitcode == 0  # it exited by itself; a worker Python finalised waits, and is killed (-9)
+
+
+def finalised_writes(path: str) -> None:
+    atexit.register(Path(path).write_text, "finalised")
+
+
+@pytest.mark.parametrize("finalize", [True, False])
+def test_only_a_worker_asked_to_finalize_runs_its_exit_handlers(tmp_path, finalize):
+    w = workers.Worker(finalize=finalize)
+    try:
+        assert w.call(finalised_writes, (str(tmp_path / "exit"),), 60).kind == "ok"
+        proc = w.proc
+    finally:
+        w.stop()
+    assert (tmp_path / "exit").exists() == finalize and proc.exitcode == 0
 
 
 def test_a_value_comes_back_and_the_worker_is_reused():

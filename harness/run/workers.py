@@ -22,6 +22,7 @@ import queue
 import re
 import signal
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -93,9 +94,12 @@ class Outcome:
 # --- the worker process -------------------------------------------------------------------------
 
 
-def _serve(conn: Connection, log_path: str, preload: tuple[str, ...], nice: int, warm: Call | None) -> None:
+def _serve(
+    conn: Connection, log_path: str, preload: tuple[str, ...], nice: int, warm: Call | None, finalize: bool
+) -> None:
     """The worker's loop, at `nice` below its parent's priority: fn(*args) for each (fn, args)
-    received, until None or the pipe closes; `warm` first, once "ready" is sent."""
+    received, until None or the pipe closes; `warm` first, once "ready" is sent. Then Python's
+    finalisation if `finalize`, else a quick exit."""
     if nice:
         os.nice(nice)
     fd = os.open(log_path, os.O_WRONLY | os.O_APPEND)
@@ -114,14 +118,27 @@ def _serve(conn: Connection, log_path: str, preload: tuple[str, ...], nice: int,
         try:
             msg = conn.recv()
         except EOFError:
-            return
+            msg = None
         if msg is None:
-            return
+            if finalize:
+                return
+            _quick_exit()
         fn, args = msg
         try:
             conn.send(("ok", fn(*args)))
         except Exception:
             conn.send(("raised", traceback.format_exc()))
+
+
+def _quick_exit() -> None:
+    """End the worker without Python's finalisation. Every result is sent, and the caches its calls
+    fill (inductor, Triton, FA4's CuTe DSL, FlashInfer's modules) are written as each compile ends.
+    The finalisation (atexit handlers, waiting for any thread a library left running, tearing down
+    modules) delayed the end of every pytest process of a check: a worker that had checked 16
+    flex_compiled cases on an H200 outlasted `stop`'s 2 s wait and was killed (0.18 s without it)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 # --- the parent's side --------------------------------------------------------------------------
@@ -154,7 +171,8 @@ class Worker:
     (multiprocessing.current_process().name inside it); `preload`: modules it imports before it
     reports ready; `warm`: a call it makes once ready, before the first call sent to it (which waits
     for it; its error goes to the log); `nice`: how much lower its priority is than this process's
-    (as Child's).
+    (as Child's); `finalize`: end with Python's finalisation rather than at once (the warm-up's
+    compilers leave semaphores it releases; without it the resource tracker warns of them).
     `started` counts the processes started so far (1 + replacements): a caller that keeps state in
     the process sees a new one by a new count.
     """
@@ -166,12 +184,14 @@ class Worker:
         preload: Sequence[str] = (),
         nice: int = 0,
         warm: Call | None = None,
+        finalize: bool = False,
     ) -> None:
         _WORKERS.add(self)
         self.name = name
         self.env = env or {}
         self.preload = tuple(preload)
         self.warm = warm
+        self.finalize = finalize
         self.nice = nice
         self.proc = None
         self.conn = None
@@ -212,7 +232,7 @@ class Worker:
         parent, child = ctx.Pipe()
         self.conn = parent
         with _SPAWNING, _environ(self.env):  # one spawn at a time: each sees only its own changes
-            args = (child, self.log_path, self.preload, self.nice, self.warm)
+            args = (child, self.log_path, self.preload, self.nice, self.warm, self.finalize)
             self.proc = ctx.Process(target=_serve, args=args, name=self.name, daemon=True)
             try:
                 self.proc.start()

@@ -129,7 +129,7 @@ def warm_ninja(
     run of `jobs` parallel steps here (ninja.build); a line per module: compiled or cached."""
     tally = Tally(library.name)
     say(f"warmup: {library.name}: {len(todo)} variants: finding their modules in 1 process")
-    worker = workers.Worker(f"warmup-{library.name}-plan", env=library.env(jobs), preload=())
+    worker = workers.Worker(f"warmup-{library.name}-plan", env=library.env(jobs), preload=(), finalize=True)
     try:
         out = _call(worker, library.plan, [v.task for v in todo])
     finally:
@@ -176,7 +176,7 @@ def warm_pool(
     say(f"warmup: {library.name}: {len(todo)} variants in {first} processes{later}")
     nice = 0 if built.is_set() else BESIDE_NINJA_NICE  # the ninja build is the longest chain: yield to it
     env = library.env(jobs)
-    pool = [workers.Worker(f"warmup-{library.name}-{i}", env, (), nice) for i in range(count)]
+    pool = [workers.Worker(f"warmup-{library.name}-{i}", env, (), nice, finalize=True) for i in range(count)]
     lock, done, waiting = threading.Lock(), [0], queue.Queue()
     for v in todo:
         waiting.put(v)
