@@ -372,7 +372,7 @@ def cmd_check(args: argparse.Namespace) -> int:
         gate = WarmGate(LIBRARIES, profile, warmup.default_jobs(), names, say)
         gate.start()
     if jobs > 1:  # no cache: processes at once would overwrite each other's last-failed set (--lf)
-        cmd += ["-p", "no:cacheprovider"]
+        cmd += ["-p", "no:cacheprovider", "--harness-quick-exit"]  # a part's end is on the wall time
         if cuda:
             env.update(parallel.cuda_threads(env))
         selection = f"profile {profile}; -m {' and '.join(marks)}; -k {args.k or ''}"

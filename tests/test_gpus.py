@@ -83,11 +83,12 @@ def two_gpus(monkeypatch):
     def fake_parallel(cmd, env, names, jobs, gpus, *rest):  # noqa: ANN001, ANN002, ANN202
         seen.update(jobs=jobs, gpus=gpus, visible=env.get("CUDA_VISIBLE_DEVICES"))
         seen.update(threads=env.get("OMP_NUM_THREADS"), early=early_worker(cmd, env))
+        seen.update(quick="--harness-quick-exit" in cmd)
         return 0
 
     def fake_run(cmd, cwd, env):  # noqa: ANN001, ANN202
         seen.update(jobs=1, visible=env.get("CUDA_VISIBLE_DEVICES"), threads=env.get("OMP_NUM_THREADS"))
-        seen.update(early=early_worker(cmd, env))
+        seen.update(early=early_worker(cmd, env), quick="--harness-quick-exit" in cmd)
         return subprocess.CompletedProcess(cmd, 0)
 
     monkeypatch.setattr(cli, "_check_parallel", fake_parallel)
@@ -105,6 +106,7 @@ def test_check_spreads_over_every_visible_gpu_unless_told_and_scales_its_jobs(
 ):
     assert main(["check", "--reports", str(tmp_path), *args]) == 0
     assert two_gpus["jobs"] == jobs and two_gpus["gpus"] == gpus
+    assert two_gpus["quick"]  # each part ends as soon as pytest is done (pytest_plugin.quick_exit)
     inherited = os.environ.get("CUDA_VISIBLE_DEVICES")
     assert two_gpus["visible"] == (",".join(gpus) if "--gpus" in args else inherited)
 
@@ -112,7 +114,7 @@ def test_check_spreads_over_every_visible_gpu_unless_told_and_scales_its_jobs(
 def test_one_process_on_the_gpus_given_sees_only_them(two_gpus, tmp_path, monkeypatch):
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     assert main(["check", "--reports", str(tmp_path), "--gpus", "1", "--jobs", "1"]) == 0
-    assert two_gpus == {"jobs": 1, "visible": "1", "threads": None, "early": True}  # alone: torch's threads
+    assert two_gpus == {"jobs": 1, "visible": "1", "threads": None, "early": True, "quick": False}
 
 
 @pytest.mark.parametrize(("given", "threads"), [(None, "1"), ("6", "6")])

@@ -303,7 +303,8 @@ class Worker:
 
 
 @atexit.register
-def _stop_workers() -> None:
+def stop_all() -> None:
+    """Stop every Worker of this process: at its exit, or before an exit that skips atexit."""
     for w in list(_WORKERS):
         w.stop()
 
