@@ -122,7 +122,7 @@ def _serve(
         if msg is None:
             if finalize:
                 return
-            _quick_exit()
+            quick_exit()
         fn, args = msg
         try:
             conn.send(("ok", fn(*args)))
@@ -130,15 +130,16 @@ def _serve(
             conn.send(("raised", traceback.format_exc()))
 
 
-def _quick_exit() -> None:
-    """End the worker without Python's finalisation. Every result is sent, and the caches its calls
+def quick_exit(code: int = 0) -> None:
+    """End this process with `code` after flushing its output, without Python's finalisation: for a
+    worker (its results are sent) and a check's part (its results written). The caches their calls
     fill (inductor, Triton, FA4's CuTe DSL, FlashInfer's modules) are written as each compile ends.
     The finalisation (atexit handlers, waiting for any thread a library left running, tearing down
     modules) delayed the end of every pytest process of a check: a worker that had checked 16
     flex_compiled cases on an H200 outlasted `stop`'s 2 s wait and was killed (0.18 s without it)."""
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
+        stream.flush()
+    os._exit(code)
 
 
 # --- the parent's side --------------------------------------------------------------------------
