@@ -20,9 +20,18 @@ import pytest
 import torch
 from hypothesis import example, given, settings
 
-from harness.backends.flex import CPU_SUITE_ENV, SHAPES_ENV, FlexCompiled, FlexEager, _unpack_lse, bucket
+from harness.backends.flex import (
+    CPU_SUITE_ENV,
+    SHAPES_ENV,
+    FlexCompiled,
+    FlexEager,
+    _flex_api,
+    _unpack_lse,
+    bucket,
+)
 from harness.checks.invariance import check_invariance
 from harness.checks.numeric import check_case
+from harness.core.case import Case
 from harness.core.modes import FAMILIES, FAMILY_MODE, Mode
 from harness.search import profiles
 from harness.search.strategies import cases
@@ -95,6 +104,73 @@ def test_static_shapes_pad_to_few_buckets(monkeypatch):
     assert FlexEager().padded_len(130, "cpu") == 130
     monkeypatch.setenv(SHAPES_ENV, "static")
     assert FlexCompiled().padded_len(130, "cuda") == 512
+
+
+class _DynamicHere(_CompiledHere):
+    """CUDA's dynamic-shape launches, on the CPU (the kernel is swapped for a counted compile)."""
+
+    def static_shapes(self, device):  # noqa: ANN001, ANN202
+        return False
+
+
+class _DynamicUnpadded(_DynamicHere):
+    """Launches at their real lengths, as before `launch_lengths` padded them."""
+
+    def launch_lengths(self, num_queries, num_keys, device):  # noqa: ANN001, ANN202
+        return num_queries, num_keys
+
+
+def test_dynamic_launches_pad_past_the_sizes_dynamo_specialises(monkeypatch):
+    """With dynamic shapes a launch has at least 2 rows, never exactly 128 (one query block at the
+    main kernel) and at least 129 keys (two key blocks); static shapes keep their buckets."""
+    monkeypatch.delenv(SHAPES_ENV, raising=False)
+    b = FlexCompiled()
+    got = [b.launch_lengths(q, k, "cuda") for q, k in ((1, 1), (2, 128), (127, 129), (128, 300), (129, 5))]
+    assert got == [(2, 129), (2, 129), (127, 129), (129, 300), (129, 129)]
+    assert b.launch_lengths(1, 130, "cpu") == (128, 512)
+    assert FlexEager().launch_lengths(1, 1, "cuda") == (1, 1)
+    launch = _DynamicHere().pack(batch_of(case("DECODE", ((6, 1),), **SHAPE)), [0])
+    assert (launch.q.shape[2], launch.k.shape[2], launch.num_queries, launch.num_keys) == (2, 129, 1, 7)
+    assert launch.q_doc.tolist() == [0, -1] and launch.kv_doc.tolist()[6:8] == [0, -2]
+
+
+def _traced_graphs(backend: type[FlexCompiled], batches: list[Case]) -> int:
+    """Graphs dynamo traces for torch.compile(flex_attention, dynamic=True) over `batches`, run one
+    after the other by `backend` (its compiled kernel swapped for one whose backend counts them)."""
+    from torch._dynamo.testing import CompileCounter
+
+    counter = CompileCounter()
+    flex = torch.compile(_flex_api()[0], dynamic=True, fullgraph=True, backend=counter)
+
+    class _Counted(backend):
+        def kernel(self, device):  # noqa: ANN001, ANN202
+            return flex
+
+    torch._dynamo.reset()
+    try:
+        for c in batches:
+            _Counted().run(batch_of(c))
+    finally:
+        torch._dynamo.reset()
+    return counter.frame_count
+
+
+def test_dynamic_launches_of_one_kernel_share_one_graph():
+    """Launches of one variant but any lengths (1 to 300 query rows, 1 to 400 keys) trace one graph
+    below 128 rows (flex's decoding kernel) and one from 128 on; at their real lengths a one-row,
+    one-key, one-query-block or one-key-block launch each traced a graph of its own."""
+    batches = [
+        case("DECODE", ((6, 1),), **SHAPE),
+        case("DECODE", ((60, 1), (2, 1), (9, 1)), **SHAPE),
+        case("DECODE", ((300, 1), (2, 1)), **SHAPE),
+        case("EXTEND", ((4, 3),), **SHAPE),
+        case("CROSS", ((0, 1, 1),), **SHAPE),
+        case("EXTEND", ((40, 128),), **SHAPE),
+        case("EXTEND", ((40, 200),), **SHAPE),
+        case("EXTEND", ((100, 300),), **SHAPE),
+    ]
+    assert _traced_graphs(_DynamicHere, batches) == 2
+    assert _traced_graphs(_DynamicUnpadded, batches) > 2
 
 
 def test_the_suite_runs_compiled_on_the_cpu_only_when_asked(monkeypatch):
@@ -284,7 +360,7 @@ def _same_block_mask(got, want) -> None:  # noqa: ANN001 - flex BlockMasks
 def test_direct_block_mask_is_create_block_mask(family, window):
     from torch.nn.attention.flex_attention import create_block_mask
 
-    from harness.backends.flex_blocks import _skips_q_blocks, block_mask_from_grid, without_q_blocks
+    from harness.backends.flex_blocks import block_mask_from_grid
 
     sizes = dataclasses.replace(profiles.SIZES["dev"], max_batch=4)
     backends = [_CompiledHere(), FlexEager(), _EagerVirtualSink()]
@@ -303,8 +379,6 @@ def test_direct_block_mask_is_create_block_mask(family, window):
                     want = create_block_mask(mask_mod, 1, None, *lengths, device="cpu", BLOCK_SIZE=block)
                     got = block_mask_from_grid(backend.visible_grid(launch), lengths, mask_mod, block)
                     _same_block_mask(got, want)
-                    _same_block_mask(without_q_blocks(want), want)
-                    assert (without_q_blocks(want).q_indices is None) == _skips_q_blocks()
                 assert backend.block_mask(launch).mask_mod is not None
 
     check()

@@ -9,6 +9,7 @@ costs one C++ compile of the graph kernel, plus those of the eager runs it compa
 from __future__ import annotations
 
 import pytest
+import torch
 
 from harness.backends.flex import FlexCompiled
 from harness.checks.numeric import check_case
@@ -76,6 +77,42 @@ def test_the_layout_puts_each_request_at_its_fixed_offset():
     launches = backend.graph_launches(state, backend.graph_launch(state, runner.static(8)), 8)
     assert [(x.num_queries, x.q.shape[2], x.k.shape[2]) for x in launches] == [(3, 128, 128)] * 8
     assert launches[0].kv_doc.tolist()[:16] == [0] * 15 + [-2] and launches[1].q_doc.tolist()[0] == -1
+
+
+class _DynamicHere(_CompiledHere):
+    """CUDA's dynamic-shape lengths, on the CPU (nothing here calls the kernel)."""
+
+    def static_shapes(self, device):  # noqa: ANN001, ANN202
+        return False
+
+
+@pytest.mark.parametrize(
+    "g",
+    [sequence("DECODE", deterministic=True), GRAPH_CASES["draft_extend_v2_deterministic"]],
+    ids=["decode", "draft_extend_v2"],
+)
+def test_dynamic_graph_launches_have_each_requests_eager_blocks(g):
+    """With CUDA's dynamic shapes a captured request's launch is padded as its eager launch is (a
+    decode's one row to two, its keys to two blocks), so it reaches into the next request's first
+    row and key; its BlockMask still lists exactly the blocks of the request's own eager launch, in
+    order, as deterministic mode's bitwise replay needs."""
+    backend = _DynamicHere()
+    batches = [build_batch(c, make_inputs(c, "cpu"), "cpu") for c in g.batches]
+    runner = GraphRunner(backend, limits_of(g), batches)
+    state, batch = runner.state, batches[0]  # 3 requests, captured at 4
+    backend.replay_metadata(state, batch, 4)
+    graph = backend.graph_launches(state, backend.graph_launch(state, runner.static(4)), 4)
+    eager = [backend.pack(batch, r) for r in backend.launches(batch)]
+    e = state.limits.queries
+    assert [(x.q.shape[2], x.k.shape[2]) for x in graph] == [(max(e, 2), 129)] * 4
+    if e == 1:  # the padding row and key are the next request's
+        assert graph[0].q_doc.tolist() == [0, 1] and graph[0].kv_doc.tolist()[128] == 1
+    for captured, own in zip(graph, eager, strict=False):
+        a, b = backend.block_mask(captured), backend.block_mask(own)
+        for num, idx in (("kv_num_blocks", "kv_indices"), ("full_kv_num_blocks", "full_kv_indices")):
+            assert torch.equal(getattr(a, num)[..., :1], getattr(b, num)[..., :1]), num
+            n = int(getattr(b, num)[0, 0, 0])
+            assert torch.equal(getattr(a, idx)[0, 0, 0, :n], getattr(b, idx)[0, 0, 0, :n]), idx
 
 
 def test_deterministic_launches_pin_flex_main_kernel_on_cuda():

@@ -24,7 +24,7 @@ import torch
 from torch.utils._python_dispatch import _disable_current_modes
 
 from harness.backends.base import ALL_CAPABILITIES, BackendOutput
-from harness.backends.flex_blocks import block_mask_from_grid, without_q_blocks
+from harness.backends.flex_blocks import BLOCK, block_mask_from_grid
 from harness.backends.glue import EngineGlue
 from harness.backends.graph_glue import GraphGlue, GraphLimits, GraphState, StaticInputs
 from harness.backends.library import import_library
@@ -189,6 +189,10 @@ class FlexBase(EngineGlue):
         """Rows a launch is padded to (identity unless a variant compiles per shape)."""
         return n
 
+    def launch_lengths(self, num_queries: int, num_keys: int, device: str) -> tuple[int, int]:
+        """(query rows, keys) a launch of this many real ones is laid out at: `padded_len` of each."""
+        return self.padded_len(num_queries, device), self.padded_len(num_keys, device)
+
     # --- the mask and score functions ---------------------------------------------------------
 
     def document_mask(self, q_doc: torch.Tensor, kv_doc: torch.Tensor) -> MaskMod:
@@ -335,7 +339,7 @@ class FlexBase(EngineGlue):
                 kv_free.append(1)
                 kv_sink.append(1)
         nq, nk = len(q_doc), len(kv_doc)
-        lq, lk = self.padded_len(nq, dev.type), self.padded_len(nk, dev.type)
+        lq, lk = self.launch_lengths(nq, nk, dev.type)
 
         def rows(parts: list[torch.Tensor], length: int) -> torch.Tensor:
             x = torch.cat(parts)
@@ -679,15 +683,21 @@ class FlexCompiled(FlexBase, GraphGlue):
         """What plausibly makes torch.compile(flex_attention) compile anew on CUDA (dynamic shapes, so
         not the lengths): dtype, head_dim and heads (static in flex), the softmax scale (a constant of
         the kernel), deterministic mode (its kernel options, one launch per request), and the launch's
-        query rows: one (a size dynamo specialises) or under 128 (inductor's decoding kernel). A graph
-        replay's captured launches are keyed apart, by its layer. The warm-up groups by it too."""
+        query rows: under 128 (inductor's decoding kernel; one row is no variant of its own, as
+        `launch_lengths` pads it). A graph replay's captured launches are keyed apart, by its layer.
+        The warm-up groups by it too."""
         if isinstance(case, GraphCase):
             return ("graph", *self.variant_key(case.layer))
         rows = [r.extend_len for r in case.requests]
         launch_rows = max(rows) if case.deterministic else sum(rows)
         return (
-            case.dtype, case.head_dim, case.num_q_heads, case.num_kv_heads, case.scale, case.deterministic,
-            launch_rows == 1, launch_rows < 128,
+            case.dtype,
+            case.head_dim,
+            case.num_q_heads,
+            case.num_kv_heads,
+            case.scale,
+            case.deterministic,
+            launch_rows < 128,
         )
 
     def static_shapes(self, device: str) -> bool:
@@ -698,6 +708,19 @@ class FlexCompiled(FlexBase, GraphGlue):
     def padded_len(self, n: int, device: str) -> int:
         """With static shapes, padded to a few bucket sizes so that shapes repeat."""
         return bucket(n) if self.static_shapes(device) else n
+
+    def launch_lengths(self, num_queries: int, num_keys: int, device: str) -> tuple[int, int]:
+        """With dynamic shapes, lengths past the sizes dynamo specialises. Its 0/1 rule gives a size of
+        1 a graph of its own beside the one for larger sizes, so a launch of one query row, of one
+        key, of 128 rows (one query block of the BlockMask, at flex's main kernel) or of at most 128
+        keys (one key block) was each a compile of its own (docs/flex.md, "Compile cost and shapes").
+        Rows 1 and 128 get one padding row, keys at least two blocks: padding rows and keys belong to
+        no request, so their blocks are empty and skipped. Every launch under 128 rows has one query
+        block; that is flex's decoding kernel, a variant of its own (`variant_key`)."""
+        if self.static_shapes(device):
+            return super().launch_lengths(num_queries, num_keys, device)
+        rows = num_queries + 1 if num_queries in (1, BLOCK) else num_queries
+        return rows, max(num_keys, BLOCK + 1)
 
     def kernel(self, device: str) -> Callable:
         return _compiled_flex(dynamic=not self.static_shapes(device))
@@ -746,10 +769,11 @@ class FlexCompiled(FlexBase, GraphGlue):
 
     def graph_lengths(self, limits: GraphLimits, device: str, per_request: bool) -> tuple[int, int]:
         """(query rows, keys) of a captured launch: the whole batch at the limits, or one request (in
-        deterministic mode, as the eager path's `launches`), padded as the eager launches are."""
+        deterministic mode, as the eager path's `launches`), laid out as the eager launches are
+        (`launch_lengths`)."""
         e, stride = limits.queries, self.graph_stride(limits)
         n = 1 if per_request else limits.max_batch
-        return self.padded_len(n * e, device), self.padded_len(n * stride, device)
+        return self.launch_lengths(n * e, n * stride, device)
 
     def graph_buffers(self, limits: GraphLimits, batch: Batch) -> GraphState:
         """The per-row and per-key index buffers, the flattened tree tables, the layer's scalars
@@ -860,7 +884,9 @@ class FlexCompiled(FlexBase, GraphGlue):
     def graph_launches(self, state: GraphState, whole: Launch, bs: int) -> list[Launch]:
         """The captured launches, views of the whole layout at fixed lengths (graph_lengths): one for
         the batch, or in deterministic mode one per request (rows r * E.., keys r * stride..), so a
-        request's blocks and their order are those of its eager launch."""
+        request's blocks and their order are those of its eager launch. Padded as the eager launches
+        are, a request's launch may reach into the next request's first row or key; its BlockMask
+        counts only its own rows (`visible_grid`), and the document mask hides the next's keys."""
         e, stride, dev = state.limits.queries, self.graph_stride(state.limits), state.device.type
         per_request = state.layer.case.deterministic
         lq, lk = self.graph_lengths(state.limits, dev, per_request)
@@ -882,26 +908,15 @@ class FlexCompiled(FlexBase, GraphGlue):
             )
         return out
 
-    def captured_block_mask(self, launch: Launch, device: torch.device):  # noqa: ANN201 - a flex BlockMask
-        """The graph path's BlockMask: create_block_mask over the launch's mask_mod, from the buffers
-        (torch ops, no host read). It runs once per capture, so its cost never reaches a replay, and
-        it is the build the replay check passed with on the H100; block_mask's direct build is the same
-        mask (tests/test_flex.py compares the two). Its query-block indices, which only the backward
-        reads, are dropped as the eager build skips them (`without_q_blocks`): the kernel's inputs
-        then have one structure on both paths, so one compile serves both."""
-        from torch.nn.attention.flex_attention import create_block_mask
-
-        lq, lk = launch.q.shape[2], launch.k.shape[2]
-        return without_q_blocks(create_block_mask(self.mask_mod(launch), 1, None, lq, lk, device=device))
-
     def graph_kernel(self, state: GraphState, static: StaticInputs) -> torch.Tensor:
-        """Per launch, the BlockMask built from the buffers (captured_block_mask), then the compiled
-        kernel at the fixed shapes; sinks through the LSE where it has one."""
+        """Per launch, the BlockMask built from the buffers as the eager path builds it (`block_mask`:
+        torch ops at fixed sizes, no host read, so it is captured and rebuilt by each replay), then
+        the compiled kernel at the fixed shapes; sinks through the LSE where it has one."""
         want_lse = self.returns_lse_on(state.device.type)
         scale, call = state.layer.case.scale, opaque_kernel(self.graph_call_flex)
         outs = []
         for launch in self.graph_launches(state, self.graph_launch(state, static), static.bs):
-            block_mask = self.captured_block_mask(launch, state.device)
+            block_mask = self.block_mask(launch)
             o, lse = call(launch, self.score_mod(launch), block_mask, scale, want_lse)
             if static.sinks is not None and self.sinks_via_lse(state.layer):
                 o = self.apply_sinks(o, lse, static.sinks)

@@ -5,9 +5,8 @@ dispatch in Python for every operation of the mask), then reduces the grid to bl
 comes from the glue's own `mask_mod` evaluated once by broadcasting its index tensors (flex.py's
 `visible_grid`), and this module reduces it to blocks exactly as flex does (a block is partial when
 some of its entries are visible, full when all are; `full` blocks skip the mask_mod in the kernel),
-then hands the ordered indices to the public `BlockMask.from_kv_blocks`. The eager path's build; the
-CUDA-graph path keeps create_block_mask, once per capture (flex.py's `captured_block_mask`).
-docs/flex.md says why.
+then hands the ordered indices to the public `BlockMask.from_kv_blocks`. Both paths use it: the eager
+launches and, captured, the CUDA-graph path's (no host read). docs/flex.md says why.
 """
 
 from __future__ import annotations
@@ -66,22 +65,6 @@ def _from_kv_blocks(kv_num, kv_idx, full_num, full_idx, lengths, mask_mod, block
         mask_mod=mask_mod,
         seq_lengths=lengths,
         **extra,
-    )
-
-
-def without_q_blocks(mask):  # noqa: ANN001, ANN201 - a flex BlockMask
-    """`mask` (create_block_mask's) rebuilt from its key-block tensors, as block_mask_from_grid builds
-    one: the same blocks, without the query-block indices where this torch skips them."""
-    if not _skips_q_blocks():
-        return mask
-    return _from_kv_blocks(
-        mask.kv_num_blocks,
-        mask.kv_indices,
-        mask.full_kv_num_blocks,
-        mask.full_kv_indices,
-        mask.seq_lengths,
-        mask.mask_mod,
-        mask.BLOCK_SIZE,
     )
 
 
