@@ -69,3 +69,32 @@ def test_a_run_inside_this_one_leaves_no_shard_set(pytester):
 
     _ids(_collect(pytester, "--harness-shard", "1/2"))
     assert variant_shards.current() == (0, 1)
+
+
+MODEL_TESTS = """
+import pytest
+
+def test_a():
+    pass
+
+@pytest.mark.parametrize("model", ["gemma", "mistral"])
+def test_m(model):
+    pass
+
+@pytest.mark.parametrize("n", range(2))
+def test_z(n):
+    pass
+"""
+
+
+def test_model_checks_come_first_in_each_shard_in_their_order(pytester):
+    """A model check imports transformers, which re-keys dynamo's guards of every graph traced before
+    it (the plugin's `_models_first`): each shard runs its model checks before its other tests."""
+    pytester.makepyfile(test_generated=MODEL_TESTS)
+
+    def names(*args: str) -> list[str]:
+        ids = _ids(pytester.runpytest("--collect-only", "-q", "-p", "harness.run.pytest_plugin", *args))
+        return [i.split("::")[1] for i in ids]
+
+    assert names() == ["test_m[gemma]", "test_m[mistral]", "test_a", "test_z[0]", "test_z[1]"]
+    assert names("--harness-shard=0/2") == ["test_m[mistral]", "test_a", "test_z[1]"]  # collected a, m, z

@@ -173,6 +173,20 @@ def _print_progress(config: pytest.Config, progress: Progress) -> None:
 
 @pytest.hookimpl(trylast=True)  # after -k and -m: the shards split what is selected, evenly
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """This shard's items (`_keep_shard`), the model checks first (`_models_first`)."""
+    _keep_shard(config, items)
+    _models_first(items)
+
+
+def _models_first(items: list[pytest.Item]) -> None:
+    """Move the model checks ahead of the other tests, in their order. A model check imports
+    transformers, whose output classes register as pytree types; dynamo guards each graph of a
+    compiled call on that registry (flex_compiled's, which traces through pytree), so every graph a
+    process traced before the import would be traced again after it."""
+    items.sort(key=lambda item: "model" not in (item.callspec.params if hasattr(item, "callspec") else {}))
+
+
+def _keep_shard(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Keep this shard's items: every search test where the shards split the cases by variant, the
     whole tests the variant weights deal to this shard, and every Nth of the others; the rest are
     reported as deselected, so the counts add up."""
