@@ -183,6 +183,8 @@ def test_fit_finds_a_process_fixed_cost_from_two_shard_counts_or_none():
     fixed, work = costs.fit({1: 60.0, 2: 35.0, 4: 22.5})  # exactly 10 + 50 / n
     assert (fixed, work) == (pytest.approx(10.0), pytest.approx(50.0))
     assert costs.fit({3: 100.0}) is None  # one shard count: no fit
+    assert costs.fit({5: 39.5, 6: 39.1}) is None  # counts too close: 2 x H200, 37 s "fixed" from noise
+    assert costs.fit({5: 39.5, 6: 39.1, 1: 75.3}) is not None  # with one process beside them
     assert costs.fit({2: 50.0, 4: 60.0}) is None  # longer with more shards: no work to divide
     assert costs.fit({1: 100.0, 2: 40.0}) is None  # a fixed cost below zero
 

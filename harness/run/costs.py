@@ -43,6 +43,11 @@ DEFAULT_SECONDS = {
     "flashinfer_enc": 22.0,
 }
 UNKNOWN_SECONDS = 60.0
+# How many times the smallest shard count the largest must be for a fit: between close counts the
+# parts' run-to-run noise is the slope. On 2 x H200 (2026-11-27) flex_compiled's parts took 39.1 s a
+# part as one of 6 and 39.5 s as one of 5; fitted, that was 37 s fixed and 49 s as one process, and
+# the part planned so took 75 s unsplit, the two-GPU run's longest by 26 s.
+FIT_SPAN = 2
 MEASURED_CODES = (0, 1, 5)  # a part that ran to its end (1: it found failures); not interrupted
 Parts = list[tuple[str, int, float]]  # each part's backend, exit code and seconds
 
@@ -64,9 +69,10 @@ def _read(path: Path) -> dict[str, dict[str, dict]]:
 
 def fit(means: dict[int, float]) -> tuple[float, float] | None:
     """(fixed, work) seconds of a backend's process from a part's mean seconds at each shard count,
-    least squares over mean = fixed + work / shards; None from fewer than two shard counts, or where
-    the fit is not a fixed cost >= 0 and work > 0 (the parts did not get shorter with more shards)."""
-    if len(means) < 2:
+    least squares over mean = fixed + work / shards; None from shard counts less than FIT_SPAN apart,
+    or where the fit is not a fixed cost >= 0 and work > 0 (the parts did not get shorter with more
+    shards)."""
+    if len(means) < 2 or max(means) < FIT_SPAN * min(means):
         return None
     xs, ys = [1 / n for n in means], list(means.values())
     mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
