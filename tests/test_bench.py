@@ -313,7 +313,9 @@ def test_a_pass_runs_from_the_barrier_not_from_a_late_workers_start():
     assert par.found == [here, here] and {status for status, _ in here} == {"pass"}
 
 
-@pytest.mark.parametrize(("device", "env"), [("cuda", {"OMP_NUM_THREADS": "1"}), ("cpu", {})])
+@pytest.mark.parametrize(
+    ("device", "env"), [("cuda", {"OMP_NUM_THREADS": "1", "TORCHINDUCTOR_COMPILE_THREADS": "1"}), ("cpu", {})]
+)
 def test_workers_get_the_threads_a_check_gives_its_parts(monkeypatch, device, env):
     """On CUDA the workers run with the CPU threads of `check --jobs`'s parts (parallel.cuda_threads),
     so the rate they measure is that of the check's processes; on the CPU torch's default."""
@@ -330,6 +332,7 @@ def test_workers_get_the_threads_a_check_gives_its_parts(monkeypatch, device, en
             pass
 
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.delenv("TORCHINDUCTOR_COMPILE_THREADS", raising=False)
     monkeypatch.setattr(processes, "Worker", NoWorker)
     par = parallel_passes(load("torch_native"), device, [], workers=2, repeat=1)
     assert made == [env, env] and par.error.startswith("worker 0: ")

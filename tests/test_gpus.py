@@ -83,6 +83,7 @@ def two_gpus(monkeypatch):
     def fake_parallel(cmd, env, names, jobs, gpus, *rest):  # noqa: ANN001, ANN002, ANN202
         seen.update(jobs=jobs, gpus=gpus, visible=env.get("CUDA_VISIBLE_DEVICES"))
         seen.update(threads=env.get("OMP_NUM_THREADS"), early=early_worker(cmd, env))
+        seen.update(compile_threads=env.get(parallel.COMPILE_THREADS))
         seen.update(quick="--harness-quick-exit" in cmd)
         return 0
 
@@ -122,12 +123,15 @@ def test_the_processes_of_a_cuda_check_get_one_cpu_thread_unless_the_user_chose(
     two_gpus, tmp_path, monkeypatch, given, threads
 ):
     """16 parts' workers, each with torch's thread per core, oversubscribed a 32-core host
-    (parallel.CUDA_PART_THREADS); a user's OMP_NUM_THREADS is kept."""
-    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
-    if given:
-        monkeypatch.setenv("OMP_NUM_THREADS", given)
+    (parallel.CUDA_PART_THREADS), and inductor would start a compile process per core in each
+    (parallel.COMPILE_THREADS); a user's choice of either is kept."""
+    for name in ("OMP_NUM_THREADS", parallel.COMPILE_THREADS):
+        monkeypatch.delenv(name, raising=False)
+        if given:
+            monkeypatch.setenv(name, given)
     assert main(["check", "--reports", str(tmp_path)]) == 0
     assert two_gpus["jobs"] == 16 and two_gpus["threads"] == threads
+    assert two_gpus["compile_threads"] == threads
 
 
 @pytest.mark.parametrize(

@@ -39,6 +39,11 @@ TIME_SPLIT_KEYS = ("startup_s", "launch_s", "collect_s", "cases_s", "tests_s", "
 # worker oversubscribed the cores: on 2 x H200 (32 cores), three backends checked in 16 parts took 56 %
 # more case seconds than in 8 parts on one GPU with the default, 16 % with one thread (docs/bench.md).
 CUDA_PART_THREADS = 1
+# Inductor starts min(32, cores) compile processes, a torch import each, in every process at its first
+# compiled call (torch/_dynamo/backends/inductor.py, maybe_warm_pool), even when each graph is in the
+# cache: 32 in each flex_compiled shard's worker on a 32-core host. A check's kernels are compiled by
+# its warm-up (one thread a worker there too), so its parts keep to one.
+COMPILE_THREADS = "TORCHINDUCTOR_COMPILE_THREADS"
 
 
 @dataclass
@@ -103,9 +108,10 @@ def file_name(backend: str) -> str:
 
 
 def cuda_threads(env: Mapping[str, str]) -> dict[str, str]:
-    """OMP_NUM_THREADS for the processes of a CUDA check run several at once, unless `env` (the
-    user's) already sets it."""
-    return {} if "OMP_NUM_THREADS" in env else {"OMP_NUM_THREADS": str(CUDA_PART_THREADS)}
+    """OMP_NUM_THREADS and inductor's compile threads (COMPILE_THREADS) for the processes of a CUDA
+    check run several at once, each unless `env` (the user's) already sets it."""
+    want = {"OMP_NUM_THREADS": str(CUDA_PART_THREADS), COMPILE_THREADS: "1"}
+    return {name: value for name, value in want.items() if name not in env}
 
 
 def part_env(env: dict[str, str], backends_env: str, part: Part) -> dict[str, str]:
