@@ -109,12 +109,60 @@ def excused_crash(backend, case, device):
 
 def test_a_crash_a_known_issue_excuses_still_retires_its_worker(runner):
     """The backend raised (its CUDA context may be gone) even though the result is xfail: the next
-    case gets a fresh worker."""
-    assert runner.run(check_case, TorchNative(), GOOD, "cpu").status == "pass"
-    assert runner.run(excused_crash, TorchNative(), GOOD, "cpu").status == "xfail"
+    case gets a fresh worker, started as the fault is reported."""
+    first = runner.run(case_process, TorchNative(), GOOD, "cpu").extra["pid"]
     assert runner.worker.started == 1
-    assert runner.run(check_case, TorchNative(), GOOD, "cpu").status == "pass"
+    assert runner.run(excused_crash, TorchNative(), GOOD, "cpu").status == "xfail"
     assert runner.worker.started == 2
+    assert runner.run(case_process, TorchNative(), GOOD, "cpu").extra["pid"] != first
+    assert runner.worker.started == 2
+
+
+def case_process(backend, case, device):
+    """A check that reports the process it ran in and when that process started, in seconds since
+    boot (/proc/self/stat's start time, as /proc/uptime counts)."""
+    from harness.core.results import CaseResult
+
+    ticks = int(open("/proc/self/stat").read().rsplit(")", 1)[1].split()[19])
+    started = ticks / os.sysconf("SC_CLK_TCK")
+    return CaseResult("pass", backend.name, device, case, extra={"pid": os.getpid(), "started": started})
+
+
+def _children() -> set[int]:
+    """This process's live child processes but multiprocessing's resource tracker (started with the
+    first spawned process, it outlives them)."""
+    out = set()
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                state, ppid = f.read().rsplit(")", 1)[1].split()[:2]
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                tracker = b"resource_tracker" in f.read()
+        except (OSError, ValueError):
+            continue
+        if int(ppid) == os.getpid() and state != "Z" and not tracker:
+            out.add(int(entry))
+    return out
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc: Linux")
+def test_after_a_fault_the_next_faults_replacement_is_already_started(runner):
+    """From the first fault on, a spare process starts beside the worker: the case after the second
+    fault runs in a process started as the first fault was reported, and closing the runner ends
+    both."""
+    before = _children()
+    pids = [runner.run(case_process, TorchNative(), GOOD, "cpu").extra["pid"]]
+    assert runner.run(check_case, RaisesCudaError(), GOOD, "cpu").status == "crash"
+    with open("/proc/uptime") as f:
+        first_fault_reported = float(f.read().split()[0])
+    pids.append(runner.run(case_process, TorchNative(), GOOD, "cpu").extra["pid"])
+    assert runner.run(check_case, RaisesCudaError(), GOOD, "cpu").status == "crash"
+    third = runner.run(case_process, TorchNative(), GOOD, "cpu")
+    pids.append(third.extra["pid"])
+    assert len(set(pids)) == 3 and third.extra["started"] <= first_fault_reported
+    assert len(_children() - before) == 2  # the worker and its spare
+    runner.close()
+    assert _children() - before == set()
 
 
 def test_pool_spreads_cases_over_workers_and_isolates_each():

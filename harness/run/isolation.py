@@ -8,7 +8,8 @@ then runs the checks sent to it over a pipe, each backend pickled to it once. Th
   (faulthandler prints the Python stack there);
 - no result within the time limit: HANG, and the worker is killed.
 After a CRASH or HANG the worker is replaced (a CUDA context that saw an illegal access is dead) and
-the run goes on with the next case. With several GPUs, `WorkerPool` keeps one worker per GPU.
+the run goes on with the next case; from then on a spare process is kept starting beside the worker,
+so a later fault's replacement has imported already. With several GPUs, `WorkerPool` keeps one worker per GPU.
 
 Isolation is on for CUDA and off for the CPU unless ATTN_HARNESS_ISOLATE=1 (0 turns it off
 everywhere); ATTN_HARNESS_CASE_TIMEOUT sets the time limit per case in seconds.
@@ -68,7 +69,8 @@ def _run_in_worker(key: str, blob: bytes | None, fn: Callable, args: tuple) -> C
 
 
 class IsolatedRunner:
-    """Runs checks in one worker (pinned to one GPU when given); replaces it after a CRASH or HANG.
+    """Runs checks in one worker (pinned to one GPU when given); replaces it after a CRASH or HANG,
+    from the second fault on with a process started beside it at the first (Worker's `standby`).
     Its first worker is the one harness/run/prestart.py spawned as the process started, if any.
 
     A backend is pickled to a worker once; its first case in a worker gets `first_timeout` (it may
@@ -82,6 +84,7 @@ class IsolatedRunner:
         self.first_timeout = first
         env = prestart.worker_env(gpu)
         self.worker = prestart.claim(env) or Worker(env=env, preload=PRELOAD)
+        self.worker.standby = True  # after a fault, the next one's worker is already starting
         self.process = 0  # the worker process that `sent` and `warm` describe (Worker.started)
         self.sent: set[str] = set()  # backends that process holds
         self.warm: set[str] = set()  # backends that completed a case there
@@ -119,18 +122,25 @@ class IsolatedRunner:
                 tail = self.worker.log_tail()
                 if tail:
                     res.extra["worker_output"] = tail
-                self.worker.stop()
+                self._replace()
             return res
         if out.kind == "raised":
             self.worker.stop()
             raise WorkerError(f"the harness failed inside the worker:\n{out.error}")
+        self._replace()  # it died or was killed for hanging: its next process starts now
         status = "crash" if out.kind == "died" else "hang"
         return CaseResult(
             status, backend.name, device, case, reason=out.error, seconds=time.perf_counter() - start
         )
 
-    def close(self) -> None:
+    def _replace(self) -> None:
+        """End the worker's process after a fault and start the next one at once: the spare started
+        beside it, if any (Worker's `standby`), while the caller records the result."""
         self.worker.stop()
+        self.worker.spawn()
+
+    def close(self) -> None:
+        self.worker.close()
 
 
 def visible_gpus() -> list[str]:

@@ -175,7 +175,8 @@ class Worker:
     (as Child's); `finalize`: end with Python's finalisation rather than at once (the warm-up's
     compilers leave semaphores it releases; without it the resource tracker warns of them).
     `started` counts the processes started so far (1 + replacements): a caller that keeps state in
-    the process sees a new one by a new count.
+    the process sees a new one by a new count. `standby`: once replaced, keep the next replacement
+    starting beside the process (`spawn`); `close` ends it too.
     """
 
     def __init__(
@@ -186,6 +187,7 @@ class Worker:
         nice: int = 0,
         warm: Call | None = None,
         finalize: bool = False,
+        standby: bool = False,
     ) -> None:
         _WORKERS.add(self)
         self.name = name
@@ -200,6 +202,8 @@ class Worker:
         self.mark = 0  # the log's size when the last call began: its output starts there
         self.started = 0
         self.ready = False  # the running process has reported its imports done
+        self.standby = standby
+        self._spare: _Process | None = None  # the next replacement, already starting
 
     def start(self) -> None:
         """Start the process unless one is running (one that died while idle is replaced), and wait
@@ -222,30 +226,47 @@ class Worker:
 
     def spawn(self) -> None:
         """Start the process unless one is running, without waiting for its imports: `start` (and
-        so every call) waits for them. Spawned early, a worker imports while its caller works."""
+        so every call) waits for them. Spawned early, a worker imports while its caller works. With
+        `standby`, a replacement takes the spare started beside the process it replaces, and from the
+        first replacement on another spare starts beside it: a worker replaced after each fault of a
+        backend (a CUDA context that saw an illegal access is dead) found its next process importing
+        torch and the library again, 4 to 5 s a fault on an H200."""
         if self.proc is not None and not self.proc.is_alive():
             self.stop()
         if self.proc is not None:
             return
+        spare, self._spare = self._spare, None
+        if spare is not None and not spare.proc.is_alive():
+            spare.end(kill=True)
+            spare = None
+        self.proc, self.conn, self.log_path = spare or self._launch()
+        self.mark = 0
+        self.started += 1
+        if self.standby and self.started > 1:
+            try:
+                self._spare = self._launch()
+            except WorkerError:  # no spare: the next replacement starts its own, as without standby
+                self._spare = None
+
+    def _launch(self) -> _Process:
+        """A new process serving this worker's calls, started."""
         ctx = mp.get_context("spawn")
-        fd, self.log_path = tempfile.mkstemp(prefix="attn-harness-worker-", suffix=".log")
+        fd, log_path = tempfile.mkstemp(prefix="attn-harness-worker-", suffix=".log")
         os.close(fd)
         parent, child = ctx.Pipe()
-        self.conn = parent
         with _SPAWNING, _environ(self.env):  # one spawn at a time: each sees only its own changes
-            args = (child, self.log_path, self.preload, self.nice, self.warm, self.finalize)
-            self.proc = ctx.Process(target=_serve, args=args, name=self.name, daemon=True)
+            args = (child, log_path, self.preload, self.nice, self.warm, self.finalize)
+            proc = ctx.Process(target=_serve, args=args, name=self.name, daemon=True)
             try:
-                self.proc.start()
+                proc.start()
             except Exception as e:  # e.g. spawn from a script without a __main__ guard: no process
                 child.close()
-                self.proc = None
-                self.stop()
+                parent.close()
+                os.unlink(log_path)
                 why = " ".join(str(e).split())  # one line: multiprocessing's text starts with one break
                 raise WorkerError(f"worker could not be spawned: {type(e).__name__}: {why}") from e
         child.close()
-        self.mark = 0
-        self.started += 1
+        return _Process(proc, parent, log_path)
 
     def call(self, fn: Callable[..., Any], args: tuple, timeout: float) -> Outcome:
         """fn(*args) in the worker (fn importable by name there), within `timeout` seconds."""
@@ -284,30 +305,53 @@ class Worker:
         return self.proc.exitcode
 
     def stop(self, kill: bool = False) -> None:
-        """End the worker (politely unless `kill`, then by force); the next call starts a fresh one."""
+        """End the worker's process (politely unless `kill`, then by force); the next call starts a
+        fresh one (its spare, with `standby`)."""
         if self.proc is not None:
-            if not kill:
-                try:
-                    self.conn.send(None)
-                except OSError:
-                    pass
-                self.proc.join(2)
-            if self.proc.is_alive():
-                self.proc.kill()
-                self.proc.join(10)
-        if self.conn is not None:
-            self.conn.close()
-        if self.log_path and os.path.exists(self.log_path):
-            os.unlink(self.log_path)
+            _Process(self.proc, self.conn, self.log_path).end(kill)
         self.proc = self.conn = self.log_path = None
         self.ready = False
+
+    def close(self) -> None:
+        """End the worker's process and its spare: nothing of it is left running."""
+        self.stop()
+        if self._spare is not None:
+            self._spare.end(kill=False)
+            self._spare = None
+
+
+@dataclass
+class _Process:
+    """One process serving a Worker: the process, the parent's end of its pipe, its log file."""
+
+    proc: Any
+    conn: Connection
+    log_path: str
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter((self.proc, self.conn, self.log_path))
+
+    def end(self, kill: bool) -> None:
+        """Ask it to exit (unless `kill`), give it 2 s, then kill it; close the pipe, remove the log."""
+        if not kill:
+            try:
+                self.conn.send(None)
+            except OSError:
+                pass
+            self.proc.join(2)
+        if self.proc.is_alive():
+            self.proc.kill()
+            self.proc.join(10)
+        self.conn.close()
+        if self.log_path and os.path.exists(self.log_path):
+            os.unlink(self.log_path)
 
 
 @atexit.register
 def stop_all() -> None:
     """Stop every Worker of this process: at its exit, or before an exit that skips atexit."""
     for w in list(_WORKERS):
-        w.stop()
+        w.close()
 
 
 def concurrently(tasks: Sequence[Callable[[], T]]) -> list[T]:
