@@ -313,10 +313,11 @@ class Worker:
         self.ready = False
 
     def close(self) -> None:
-        """End the worker's process and its spare: nothing of it is left running."""
+        """End the worker's process and its spare, which has served nothing (killed: it may still be
+        importing, and would not read the pipe's request to exit before `stop`'s 2 s wait)."""
         self.stop()
         if self._spare is not None:
-            self._spare.end(kill=False)
+            self._spare.end(kill=True)
             self._spare = None
 
 
