@@ -183,7 +183,12 @@ def _models_first(items: list[pytest.Item]) -> None:
     transformers, whose output classes register as pytree types; dynamo guards each graph of a
     compiled call on that registry (flex_compiled's, which traces through pytree), so every graph a
     process traced before the import would be traced again after it."""
-    items.sort(key=lambda item: "model" not in (item.callspec.params if hasattr(item, "callspec") else {}))
+    items.sort(key=lambda item: "model" not in _params(item))
+
+
+def _params(item: pytest.Item) -> dict:
+    """A test's parametrize values (none for a test without parameters)."""
+    return item.callspec.params if hasattr(item, "callspec") else {}
 
 
 def _keep_shard(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -206,14 +211,12 @@ def _keep_shard(config: pytest.Config, items: list[pytest.Item]) -> None:
 
 def _split_by_variant(item: pytest.Item) -> bool:
     """Whether a test is a search whose cases the shards split by variant (every shard runs it)."""
-    t = item.callspec.params.get("target") if hasattr(item, "callspec") else None
-    return isinstance(t, Target) and variant_shards.splits()
+    return isinstance(_params(item).get("target"), Target) and variant_shards.splits()
 
 
 def _dealt_shard(item: pytest.Item, count: int) -> int | None:
     """The shard the variant weights deal a whole test to (a model check), or None."""
-    params = item.callspec.params if hasattr(item, "callspec") else {}
-    name = params.get("backend_name")
+    name = _params(item).get("backend_name")
     if not isinstance(name, str) or not variant_shards.splits():
         return None
     from harness import backends
@@ -239,7 +242,7 @@ def probe_failure(result: CaseResult, target: Target) -> dict:
 def _identity(item: pytest.Item) -> dict:
     """backend, device, family, features (and a model-level test's model, in `extra`) of a suite
     test, from its Target or its parameters: the fields of its test_record."""
-    params = item.callspec.params if hasattr(item, "callspec") else {}
+    params = _params(item)
     t = params.get("target")
     if isinstance(t, Target):
         features = ["window"] if t.window == "swa" else []
@@ -319,7 +322,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):  # noqa
     items: list[CaseResult] = item.stash.get(_ITEM_KEY, [])
     kept = [r for r in items if r.status in NOT_FAILURES]
     fails = [r for r in items if r.status not in NOT_FAILURES]  # fail, crash, hang
-    t = item.callspec.params.get("target") if hasattr(item, "callspec") else None
+    t = _params(item).get("target")
     if report.failed and fails:
         kept.append(fails[-1])
         _case_failure_only(report, call)
