@@ -159,32 +159,35 @@ def _collect(profile: str, *args: str, cache: Path | None = None) -> list[str]:
     return [line for line in out.stdout.splitlines() if "::" in line]
 
 
-def test_collection_keeps_every_search_test_of_a_keyed_backend_and_splits_the_model_checks():
+def test_collection_keeps_every_search_test_of_a_keyed_backend_and_the_model_checks_together():
+    """Without weights, every shard runs every search test, and one (the hash's) all model checks."""
     every = _collect("gpu")
     searches = [i for i in every if "test_model_logprobs" not in i]
     models = [i for i in every if "test_model_logprobs" in i]
     assert searches and len(models) >= 2
+    owner = variant_shards.owner(variant_shards.WHOLE_TESTS, 2)
     for index in range(2):
         ids = _collect("gpu", "--harness-shard", f"{index}/2")
         assert [i for i in ids if i in searches] == searches
-        assert [i for i in ids if i in models] == models[index::2]
+        assert [i for i in ids if i in models] == (models if index == owner else [])
 
 
-def test_the_weights_deal_whole_tests_too_and_the_unnamed_ones_split_by_index(tmp_path):
-    """A model check's measured seconds weigh it like a variant: the heaviest goes to shard 0, the
-    next to the lighter shard 1; those the weights do not name are split by index among themselves."""
+def test_the_weights_deal_the_whole_tests_as_one_unit(tmp_path):
+    """The model checks' summed seconds weigh them like a variant: heavier than the one variant named,
+    they go to shard 0 and the variant to shard 1; lighter, the other way round. A key of neither kind
+    (an older file's per-test weight) is dropped on reading."""
     models = [i for i in _collect("gpu") if "test_model_logprobs" in i]
-    weights = {variant_shards.TEST_KEY + models[0]: 50.0, variant_shards.TEST_KEY + models[1]: 1.0}
     path = variant_shards.weights_path(KEYED, "gpu", tmp_path)
     path.parent.mkdir(parents=True)
-    path.write_text(json.dumps({"format": variant_shards.FORMAT, "weights": weights}))
-    dealt = [
-        [i for i in _collect("gpu", "--harness-shard", f"{n}/2", cache=tmp_path) if i in models]
-        for n in (0, 1)
-    ]
-    rest = models[2:]
-    assert dealt[0] == [m for m in models if m == models[0] or m in rest[0::2]]
-    assert dealt[1] == [m for m in models if m == models[1] or m in rest[1::2]]
+    for whole, variant, shard in ((50.0, 1.0, 0), (1.0, 50.0, 1)):
+        weights = {variant_shards.WHOLE_TESTS: whole, "0123456789abcdef": variant, "test " + models[0]: 99.0}
+        path.write_text(json.dumps({"format": variant_shards.FORMAT, "weights": weights}))
+        assert sorted(variant_shards.read_weights(path)) == ["0123456789abcdef", variant_shards.WHOLE_TESTS]
+        dealt = [
+            [i for i in _collect("gpu", "--harness-shard", f"{n}/2", cache=tmp_path) if i in models]
+            for n in (0, 1)
+        ]
+        assert dealt[shard] == models and dealt[1 - shard] == []
 
 
 def test_shards_split_the_tests_when_the_profile_targets():
@@ -305,7 +308,8 @@ def test_a_check_measures_each_variants_seconds_and_keeps_the_unmeasured_weights
     records = [_record(one, 2.0), _record(one, 0.5), _record(two, 1.25), _record(one, 9.0, graph=replay)]
     records += [_record(two, 7.0, backend="other"), {"backend": "torch_native", "case": None, "seconds": 3.0}]
     model = {"backend": "torch_native", "case": None, "seconds": 12.5, "test_id": "cases/t.py::m[x]"}
-    records += [model, {**model, "test_id": "cases/t.py::skipped", "seconds": 0.0}]
+    records += [model, {**model, "test_id": "cases/t.py::m[y]", "seconds": 2.25}]
+    records += [{**model, "test_id": "cases/t.py::skipped", "seconds": 0.0}]
     path = variant_shards.save_measured(backend, "gpu", records, tmp_path)
     key = backend.variant_key
     assert variant_shards.read_weights(path) == {
@@ -315,7 +319,7 @@ def test_a_check_measures_each_variants_seconds_and_keeps_the_unmeasured_weights
             key(replay)
         ): 9.0,  # a replay is weighed by its first batch's variant, as it is dealt
         variant_shards.name(key(kept)): 0.142,  # not run: its modelled weight stays
-        "test cases/t.py::m[x]": 12.5,  # a whole test (a model check) with its seconds
+        variant_shards.WHOLE_TESTS: 14.75,  # the whole tests (model checks) run, their seconds summed
     }
     assert variant_shards.save_measured(backend, "gpu", [records[4], records[-1]], tmp_path) is None
 

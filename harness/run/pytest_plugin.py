@@ -192,9 +192,10 @@ def _params(item: pytest.Item) -> dict:
 
 
 def _keep_shard(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Keep this shard's items: every search test where the shards split the cases by variant, the
-    whole tests the variant weights deal to this shard, and every Nth of the others; the rest are
-    reported as deselected, so the counts add up."""
+    """Keep this shard's items: every search test where the shards split the cases by variant, a
+    backend's whole tests where the variant weights deal them (all in one shard: the first pays
+    transformers' import), and every Nth of the others; the rest are reported as deselected, so the
+    counts add up."""
     index, count = config.stash[_SHARD_KEY]
     if count == 1:
         return
@@ -215,13 +216,13 @@ def _split_by_variant(item: pytest.Item) -> bool:
 
 
 def _dealt_shard(item: pytest.Item, count: int) -> int | None:
-    """The shard the variant weights deal a whole test to (a model check), or None."""
+    """The shard the variant weights deal a backend's whole tests to (its model checks), or None."""
     name = _params(item).get("backend_name")
     if not isinstance(name, str) or not variant_shards.splits():
         return None
     from harness import backends
 
-    return variant_shards.shard_of_test(backends.load(name), item.nodeid, count)
+    return variant_shards.shard_of_whole_tests(backends.load(name), count)
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:

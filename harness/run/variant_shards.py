@@ -12,22 +12,26 @@ a second each) and meets nearly every variant, since each family draws most of t
 process took 165 s, and 3 variant shards 69-72 s each (docs/bench.md).
 
 Draws are alike only in a derandomized profile without the target phase (`gpu`; `ci` has it): in
-another profile the shards split the tests, every Nth from the Ith. A test without a search target
-(a model check) is run whole by one shard (harness/run/pytest_plugin.py).
+another profile the shards split the tests, every Nth from the Ith. The tests without a search target
+(the backend's model checks) all run whole in one shard (harness/run/pytest_plugin.py): the first model
+check in a process pays transformers' import and the first model's construction (on an H200 a
+GPT-OSS check took 20 s first in a process, 5 s third: docs/bench.md). Dealt one each to three shards,
+all three paid it; the model checks were half of the CUDA check's case seconds.
 
 Balance: each variant's weight, the seconds its cases take in the shard that owns it, is kept in
 the cache directory: modelled by the warm-up from what its recording drew (record mode, for the
 backends it records), then measured by each check that did not compile (the sum of its cases'
-seconds, the first one's trace included). A test a shard runs whole is weighed too, by its measured
-seconds. Every shard reads that file and deals the variants and such tests out the same way,
-heaviest first, each to the lightest shard. A variant the file lacks (no check measured it yet, or
-the draws changed) goes to the shard a hash of its key names; a test it lacks, by index.
+seconds, the first one's trace included). The whole tests weigh as one unit (`WHOLE_TESTS`), their
+measured seconds summed. Every shard reads that file and deals the variants and the unit out the same
+way, heaviest first, each to the lightest shard. A variant the file lacks (no check measured it yet,
+or the draws changed), or the unit, goes to the shard a hash of its key names.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Hashable, Iterable
 from functools import cache
 from pathlib import Path
@@ -48,7 +52,8 @@ from harness.search import profiles
 KIND_SECONDS = {"numeric": 0.142, "graph": 0.668, "invariance": 1.317}
 WEIGHTS_DIR = "variants"  # in the cache directory: <backend>.<profile>.json, keyed by `name`
 FORMAT = "attn-harness-variant-weights"
-TEST_KEY = "test "  # + a test's node id: the weight of a test a shard runs whole
+WHOLE_TESTS = "whole tests"  # the weight key of the backend's tests one shard runs whole (model checks)
+VARIANT_NAME = re.compile("[0-9a-f]{16}")  # `name`; a key of neither kind (an older file's) is dropped
 ELSEWHERE = "elsewhere"  # the `extra` key of an answer for another shard's case: its shard, "I/N"
 _shard: tuple[int, int] = (0, 1)  # this process's (index, count); set from --harness-shard
 
@@ -97,15 +102,16 @@ def save_measured(
     backend: Backend, profile: str, records: Iterable[dict], root: Path | None = None
 ) -> Path | None:
     """Replace the weights of the variants a finished check ran with their measured seconds (the sum
-    over its results.json records of the backend's cases), and of each test it ran whole (a record of
-    the test with seconds: a model check); the others keep theirs. None when it ran none of them."""
+    over its results.json records of the backend's cases), and of the whole tests if it ran them (the
+    sum over the records of tests with seconds: the model checks); the others keep theirs. None when
+    it ran none of them."""
     measured: dict[str, float] = {}
     for r in records:
         if r.get("backend") != backend.name:
             continue
         if not r.get("case"):
             if r.get("test_id") and float(r.get("seconds") or 0.0) > 0:
-                measured[TEST_KEY + r["test_id"]] = float(r["seconds"])
+                measured[WHOLE_TESTS] = measured.get(WHOLE_TESTS, 0.0) + float(r["seconds"])
             continue
         extra = r.get("extra") or {}
         case = (
@@ -131,14 +137,19 @@ def _write(backend: Backend, profile: str, weights: dict[str, float], root: Path
 
 
 def read_weights(path: Path) -> dict[str, float]:
-    """A weights file's variant -> seconds; an absent or unreadable one is empty (hashing then deals)."""
+    """A weights file's variant (or WHOLE_TESTS) -> seconds; an absent or unreadable one is empty
+    (hashing then deals)."""
     try:
         doc = json.loads(path.read_text())
     except (OSError, ValueError):
         return {}
     if not isinstance(doc, dict) or doc.get("format") != FORMAT or not isinstance(doc.get("weights"), dict):
         return {}
-    return {k: float(w) for k, w in doc["weights"].items() if isinstance(w, (int, float)) and w >= 0}
+    return {
+        k: float(w)
+        for k, w in doc["weights"].items()
+        if (k == WHOLE_TESTS or VARIANT_NAME.fullmatch(k)) and isinstance(w, (int, float)) and w >= 0
+    }
 
 
 def deal(weights: dict[str, float], count: int) -> dict[str, int]:
@@ -156,10 +167,10 @@ def _dealt(backend: str, profile: str, count: int) -> dict[str, int]:
     return deal(read_weights(weights_path(backend, profile)), count)
 
 
-def shard_of_test(backend: Backend, nodeid: str, count: int) -> int | None:
-    """The shard of `count` that runs a whole test of the backend, as dealt from the saved weights;
-    None when they do not name it (the test is then split by index)."""
-    return _dealt(backend.name, profiles.current(), count).get(TEST_KEY + nodeid)
+def shard_of_whole_tests(backend: Backend, count: int) -> int:
+    """The shard of `count` that runs every whole test of the backend: the unit's, as dealt from the
+    saved weights, else as hashed."""
+    return _dealt(backend.name, profiles.current(), count).get(WHOLE_TESTS, owner(WHOLE_TESTS, count))
 
 
 def shard_of(backend: Backend, case: Case | GraphCase, count: int) -> int:
