@@ -192,7 +192,8 @@ def test_fit_finds_a_process_fixed_cost_from_two_shard_counts_or_none():
 def test_a_backend_seen_at_two_shard_counts_is_planned_with_its_fitted_fixed_cost(tmp_path):
     costs.save(tmp_path, "sel", {"flex_compiled": 300.0, "fa4": 40.0}, {"flex_compiled": {"3": 108.4}})
     got, sources, startups = costs.expected(["flex_compiled", "fa4"], "sel", tmp_path)
-    assert got == {"flex_compiled": 300.0, "fa4": 40.0} and startups["flex_compiled"] == STARTUP_S
+    assert got == {"flex_compiled": 300.0, "fa4": 40.0}
+    assert startups == {"flex_compiled": costs.DEFAULT_FIXED["flex_compiled"], "fa4": STARTUP_S}
     costs.save(tmp_path, "sel", {}, {"flex_compiled": {"6": 80.8}, "fa4": {"1": 40.0}})
     got, sources, startups = costs.expected(["flex_compiled", "fa4"], "sel", tmp_path)
     assert got == {"flex_compiled": 218.8, "fa4": 40.0}  # fixed + work: one process
@@ -204,6 +205,18 @@ def test_a_backend_seen_at_two_shard_counts_is_planned_with_its_fitted_fixed_cos
     assert json.loads((tmp_path / costs.TIMINGS).read_text())["shards"] == {
         "sel": {"flex_compiled": {"3": 108.4, "6": 80.8}, "fa4": {"1": 40.0}}
     }
+
+
+def test_a_backend_with_a_known_fixed_cost_is_measured_with_it_before_any_fit(tmp_path):
+    """flex_compiled pays about 30 s a process whatever its share: read with STARTUP_S, six parts of
+    one 75 s process looked like 175 s (2 x H200: 180-191 s for 70-75 s), and the next plan split it
+    into shards of 95 s."""
+    _, _, startups = costs.expected(["flex_compiled"], "sel", tmp_path)
+    fixed = costs.DEFAULT_FIXED["flex_compiled"]
+    assert startups == {"flex_compiled": fixed} and fixed > STARTUP_S
+    parts = [("flex_compiled", 0, fixed + 45.0 / 6)] * 6  # one process of fixed + 45 s, in 6 shards
+    assert costs.measured(parts, startups) == {"flex_compiled": pytest.approx(fixed + 45.0)}
+    assert costs.measured(parts) == {"flex_compiled": pytest.approx(6 * fixed + 45.0 - 5 * STARTUP_S)}
 
 
 def test_a_timings_file_without_shard_means_still_gives_its_costs(tmp_path):
