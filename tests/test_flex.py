@@ -19,10 +19,12 @@ import warnings
 import pytest
 import torch
 from hypothesis import example, given, settings
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from harness.backends.flex import (
     CPU_SUITE_ENV,
     SHAPES_ENV,
+    FlexBase,
     FlexCompiled,
     FlexEager,
     _flex_api,
@@ -304,6 +306,41 @@ def test_eager_score_mod_is_left_out_only_when_it_has_nothing_to_do():
     assert b.score_mod(b.pack(batch_of(plain), [0])) is None
     assert b.score_mod(b.pack(batch_of(capped), [0])) is not None
     assert _EagerVirtualSink().score_mod(_EagerVirtualSink().pack(batch_of(plain.replace(sinks=True)), [0]))
+
+
+class _Ops(TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
+        self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize(
+    ("soft_cap", "sinks", "most_ops"),
+    [(5.0, False, 3), (0.0, True, 5), (5.0, True, 10)],
+    ids=["cap", "sink", "both"],
+)
+def test_eager_score_mod_has_only_its_launchs_terms_and_the_shared_scores(soft_cap, sinks, most_ops):
+    """flex_eager's score function keeps only the terms its launch needs (each operation is Python
+    dispatch under flex's vmaps), and scores bit for bit as flex_compiled's shared one, which has
+    every term: over every query and key of a launch with scores past the cap."""
+    b = _EagerVirtualSink()
+    launch = b.pack(batch_of(case("EXTEND", ((6, 5), (3, 2)), soft_cap=soft_cap, sinks=sinks)), [0, 1])
+    mine, shared = b.score_mod(launch), FlexBase.score_mod(b, launch)
+    heads, nq, nk = launch.q.shape[1], launch.q.shape[2], launch.k.shape[2]
+    h, q, k = (
+        torch.arange(n).view(shape) for n, shape in ((heads, (-1, 1, 1)), (nq, (1, -1, 1)), (nk, (1, 1, -1)))
+    )
+    s = torch.randn(heads, nq, nk, generator=torch.Generator().manual_seed(0)) * 20
+    zero = torch.zeros((), dtype=torch.int64)
+    with _Ops() as ops:
+        got = mine(s, zero, h, q, k)
+    assert ops.count <= most_ops
+    want = shared(s, zero, h, q, k)
+    assert torch.equal(got.expand_as(want), want) and not torch.equal(want, s)
 
 
 class _EagerThroughDynamo(FlexEager):

@@ -75,6 +75,8 @@ MIN_CAPTURED_LEN = 2
 
 # The terms of the mask besides "same request"; see FlexBase.mask_mod.
 MASK_TERMS = frozenset({"free", "causal", "window", "window_right", "tree"})
+# The terms of the score function: a soft cap, a virtual sink key; see FlexBase.score_mod.
+SCORE_TERMS = frozenset({"cap", "sink"})
 
 MaskMod = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 ScoreMod = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
@@ -109,7 +111,7 @@ class Launch:
     num_queries: int  # real query rows (the rest is padding)
     num_keys: int  # keys up to the last real one (the rest is padding, seen by no query)
     terms: frozenset[str]  # the mask terms this launch needs, of MASK_TERMS
-    scores_modified: bool  # a soft cap or a virtual sink key: the score_mod has something to do
+    score_terms: frozenset[str]  # what the score_mod has to do here, of SCORE_TERMS
     deterministic: bool = False  # the case's deterministic mode (flex_compiled pins its kernel for it)
 
 
@@ -119,6 +121,11 @@ def bucket(n: int) -> int:
     while size < n:
         size *= BUCKET_GROWTH
     return size
+
+
+def score_terms(soft_cap: float, virtual_sink: bool) -> frozenset[str]:
+    """The SCORE_TERMS a launch needs: "cap" with a soft cap, "sink" with a virtual sink key."""
+    return frozenset({"cap"} if soft_cap > 0 else ()) | frozenset({"sink"} if virtual_sink else ())
 
 
 @cache
@@ -391,7 +398,7 @@ class FlexBase(EngineGlue):
             num_queries=nq,
             num_keys=nk,
             terms=frozenset(terms),
-            scores_modified=case.soft_cap > 0 or virtual_sink,
+            score_terms=score_terms(case.soft_cap, virtual_sink),
             deterministic=case.deterministic,
         )
 
@@ -554,9 +561,27 @@ class FlexEager(FlexBase):
         return looked_up
 
     def score_mod(self, launch: Launch) -> ScoreMod | None:
-        """None (flex's identity) when the launch has no soft cap and no virtual sink key: the unfused
-        path applies a score_mod through the same nested vmaps, about ten operations for nothing."""
-        return super().score_mod(launch) if launch.scores_modified else None
+        """Only the terms the launch needs, as `mask_terms`: the unfused path applies a score_mod
+        through the same nested vmaps as the mask, where each tensor operation costs pytree and
+        functorch dispatch in Python (the shared function's ten operations were 3.5 of the 7.2 s of
+        a Gemma2 model check on the CPU runner). None (flex's identity) without a soft cap or a
+        virtual sink key. Each gives the shared function's scores bit for bit (tests/test_flex.py)."""
+        terms = launch.score_terms
+        if terms == {"cap"}:  # cap > 0 here: c * tanh(s / c), as the shared function's selected branch
+            cap = launch.cap
+
+            def capped(s, b, h, q, k):  # noqa: ANN001, ANN202 - flex's score_mod signature
+                return cap * torch.tanh(s / cap)
+
+            return capped
+        if terms == {"sink"}:
+            kv_sink, sink_logit = launch.kv_sink, launch.sink_logit
+
+            def sink_key(s, b, h, q, k):  # noqa: ANN001, ANN202
+                return torch.where(kv_sink[k] != 0, sink_logit[h].to(s.dtype), s)
+
+            return sink_key
+        return super().score_mod(launch) if terms else None
 
     def kernel(self, device: str) -> Callable:
         return _flex_api()[0]
@@ -870,7 +895,7 @@ class FlexCompiled(FlexBase, GraphGlue):
             num_queries=rows,
             num_keys=k.shape[2],
             terms=MASK_TERMS,
-            scores_modified=state.layer.case.soft_cap > 0 or virtual_sink,
+            score_terms=score_terms(state.layer.case.soft_cap, virtual_sink),
             deterministic=state.layer.case.deterministic,
         )
 
