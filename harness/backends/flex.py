@@ -123,6 +123,18 @@ def bucket(n: int) -> int:
     return size
 
 
+def soft_capped(s: torch.Tensor, cap: torch.Tensor) -> torch.Tensor:
+    """The soft cap's term: c * tanh(s / c) on the scaled score s, for a cap c > 0."""
+    return cap * torch.tanh(s / cap)
+
+
+def with_sink_key(
+    s: torch.Tensor, h: torch.Tensor, k: torch.Tensor, kv_sink: torch.Tensor, sink_logit: torch.Tensor
+) -> torch.Tensor:
+    """The virtual sink key's term: the sink key scores its head's logit, every other key `s`."""
+    return torch.where(kv_sink[k] != 0, sink_logit[h].to(s.dtype), s)
+
+
 def score_terms(soft_cap: float, virtual_sink: bool) -> frozenset[str]:
     """The SCORE_TERMS a launch needs: "cap" with a soft cap, "sink" with a virtual sink key."""
     return frozenset({"cap"} if soft_cap > 0 else ()) | frozenset({"sink"} if virtual_sink else ())
@@ -290,8 +302,7 @@ class FlexBase(EngineGlue):
         safe = torch.where(cap > 0, cap, torch.ones_like(cap))
 
         def capped_or_sink(s, b, h, q, k):  # noqa: ANN001, ANN202
-            capped = torch.where(cap > 0, safe * torch.tanh(s / safe), s)
-            return torch.where(kv_sink[k] != 0, sink_logit[h].to(s.dtype), capped)
+            return with_sink_key(torch.where(cap > 0, soft_capped(s, safe), s), h, k, kv_sink, sink_logit)
 
         return capped_or_sink
 
@@ -571,14 +582,14 @@ class FlexEager(FlexBase):
             cap = launch.cap
 
             def capped(s, b, h, q, k):  # noqa: ANN001, ANN202 - flex's score_mod signature
-                return cap * torch.tanh(s / cap)
+                return soft_capped(s, cap)
 
             return capped
         if terms == {"sink"}:
             kv_sink, sink_logit = launch.kv_sink, launch.sink_logit
 
             def sink_key(s, b, h, q, k):  # noqa: ANN001, ANN202
-                return torch.where(kv_sink[k] != 0, sink_logit[h].to(s.dtype), s)
+                return with_sink_key(s, h, k, kv_sink, sink_logit)
 
             return sink_key
         return super().score_mod(launch) if terms else None
