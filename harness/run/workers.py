@@ -196,14 +196,27 @@ class Worker:
         self.warm = warm
         self.finalize = finalize
         self.nice = nice
-        self.proc = None
-        self.conn = None
-        self.log_path: str | None = None
+        self._process: _Process | None = None  # the process serving calls now
         self.mark = 0  # the log's size when the last call began: its output starts there
         self.started = 0
         self.ready = False  # the running process has reported its imports done
         self.standby = standby
         self._spare: _Process | None = None  # the next replacement, already starting
+
+    @property
+    def proc(self) -> Any:
+        """The running process (None when there is none)."""
+        return None if self._process is None else self._process.proc
+
+    @property
+    def conn(self) -> Connection | None:
+        """The parent's end of the running process's pipe."""
+        return None if self._process is None else self._process.conn
+
+    @property
+    def log_path(self) -> str | None:
+        """The running process's log file."""
+        return None if self._process is None else self._process.log_path
 
     def start(self) -> None:
         """Start the process unless one is running (one that died while idle is replaced), and wait
@@ -239,7 +252,7 @@ class Worker:
         if spare is not None and not spare.proc.is_alive():
             spare.end(kill=True)
             spare = None
-        self.proc, self.conn, self.log_path = spare or self._launch()
+        self._process = spare or self._launch()
         self.mark = 0
         self.started += 1
         if self.standby and self.started > 1:
@@ -307,9 +320,9 @@ class Worker:
     def stop(self, kill: bool = False) -> None:
         """End the worker's process (politely unless `kill`, then by force); the next call starts a
         fresh one (its spare, with `standby`)."""
-        if self.proc is not None:
-            _Process(self.proc, self.conn, self.log_path).end(kill)
-        self.proc = self.conn = self.log_path = None
+        if self._process is not None:
+            self._process.end(kill)
+        self._process = None
         self.ready = False
 
     def close(self) -> None:
@@ -328,9 +341,6 @@ class _Process:
     proc: Any
     conn: Connection
     log_path: str
-
-    def __iter__(self) -> Iterator[Any]:
-        return iter((self.proc, self.conn, self.log_path))
 
     def end(self, kill: bool) -> None:
         """Ask it to exit (unless `kill`), give it 2 s, then kill it; close the pipe, remove the log."""
