@@ -13,12 +13,14 @@ Only tested against a recording fake of the library here. With flash-attn-4 alon
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from harness.backends.base import BackendOutput
 from harness.backends.flash_attn_glue import FlashAttnGlue, capabilities
 from harness.core.batch import Batch
 from harness.core.timing import phase
+from harness.core.transfer import to_device
 
 
 class FA2(FlashAttnGlue):
@@ -52,7 +54,7 @@ class FA2(FlashAttnGlue):
         self.write_kv(batch)
         with phase("plan"):  # gathering the keys and their varlen offsets
             k, v, lens = self.gather_kv(batch)
-            cu_k = torch.tensor([0] + lens, dtype=torch.int32, device=batch.device)
+            cu_k = to_device(np.asarray([0] + lens, dtype=np.int32), batch.device)
             cu_k = cu_k.cumsum(0, dtype=torch.int32)
         out, lse, _ = self.kernel()(
             batch.q,

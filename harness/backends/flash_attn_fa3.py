@@ -14,6 +14,7 @@ machine this project runs on.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from harness.backends.base import BackendOutput
@@ -22,6 +23,7 @@ from harness.backends.graph_glue import GraphState, StaticInputs
 from harness.core.batch import Batch
 from harness.core.modes import Mode
 from harness.core.timing import phase
+from harness.core.transfer import to_device
 
 
 class FA3(FlashAttnGlue):
@@ -45,7 +47,7 @@ class FA3(FlashAttnGlue):
         with phase("plan"):  # the varlen metadata: extents and page table
             extents = self.kv_extents(batch)
             meta = dict(
-                cache_seqlens=torch.tensor(extents, dtype=torch.int32, device=batch.device),
+                cache_seqlens=to_device(np.asarray(extents, dtype=np.int32), batch.device),
                 page_table=self.page_table(batch, extents),
                 cu_seqlens_q=batch.qo_indptr,
                 max_seqlen_q=max(batch.cpu_list("extend_lens")),

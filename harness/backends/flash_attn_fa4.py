@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from functools import cache
 
+import numpy as np
 import torch
 
 from harness.backends.base import BackendOutput
@@ -28,6 +29,7 @@ from harness.backends.graph_glue import GraphLimits, GraphState, StaticInputs
 from harness.core.batch import Batch
 from harness.core.modes import Mode
 from harness.core.timing import phase
+from harness.core.transfer import to_device
 from harness.core.vocab import FEATURES
 
 # (major) compute capabilities whose FA4 forward reads a paged KV cache (sm80 and sm120 do not).
@@ -132,7 +134,7 @@ class FA4(FlashAttnGlue):
             extents = self.kv_extents(batch)
             meta = dict(
                 cu_seqlens_q=batch.qo_indptr,
-                seqused_k=torch.tensor(extents, dtype=torch.int32, device=batch.device),
+                seqused_k=to_device(np.asarray(extents, dtype=np.int32), batch.device),
                 page_table=self.page_table(batch, extents),
                 max_seqlen_q=max(batch.cpu_list("extend_lens")),
                 max_seqlen_k=self.max_seqlen_k(extents),

@@ -21,6 +21,7 @@ from harness.backends.flashinfer_glue import PREFILL_NOT_INVARIANT, FlashInferGl
 from harness.core.batch import Batch
 from harness.core.modes import Mode
 from harness.core.timing import phase
+from harness.core.transfer import to_device
 from harness.core.vocab import TORCH_DTYPES
 
 
@@ -77,7 +78,7 @@ class FlashInferRagged(FlashInferGlue):
         for r, (lo, p) in enumerate(ranges):
             qpos = np.array(self.query_positions(batch, r))
             rows.append((np.arange(lo, p)[None, :] >= qpos[:, None] - w).ravel())
-        return PrefixPass(ranges, -1, torch.from_numpy(np.concatenate(rows)).to(batch.device))
+        return PrefixPass(ranges, -1, to_device(np.concatenate(rows), batch.device))
 
     def merge(
         self, o_a: torch.Tensor, s_a: torch.Tensor, o_b: torch.Tensor, s_b: torch.Tensor

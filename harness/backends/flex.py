@@ -34,6 +34,7 @@ from harness.core.graph_case import GraphCase
 from harness.core.modes import Mode
 from harness.core.pool import translate_slots
 from harness.core.timing import phase
+from harness.core.transfer import copy_into, to_device
 from harness.run.graphs import kernel as opaque_kernel
 
 FLEX_MODULE = "torch.nn.attention.flex_attention"
@@ -365,11 +366,14 @@ class FlexBase(EngineGlue):
             return torch.cat([x, pad]).transpose(0, 1).unsqueeze(0).contiguous()
 
         def ints(values: list[int], length: int, fill: int) -> torch.Tensor:
-            """`values` padded with `fill`, built in numpy: torch.tensor converts a long Python list
-            about three times slower (181 vs 55 us for 3,000 ints, measured on the CPU)."""
+            """`values` padded with `fill`, built in numpy (torch.tensor converts a long Python list
+            about three times slower: 181 vs 55 us for 3,000 ints, on the CPU), queued to the device."""
             host = np.full(length, fill, dtype=np.int64)
             host[: len(values)] = values
-            return torch.from_numpy(host).to(dev)
+            return to_device(host, dev)
+
+        def scalar(value: float, dtype: np.dtype) -> torch.Tensor:
+            return to_device(np.array(value, dtype=dtype), dev)
 
         w, wr, causal = self.window_left(batch), self.window_right(batch), self.causal(batch)
         terms = {"free"} if batch.mode == Mode.CROSS else set()
@@ -397,10 +401,10 @@ class FlexBase(EngineGlue):
             kv_free=ints(kv_free, lk, 0),
             kv_sink=ints(kv_sink, lk, 0),
             tree=ints(tree, self.padded_len(max(len(tree), MIN_CAPTURED_LEN), dev.type), 0),
-            causal=torch.tensor(int(causal), dtype=torch.int64, device=dev),
-            window=torch.tensor(w if w >= 0 else NO_WINDOW, dtype=torch.int64, device=dev),
-            window_right=torch.tensor(wr if wr >= 0 else NO_WINDOW, dtype=torch.int64, device=dev),
-            cap=torch.tensor(float(case.soft_cap), dtype=torch.float32, device=dev),
+            causal=scalar(int(causal), np.int64),
+            window=scalar(w if w >= 0 else NO_WINDOW, np.int64),
+            window_right=scalar(wr if wr >= 0 else NO_WINDOW, np.int64),
+            cap=scalar(case.soft_cap, np.float32),
             sink_logit=(
                 batch.sinks.float()
                 if virtual_sink
@@ -880,7 +884,7 @@ class FlexCompiled(FlexBase, GraphGlue):
         for name in self.GRAPH_Q + self.GRAPH_KV + ("tree",):
             buf, values = state.buffers[name], layout.get(name, [])
             full = values + [self.GRAPH_FILL.get(name, 0)] * (buf.numel() - len(values))
-            buf.copy_(torch.tensor(full, dtype=torch.int64))
+            copy_into(buf, np.array(full, dtype=np.int64))
 
     def graph_launch(self, state: GraphState, static: StaticInputs) -> Launch:
         """The launch over the buffers: queries copied into the query buffer, K/V gathered through

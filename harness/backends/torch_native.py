@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -20,6 +21,7 @@ from harness.backends.glue import EngineGlue
 from harness.core.batch import Batch
 from harness.core.modes import Mode
 from harness.core.timing import phase
+from harness.core.transfer import to_device
 
 
 class TorchNative(EngineGlue):
@@ -69,7 +71,7 @@ class TorchNative(EngineGlue):
         visible = torch.ones(q1 - q0, hi - lo, dtype=torch.bool, device=batch.device)
         if batch.mode == Mode.CROSS:
             return visible
-        qpos = torch.tensor(self.query_positions(batch, r), device=batch.device)
+        qpos = to_device(np.asarray(self.query_positions(batch, r), dtype=np.int64), batch.device)
         kpos = self.key_positions(batch, lo, hi, qpos)
         mask = kpos[None, :] <= qpos[:, None] if self.causal(batch) else visible
         w = self.window_left(batch)

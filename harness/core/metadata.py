@@ -20,6 +20,7 @@ import torch
 from harness.core import modes
 from harness.core.case import Request
 from harness.core.modes import Mode
+from harness.core.transfer import to_device
 
 HostInts = np.ndarray | torch.Tensor | list[int]  # what `upload_int32` takes
 
@@ -108,8 +109,8 @@ def upload_metadata(
     )
     if mode == Mode.DRAFT_EXTEND_V2:
         host["seq_lens_before_bump"] = host["prefix_lens"]
-    # Every integer the device needs (metadata, the caller's own) in one copy, made before the
-    # forward's first launch: a copy from pageable memory waits for the queue.
+    # Every integer the device needs (metadata, the caller's own) in one copy (transfer.py: queued,
+    # the host does not wait for the GPU).
     ints: dict[str, HostInts | None] = {
         **host,
         "req_to_token": req_to_token,
@@ -132,7 +133,7 @@ UPLOAD_ALIGN = 16  # int32 elements: every tensor of an upload starts 64-byte al
 
 def upload_int32(device: torch.device, parts: list[HostInts]) -> list[torch.Tensor]:
     """Host integers (arrays, tensors, or lists of ints for 1-D vectors) on `device` as int32, through
-    one copy (on a GPU each separate copy waits for the host), returned as contiguous views of their
+    one queued copy (harness/core/transfer.py), returned as contiguous views of their
     own shapes, each starting UPLOAD_ALIGN-aligned (one code path on every device). They are packed
     into one numpy buffer first: no torch operation per part."""
     arrays = [p.numpy() if isinstance(p, torch.Tensor) else np.asarray(p, dtype=np.int32) for p in parts]
@@ -145,5 +146,5 @@ def upload_int32(device: torch.device, parts: list[HostInts]) -> list[torch.Tens
     # One split into each part and the padding after it (every piece a view, made in one operation);
     # only a part of more than one dimension takes a view of its own shape.
     cuts = [n for a, size in zip(arrays, sizes) for n in (a.size, size - a.size)]
-    pieces = torch.from_numpy(buf).to(device).split(cuts)
+    pieces = to_device(buf, device).split(cuts)
     return [d if a.ndim == 1 else d.view(a.shape) for d, a in zip(pieces[::2], arrays)]

@@ -19,6 +19,7 @@ from harness.core.batch import Batch
 from harness.core.case import Case, Request
 from harness.core.metadata import Metadata, upload_metadata
 from harness.core.modes import Mode
+from harness.core.transfer import to_device
 
 
 @dataclass(frozen=True)
@@ -98,7 +99,7 @@ class PagedKVCache:
         ps = self.page_size
         keep = -(-length // ps)
         pages = self.pages[rid]
-        tail = torch.tensor(self.slots(rid, length, keep * ps), dtype=torch.long, device=self.device)
+        tail = to_device(np.asarray(self.slots(rid, length, keep * ps), dtype=np.int64), self.device)
         for p in self.pools:
             p.fill_slots(tail, pool.CANARY if self.whole_page_loads else pool.POISON)
         for page in pages[keep:]:

@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from harness import backends
@@ -21,6 +22,7 @@ from harness.checks.model.engine import PagedKVCache, Step, Work
 from harness.core import pool
 from harness.core.case import Case
 from harness.core.modes import Mode
+from harness.core.transfer import to_device
 from harness.core.vocab import DTYPE_NAMES
 
 ATTN_NAME = "attn_harness_paged"
@@ -272,7 +274,7 @@ def serve(
                 runner.step = cache.plan(phase.mode, works)
                 runner.bounds = runner.step.cpu_list("qo_indptr")
                 runner.fell_back = []
-                ids = torch.tensor([t for w in works for t in w.tokens], device=device)
+                ids = to_device(np.asarray([t for w in works for t in w.tokens], dtype=np.int64), device)
                 pos = runner.step.positions.long()
                 try:
                     with torch.no_grad():
