@@ -223,3 +223,53 @@ def test_the_gpu_configuration_bf16_attention_in_a_float32_model_passes_and_catc
     assert good.status == "pass" and good.dtype == "bfloat16/float32" and good.budget < 1.0
     bad = M.check_model(by_name("torch_native~window_short").make(), "gpt_oss", "cpu", torch.bfloat16)
     assert bad.status == "fail" and bad.differing > 0
+
+
+class _SyncingOps(torch.utils._python_dispatch.TorchDispatchMode):
+    """Counts, while `on`, the operations that make the host wait for a GPU: nonzero (its size is
+    data) and _local_scalar_dense (a tensor read as a Python number)."""
+
+    SYNCING = ("aten::nonzero", "aten::_local_scalar_dense")
+
+    def __init__(self):
+        super().__init__()
+        self.on, self.count = False, 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if self.on and func.name().split(".")[0] in self.SYNCING:
+            self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+def test_gpt_oss_experts_run_without_a_host_sync():
+    """batched_mm, not transformers' eager loop (nonzero and a tensor comparison per expert per layer):
+    the loop synchronised a GPT-OSS check 17,898 times on an H200 (harness/checks/model/check.py)."""
+    model = M.MODELS["gpt_oss"].build(torch.float32, "cpu")
+    experts = [m for m in model.modules() if type(m).__name__.endswith("Experts")]
+    assert experts and model.config._experts_implementation == "batched_mm"
+    mode = _SyncingOps()
+
+    def on(*_):
+        mode.on = True
+
+    def off(*_):
+        mode.on = False
+
+    for m in experts:
+        m.register_forward_pre_hook(on)
+        m.register_forward_hook(off)
+    with mode, torch.no_grad():
+        model(input_ids=torch.arange(12)[None] % 256, use_cache=False)
+    assert mode.count == 0
+
+
+def test_experts_fall_back_to_the_loop_where_transformers_lacks_batched_mm():
+    calls = []
+
+    class Old:
+        def set_experts_implementation(self, name):
+            calls.append(name)
+            if name != "eager":
+                raise ValueError(f"Specified `experts_implementation={name!r}` is not supported")
+
+    assert M.set_experts(Old()) == "eager" and calls == ["batched_mm", "eager"]
