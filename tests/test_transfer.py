@@ -84,3 +84,48 @@ def test_per_call_glue_does_not_sync(label):
         native.build_mask(batch, 0, *native.key_ranges(batch)[0])
     finally:
         torch.cuda.set_sync_debug_mode("default")
+
+
+FAULT = "CUDA error: an illegal memory access was encountered"
+
+
+def _faults_on_call(n: int):
+    """A settle() that raises a late kernel fault on its n-th call (1-based), as a GPU would."""
+    calls = []
+
+    def settle(device):
+        calls.append(device)
+        if len(calls) == n:
+            raise RuntimeError(FAULT)
+
+    return settle
+
+
+def test_a_fault_the_device_reports_late_is_the_backends_crash_in_a_case(monkeypatch):
+    from harness.checks import numeric
+
+    monkeypatch.setattr(numeric, "settle", _faults_on_call(1))
+    case = CASES["prefix-window-cap"]
+    res = numeric.check_case(TorchNative(), case, "cpu")
+    assert res.status == "crash" and FAULT in res.reason
+
+
+def test_a_fault_the_device_reports_late_is_the_replays_crash(monkeypatch):
+    from harness.backends.flex import FlexCompiled
+    from harness.checks import replay
+    from harness.core.graph_case import GraphCase
+
+    flex = FlexCompiled()
+    flex.cpu_in_suite = True
+    g = GraphCase((Case("DECODE", (Request(9, 1), Request(3, 1)), head_dim=64),), 2, 40)
+    monkeypatch.setattr(replay, "settle", _faults_on_call(2))  # capture settles, then replay 0 faults
+    res = replay.replay_result(flex, g, "cpu")
+    assert res.status == "crash" and res.reason.startswith("replay 0: ") and FAULT in res.reason
+
+
+def test_a_fault_the_device_reports_late_is_the_model_checks_crash(monkeypatch):
+    from harness.checks.model import check, serving
+
+    monkeypatch.setattr(serving, "settle", _faults_on_call(3))  # the third forward's
+    res = check.check_model(TorchNative(), "mistral", "cpu", determinism=False)
+    assert res.status == "crash" and FAULT in res.reason and res.reason.startswith("crashed in ")

@@ -17,6 +17,7 @@ from harness.core.compare import compare
 from harness.core.pool import storage_dtype
 from harness.core.results import CaseResult
 from harness.core.timing import phase
+from harness.core.transfer import settle
 from harness.core.vocab import TORCH_DTYPES
 from references.torch_ref import references
 
@@ -64,8 +65,7 @@ def check_case(backend: Backend, case: Case, device: str = "cpu") -> CaseResult:
     try:
         with phase("kernel"):
             result = backend.run(batch)
-            if device == "cuda":
-                torch.cuda.synchronize()
+            settle(device)
     except Exception as e:  # the backend failed: a CRASH result (harness/run/isolation.py), not the end
         frame = traceback.extract_tb(e.__traceback__)[-1]
         where = f"{frame.filename.rsplit('/', 1)[-1]}:{frame.lineno} in {frame.name}"

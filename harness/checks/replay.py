@@ -32,6 +32,7 @@ from harness.core.compare import compare
 from harness.core.graph_case import GraphCase
 from harness.core.pool import POISON, empty_pool, storage_dtype, stored
 from harness.core.results import GRAPH_CHECK, CaseResult
+from harness.core.transfer import settle
 from harness.run.graphs import GraphFactory
 from references.torch_ref import references
 
@@ -171,6 +172,7 @@ def replay_result(backend: Backend, g: GraphCase, device: str = "cpu") -> CaseRe
     try:  # the backend's work: an exception there is a CRASH result; the harness's own propagate
         runner = GraphRunner(backend, limits_of(g), batches)
         runner.capture()
+        settle(device)
     except Exception as e:
         return result("crash", _raised(e), traceback=traceback.format_exc())
     worst = 0.0
@@ -181,6 +183,7 @@ def replay_result(backend: Backend, g: GraphCase, device: str = "cpu") -> CaseRe
             eager = None
             if case.deterministic:
                 eager = backend.run(build_batch(case, inputs[at], device, whole)).out
+            settle(device)
         except Exception as e:
             return result("crash", _raised(e), traceback=traceback.format_exc())
         exact, native, *rounded = references(case, inputs[at], REFERENCES[case.kv_dtype is not None], device)

@@ -31,3 +31,12 @@ def copy_into(dst: torch.Tensor, host: np.ndarray | torch.Tensor) -> None:
         dst.copy_(t.pin_memory(), non_blocking=True)
     else:
         dst.copy_(t)
+
+
+def settle(device: torch.device | str) -> None:
+    """Wait until the device has run everything queued, so that a kernel's asynchronous fault (an
+    illegal address) is raised here. The checks call it at the end of a backend's work, inside the
+    block that makes a raise the backend's crash: no copy in the glue waits for the device any more,
+    and a fault would otherwise surface later, in the references' code, as the harness's own error."""
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()

@@ -22,7 +22,7 @@ from harness.checks.model.engine import PagedKVCache, Step, Work
 from harness.core import pool
 from harness.core.case import Case
 from harness.core.modes import Mode
-from harness.core.transfer import to_device
+from harness.core.transfer import settle, to_device
 from harness.core.vocab import DTYPE_NAMES
 
 ATTN_NAME = "attn_harness_paged"
@@ -279,6 +279,7 @@ def serve(
                 try:
                     with torch.no_grad():
                         out = model(input_ids=ids[None], position_ids=pos[None], use_cache=False)
+                    settle(device)
                 except Exception as e:
                     raise ServeError(f"{phase.name}: {type(e).__name__}: {e}") from e
                 cache.finish(runner.step, works)
