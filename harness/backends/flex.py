@@ -372,7 +372,7 @@ class FlexBase(EngineGlue):
             host[: len(values)] = values
             return to_device(host, dev)
 
-        def scalar(value: float, dtype: np.dtype) -> torch.Tensor:
+        def scalar(value: float, dtype: type[np.generic]) -> torch.Tensor:
             return to_device(np.array(value, dtype=dtype), dev)
 
         w, wr, causal = self.window_left(batch), self.window_right(batch), self.causal(batch)
