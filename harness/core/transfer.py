@@ -18,7 +18,7 @@ import torch
 def to_device(host: np.ndarray | torch.Tensor, device: torch.device | str) -> torch.Tensor:
     """`host` (a numpy array or a CPU tensor) as a tensor on `device`, queued without a sync on CUDA.
     On the CPU a numpy array's tensor shares its memory."""
-    t = torch.from_numpy(host) if isinstance(host, np.ndarray) else host
+    t = _as_tensor(host)
     if torch.device(device).type != "cuda":
         return t.to(device)
     return t.pin_memory().to(device, non_blocking=True)
@@ -26,11 +26,15 @@ def to_device(host: np.ndarray | torch.Tensor, device: torch.device | str) -> to
 
 def copy_into(dst: torch.Tensor, host: np.ndarray | torch.Tensor) -> None:
     """Overwrite `dst` with host values (same number of elements), queued without a sync on CUDA."""
-    t = torch.from_numpy(host) if isinstance(host, np.ndarray) else host
+    t = _as_tensor(host)
     if dst.device.type == "cuda":
         dst.copy_(t.pin_memory(), non_blocking=True)
     else:
         dst.copy_(t)
+
+
+def _as_tensor(host: np.ndarray | torch.Tensor) -> torch.Tensor:
+    return torch.from_numpy(host) if isinstance(host, np.ndarray) else host
 
 
 def settle(device: torch.device | str) -> None:
