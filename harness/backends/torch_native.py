@@ -6,6 +6,7 @@ the engine metadata, and calls `scaled_dot_product_attention`; an FP8 cache is d
 case dtype first (glue.py, `dequantize`), as an engine's SDPA fallback does. Sinks ride along as one
 extra key of zeros whose additive bias is the sink logit; a soft cap needs the scores, so it takes
 the explicit matmul path. The masks here are written independently of references/masks.py on purpose.
+SDPA chooses among its flash, memory-efficient and math kernels, never cuDNN's (`SDPA_KERNELS`).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import dataclasses
 import numpy as np
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from harness.backends.base import ALL_CAPABILITIES, BackendOutput
 from harness.backends.glue import EngineGlue
@@ -22,6 +24,11 @@ from harness.core.batch import Batch
 from harness.core.modes import Mode
 from harness.core.timing import phase
 from harness.core.transfer import to_device
+
+# The SDPA kernels the backend lets torch choose from. cuDNN's is left out: it builds a plan for
+# every new shape (13 ms each on an H200), and every request of every case is a new shape, so it
+# took torch_native's check 2 to 5 times as long (docs/design.md). The glue under check is the same.
+SDPA_KERNELS = (SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH)
 
 
 class TorchNative(EngineGlue):
@@ -144,13 +151,14 @@ class TorchNative(EngineGlue):
     def run(self, batch: Batch) -> BackendOutput:
         self.write_kv(batch)
         outs = []
-        for r, (lo, n) in enumerate(self.key_ranges(batch)):
-            with phase("plan"):  # the gather and the mask: what an engine's metadata step builds
-                q0, q1 = batch.query_span(r)
-                k, v = batch.pool.read(self.layer_slots(batch, self.kv_slots(batch, r, lo, n)))
-                k, v = self.dequantize(batch, k, v)
-                mask = self.build_mask(batch, r, lo, n)
-            outs.append(self.attend(batch.q[q0:q1], k, v, mask, batch))
+        with sdpa_kernel(list(SDPA_KERNELS)):
+            for r, (lo, n) in enumerate(self.key_ranges(batch)):
+                with phase("plan"):  # the gather and the mask: what an engine's metadata step builds
+                    q0, q1 = batch.query_span(r)
+                    k, v = batch.pool.read(self.layer_slots(batch, self.kv_slots(batch, r, lo, n)))
+                    k, v = self.dequantize(batch, k, v)
+                    mask = self.build_mask(batch, r, lo, n)
+                outs.append(self.attend(batch.q[q0:q1], k, v, mask, batch))
         return BackendOutput(out=torch.cat(outs))
 
 
