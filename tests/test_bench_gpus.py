@@ -60,6 +60,10 @@ def test_primes_until_warm_then_one_gpu_then_every_gpu(monkeypatch, tmp_path):
     }
     assert (one.cases_s, every.cases_s) == (37.5, 45.0)  # the fake's cases are 20 % slower on two GPUs
     assert one.cases_growth is None and every.cases_growth == 0.2 and "slower cases" in every.bound
+    assert (one.outside_s, every.outside_s) == (37.5, 30.0)  # the parts' seconds less their cases'
+    assert "time outside cases" in every.bound  # 30 of 75 s, over OUTSIDE_BOUND
+    line = next(x for x in render({"gpus": [vars(r) for r in rows]}).splitlines() if "speedup" in x)
+    assert line.endswith("outside their cases 30 of 75 (6 parts), against 38 of 75 (6) on one GPU")
     assert all(r.cpu_seconds > 0 and r.cores == os.cpu_count() for r in rows)
     assert one.speedup is None and every.speedup == round(one.seconds / every.seconds, 3)
     assert every.verdict == ("met" if every.speedup >= gpus.SPEEDUP_TARGET else "MISSED")
@@ -105,6 +109,11 @@ def test_judge_gives_the_speedup_its_verdict_and_what_bounds_it():
     one, every = row("one", 100.0, 30.0, code=1), row("all", 50.0, 30.0)
     gpus.judge(one, every)
     assert (every.speedup, every.verdict, every.bound) == (None, "", "")
+    for outside, bound in ((29.9, "load"), (30.0, "time outside cases")):  # OUTSIDE_BOUND of 100 busy s
+        one, every = row("one", 100.0, 30.0), row("all", 80.0, 30.0)
+        every.busy, every.outside_s = {"0": 60.0, "1": 40.0}, outside
+        gpus.judge(one, every)
+        assert every.bound == bound
 
 
 def test_off_cuda_or_with_one_gpu_it_is_a_skip_with_its_reason_and_runs_nothing(monkeypatch, tmp_path):

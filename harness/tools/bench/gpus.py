@@ -12,7 +12,9 @@ SPEEDUP_TARGET, and what bounds it: the longest part when it takes most of the w
 only help through more shards), the host when the check kept most of its cores busy (more GPUs add
 no cores), slower cases when the same cases took longer in their own seconds than on one GPU (its
 processes slowed each other, or more shards each repeated a process's first-use work: a trace, a
-plan per shape), else the load (the parts' sum over the slots, and each process's fixed start).
+plan per shape), time outside cases when a large share of its parts' seconds went outside their
+cases (each process's start, its isolation worker, drawing: more parts pay more of it), else the
+load (the parts' sum over the slots).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ SPEEDUP_TARGET = 1.7  # two GPUs against one (issue 24)
 LONGEST_BOUND = 0.8  # a longest part over this fraction of the wall time bounds the run
 HOST_BOUND = 0.8  # a check whose CPU time is over this fraction of wall time x cores is bound by the host
 SLOWER_CASES_BOUND = 0.1  # the same cases' own seconds this much longer on every GPU than on one
+OUTSIDE_BOUND = 0.3  # parts' seconds outside their cases over this share of all their seconds
 PRIMES = 2  # priming checks at most: the second only when the first compiled
 
 
@@ -55,10 +58,12 @@ class GpuRow:
     longest_seconds: float = 0.0
     parts: list[dict] = field(default_factory=list)  # each: part, gpu, seconds, expected_s, TIME_SPLIT_KEYS
     cases_s: float | None = None  # its parts' cases' own seconds; None: its check kept no time split
+    outside_s: float | None = None  # its parts' seconds less their cases' (None with cases_s)
     cases_growth: float | None = None  # all: its cases_s over the one row's, less 1 (both known)
     speedup: float | None = None  # all: the one row's seconds over this row's
     verdict: str = ""  # all: met or MISSED against SPEEDUP_TARGET
-    bound: str = ""  # all: "longest part", "host", "slower cases", those applying joined by "and", or "load"
+    bound: str = ""  # all: "longest part", "host", "slower cases", "time outside cases", those applying
+    # joined by "and", or "load"
     reason: str = ""  # why the run failed (its output's tail), or why the section was skipped
     results: str = ""  # where the check's results.json was kept (every case's seconds), if it was
 
@@ -79,6 +84,7 @@ def read_parts(row: GpuRow, results: Path) -> None:
             row.longest, row.longest_seconds = part["part"], part["seconds"]
     if row.parts and all("cases_s" in p for p in row.parts):
         row.cases_s = round(sum(p["cases_s"] for p in row.parts), 3)
+        row.outside_s = round(sum(row.busy.values()) - row.cases_s, 3)
 
 
 def measure(
@@ -119,6 +125,9 @@ def judge(one: GpuRow, every: GpuRow) -> None:
         every.cases_growth = round(every.cases_s / one.cases_s - 1, 3)
         if every.cases_growth >= SLOWER_CASES_BOUND:
             bounds.append("slower cases")
+    busy = sum(every.busy.values())
+    if every.outside_s is not None and busy > 0 and every.outside_s >= OUTSIDE_BOUND * busy:
+        bounds.append("time outside cases")
     every.bound = " and ".join(bounds) or "load"
 
 

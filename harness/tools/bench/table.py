@@ -256,7 +256,7 @@ def _gpus(doc: dict) -> list[str]:
     out += _grid(head, cells)
     out += [
         f"  speedup {r['speedup']:.2f} on {len(r['gpus'])} GPUs (target {SPEEDUP_TARGET}: {r['verdict']}); "
-        f"bound by {r['bound']}{_cases_growth(r)}"
+        f"bound by {r['bound']}{_cases_growth(r)}{_outside_cases(r, rows)}"
         for r in rows
         if r["speedup"] is not None
     ]
@@ -273,6 +273,18 @@ def _cases_growth(row: dict) -> str:
     if growth is None:
         return ""
     return f"; cases' own seconds {growth:+.0%} against one GPU ({row['cases_s']:.0f} s)"
+
+
+def _outside_cases(row: dict, rows: list[dict]) -> str:
+    """The parts' seconds outside their cases on every GPU, and on one: more parts pay more of it."""
+    one = next((r for r in rows if r["run"] == "one"), None)
+    if row.get("outside_s") is None or one is None or one.get("outside_s") is None:
+        return ""
+    return (
+        f"; parts' seconds outside their cases {row['outside_s']:.0f} of {sum(row['busy'].values()):.0f} "
+        f"({row['processes']} parts), against {one['outside_s']:.0f} of {sum(one['busy'].values()):.0f} "
+        f"({one['processes']}) on one GPU"
+    )
 
 
 def _fixed_seconds(row: dict) -> str:
