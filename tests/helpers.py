@@ -2,6 +2,8 @@
 
 from pathlib import Path
 
+from torch.utils._python_dispatch import TorchDispatchMode
+
 from harness.core.batch import build_batch, make_inputs
 from harness.core.case import Case, Request
 
@@ -13,6 +15,18 @@ def case(mode="EXTEND", reqs=((3, 4),), **kw) -> Case:
 
 def batch_of(c: Case, whole_page_loads: bool = False):
     return build_batch(c, make_inputs(c), "cpu", whole_page_loads)
+
+
+class AtenOps(TorchDispatchMode):
+    """Records the name of every aten operation dispatched under it (`with AtenOps() as ops:`)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.names: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
+        self.names.append(func.name())
+        return func(*args, **(kwargs or {}))
 
 
 class IdleGate:

@@ -12,11 +12,11 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from harness.backends.torch_native import TorchNative
 from harness.core.batch import build_batch, make_inputs
 from harness.core.case import Case, Request
+from tests.helpers import AtenOps
 
 CASES = {
     "extend-window": Case("EXTEND", (Request(40, 9), Request(0, 5)), head_dim=64, window_left=7),
@@ -52,25 +52,13 @@ def test_every_sdpa_call_runs_without_cudnns_kernel(label, monkeypatch):
     assert _flags() == before
 
 
-class _AtenNames(TorchDispatchMode):
-    """Records the name of every aten operation dispatched under it."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.names: list[str] = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
-        self.names.append(func.name())
-        return func(*args, **(kwargs or {}))
-
-
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: cuDNN's SDPA runs only on a GPU")
 @pytest.mark.parametrize("label", list(CASES))
 def test_no_cudnn_attention_on_cuda(label):
     case = CASES[label]
     batch = build_batch(case, make_inputs(case, "cuda"), "cuda")
-    with _AtenNames() as ops:
+    with AtenOps() as ops:
         TorchNative().run(batch)
     attention = [n for n in ops.names if "scaled_dot_product" in n]
     assert attention and not [n for n in attention if "cudnn" in n], attention
