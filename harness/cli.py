@@ -11,6 +11,7 @@ command runs, so every library and child process sees it.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import shlex
@@ -432,6 +433,14 @@ def _jobs(requested: int | None, cuda: bool, gpus: int = 1) -> int:
     return max(1, min(JOBS_PER_GPU * max(1, gpus), (os.cpu_count() or 1) // CORES_PER_JOB)) if cuda else 1
 
 
+def _cannot_run(name: str, device: str) -> str | None:
+    """Why backend `name` cannot run on `device` here (its library is not installed, ...), else None:
+    the schedule then plans its part as one that skips every test. A broken library is None: its part
+    runs and reports the error."""
+    state, why = availability(load_backend(name), device)
+    return why if state == "unavailable" else None
+
+
 def _check_parallel(
     cmd: list[str],
     env: dict[str, str],
@@ -462,7 +471,8 @@ def _check_parallel(
     started, t0 = time.strftime("%Y-%m-%dT%H:%M:%S%z"), time.monotonic()
     kept = cache_dir.root()  # the costs travel with the compile caches a CI job restores
     kept.mkdir(parents=True, exist_ok=True)
-    expected, sources, startups = costs.expected(names, selection, kept)
+    unavailable = functools.partial(_cannot_run, device="cuda" if gpus else "cpu")
+    expected, sources, startups = costs.expected(names, selection, kept, unavailable)
     plan = schedule.plan(expected, jobs, gpus, startups)
     print(
         f"attn-harness check: profile {profile}; {len(names)} backends; each process: {shlex.join(cmd[1:])}\n"

@@ -218,6 +218,34 @@ def test_each_part_collects_only_its_own_backend():
     assert any("test_model_logprobs" in i for i in ids) and any("test_deterministic" in i for i in ids)
 
 
+def test_check_asks_each_unmeasured_backend_whether_it_runs_here(monkeypatch, tmp_path, capsys):
+    """fa2 cannot run on the CPU (nor without its library): `check` plans its part as one that skips,
+    at STARTUP_S, and says so; a plugin that can run, never measured, keeps UNKNOWN_SECONDS."""
+    from harness.run import costs
+    from harness.run.schedule import STARTUP_S
+    from tests.helpers import fresh_cache
+
+    fresh_cache(monkeypatch, tmp_path).mkdir(parents=True)
+    planned = []
+
+    def fake_run(cmd, env, backends_env, plan, parts_dir, cwd, **kwargs):  # noqa: ANN001, ANN003, ANN202
+        planned.append(plan)
+        files = [(parts_dir / f"{i}.json", parts_dir / f"{i}.log") for i in range(len(plan.parts))]
+        made = zip(plan.parts, files)
+        return [parallel.Part(p.backend, *f, p.shard, p.shards, code=0, seconds=1.0) for p, f in made]
+
+    monkeypatch.setattr(parallel, "run", fake_run)
+    names = ["fa2", "tests.variant_keyed:native"]
+    args = (["pytest"], {}, names, 2, [], tmp_path / "run", "gpu", None, "sel", tmp_path)
+    assert cli._check_parallel(*args, "check") == 0
+    (plan,) = planned
+    assert [p.seconds for p in plan.parts if p.backend == "fa2"] == [STARTUP_S]
+    plugin = [p for p in plan.parts if p.backend != "fa2"]  # 60 s: split in two on two slots
+    assert sum(p.seconds for p in plugin) == costs.UNKNOWN_SECONDS + (len(plugin) - 1) * STARTUP_S
+    out = capsys.readouterr().out
+    assert f"fa2{' ' * 20}{STARTUP_S:.0f} s (skips)" in out and "s (unknown)" in out
+
+
 def test_a_fitted_fixed_cost_plans_the_shards_and_is_subtracted_from_the_saved_cost(monkeypatch, tmp_path):
     """torch_native seen at 1, 2 and 4 shards (20 s fixed + 50 s of work; STARTUP_S is 10): `check`
     plans its shards with that fixed cost, and saves the parts' sum less the extra shards' fixed costs."""

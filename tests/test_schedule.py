@@ -157,6 +157,30 @@ def test_costs_come_from_the_last_run_of_the_same_selection_else_the_defaults(tm
     assert sources["torch_native"] == "measured" and sources["flex_eager"] == "default"
 
 
+def test_a_backend_that_cannot_run_here_costs_its_start_unless_measured_or_in_the_table(tmp_path):
+    """fa2 and fa3 without their libraries skip every test (3.4 s a part on an H100): planned at 60 s
+    each they would hold two slots of a first run's plan. Only backends neither measured nor in the
+    default table are asked, so a measured or default cost never costs an import."""
+    asked = []
+
+    def unavailable(name):  # noqa: ANN001, ANN202
+        asked.append(name)
+        return "flash_attn_interface is not installed here" if name == "fa3" else None
+
+    names = ["fa3", "mine:make", "torch_native", "fa2"]
+    costs.save(tmp_path, "sel", {"fa2": 7.0})
+    got, sources, startups = costs.expected(names, "sel", tmp_path, unavailable)
+    assert asked == ["fa3", "mine:make"]
+    assert got == {
+        "fa3": STARTUP_S,
+        "mine:make": costs.UNKNOWN_SECONDS,
+        "torch_native": costs.DEFAULT_SECONDS["torch_native"],
+        "fa2": 7.0,
+    }
+    assert sources == {"fa3": "skips", "mine:make": "unknown", "torch_native": "default", "fa2": "measured"}
+    assert startups["fa3"] == STARTUP_S
+
+
 UNREADABLE = ["not json", "[]", '{"format": "x", "selections": {}}']
 UNREADABLE += ['{"format": "attn-harness-timings", "shards": 3}']  # a known format with no entries
 

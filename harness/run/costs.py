@@ -18,6 +18,7 @@ costs fixed + work. It matters for flex_compiled, which pays about 30 s a proces
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 from harness.run import cache_dir
@@ -25,22 +26,24 @@ from harness.run.schedule import STARTUP_S
 
 TIMINGS = "timings.json"  # in the cache directory (harness/run/cache_dir.py)
 FORMAT = "attn-harness-timings"
-# `make check` on an H100 with its cache restored (the warm-up skipped by its stamps), gpu profile, 8
-# processes at once, 2026-11-25: the parts' seconds as timings.json saved them (a run that compiled
-# beside the check saves none: its parts shared the cores). Sharded backends are given as one
-# process, less the shards' startups. fa2/fa3: not installed there, every test skipped; installed
-# they check, so they get UNKNOWN_SECONDS.
+# `make check` on a fresh H100 right after its cold run (the cache restored, the warm-up skipped by
+# its stamps), gpu profile, 8 processes at once, 2026-11-27 (tenth session): each backend's one
+# part's seconds in results.json (`run.parts`), every backend one process. Its plan, from the
+# previous table (flashinfer_dec_tc 65 s, fa4 43 s, torch_split 42 s, ...), left flex_compiled in one
+# process: 77 s of wall. From these it splits it in two (the plan replayed, not run). fa2/fa3 are
+# not in the table: not installed there, every test skipped (3.4 s a part), and installed they
+# check; `expected` asks whether each can run here.
 DEFAULT_SECONDS = {
-    "flex_compiled": 75.0,  # 2 x H200, 2026-11-27: one process under a two-GPU check's load (was 293)
-    "torch_native": 30.0,  # 2 x H200, 2026-11-27: 25-27 s without cuDNN's SDPA plans (was 89)
-    "flex_eager": 45.0,  # the same runs: 38-47 s with the host's syncs cut (was 70)
-    "flashinfer_dec_tc": 65.0,
-    "fa4": 43.0,
-    "torch_split": 42.0,
-    "flashinfer_paged": 40.0,
-    "flashinfer_dec_cc": 26.0,
-    "flashinfer_ragged": 26.0,
-    "flashinfer_enc": 22.0,
+    "flex_compiled": 77.0,
+    "flashinfer_dec_tc": 45.0,
+    "flex_eager": 42.0,
+    "flashinfer_paged": 36.0,
+    "fa4": 34.0,
+    "torch_split": 30.0,
+    "torch_native": 30.0,
+    "flashinfer_dec_cc": 20.0,
+    "flashinfer_ragged": 20.0,
+    "flashinfer_enc": 8.0,
 }
 UNKNOWN_SECONDS = 60.0
 # A process's fixed cost before a fit, where it is far above STARTUP_S. flex_compiled on 2 x H200
@@ -98,11 +101,17 @@ def _means(entry: object) -> dict[int, float]:
 
 
 def expected(
-    names: list[str], selection: str, where: Path
+    names: list[str],
+    selection: str,
+    where: Path,
+    unavailable: Callable[[str], str | None] = lambda name: None,
 ) -> tuple[dict[str, float], dict[str, str], dict[str, float]]:
     """Each backend's expected seconds as one process, where they came from (`measured`, `fitted: F s
-    fixed`, `default`, `unknown`), and its process's fixed cost (fitted, else DEFAULT_FIXED's, else
-    STARTUP_S)."""
+    fixed`, `default`, `skips`, `unknown`), and its process's fixed cost (fitted, else DEFAULT_FIXED's,
+    else STARTUP_S). A backend neither measured nor in the default table is asked about: where
+    `unavailable(name)` gives a reason (its library is not here), its part skips every test and costs
+    its start, STARTUP_S; else UNKNOWN_SECONDS. (fa2 and fa3 on a machine without them took 3.4 s a
+    part, where UNKNOWN_SECONDS would plan 60 s each and keep another backend from being split.)"""
     timings = _read(where / TIMINGS)
     measured, shards = timings["selections"].get(selection, {}), timings["shards"].get(selection, {})
     costs, sources, startups = {}, {}, {}
@@ -116,6 +125,8 @@ def expected(
             costs[name], sources[name] = float(value), "measured"
         elif name in DEFAULT_SECONDS:
             costs[name], sources[name] = DEFAULT_SECONDS[name], "default"
+        elif unavailable(name):
+            costs[name], sources[name] = STARTUP_S, "skips"
         else:
             costs[name], sources[name] = UNKNOWN_SECONDS, "unknown"
     return costs, sources, startups
