@@ -196,7 +196,7 @@ def test_an_unreadable_timings_file_means_the_defaults(tmp_path, text):
 def test_measured_cost_sums_the_shards_less_their_extra_startups_and_skips_unfinished_backends():
     parts = [("fa4", 0, 40.0), ("fa4", 1, 50.0), ("torch_native", 5, 8.0), ("flex", 0, 9.0), ("flex", 2, 3.0)]
     assert costs.measured(parts) == {"fa4": 90.0 - STARTUP_S, "torch_native": 8.0}
-    assert costs.measured(parts, {"fa4": 30.0}) == {"fa4": 60.0, "torch_native": 8.0}  # its own fixed cost
+    assert costs.measured(parts, {"fa4": 20.0}) == {"fa4": 70.0, "torch_native": 8.0}  # its own fixed cost
     assert costs.shard_means(parts) == {"fa4": {"2": 45.0}, "torch_native": {"1": 8.0}}
 
 
@@ -232,15 +232,37 @@ def test_a_backend_seen_at_two_shard_counts_is_planned_with_its_fitted_fixed_cos
 
 
 def test_a_backend_with_a_known_fixed_cost_is_measured_with_it_before_any_fit(tmp_path):
-    """flex_compiled pays about 30 s a process whatever its share: read with STARTUP_S, six parts of
-    one 75 s process looked like 175 s (2 x H200: 180-191 s for 70-75 s), and the next plan split it
-    into shards of 95 s."""
+    """flex_compiled pays a fixed cost far above STARTUP_S a process whatever its share: read with
+    STARTUP_S, six parts of one 75 s process looked like 175 s (2 x H200: 180-191 s for 70-75 s), and
+    the next plan split it into shards of 95 s."""
     _, _, startups = costs.expected(["flex_compiled"], "sel", tmp_path)
     fixed = costs.DEFAULT_FIXED["flex_compiled"]
     assert startups == {"flex_compiled": fixed} and fixed > STARTUP_S
-    parts = [("flex_compiled", 0, fixed + 45.0 / 6)] * 6  # one process of fixed + 45 s, in 6 shards
-    assert costs.measured(parts, startups) == {"flex_compiled": pytest.approx(fixed + 45.0)}
-    assert costs.measured(parts) == {"flex_compiled": pytest.approx(6 * fixed + 45.0 - 5 * STARTUP_S)}
+    parts = [("flex_compiled", 0, fixed + 180.0 / 6)] * 6  # one process of fixed + 180 s, in 6 shards
+    assert costs.measured(parts, startups) == {"flex_compiled": pytest.approx(fixed + 180.0)}
+    assert costs.measured(parts) == {"flex_compiled": pytest.approx(6 * fixed + 180.0 - 5 * STARTUP_S)}
+
+
+# The restored check's parts on 2 x H200 (eleventh session, `bench --section gpus`'s priming run):
+# every backend but flex_compiled as one process, flex_compiled in 6 shards of 29.9 s on average.
+PRIMED = {"fa4": 38.5, "flashinfer_dec_cc": 21.0, "flashinfer_dec_tc": 49.6, "flashinfer_enc": 9.0}
+PRIMED |= {"flashinfer_paged": 34.1, "flashinfer_ragged": 22.6, "flex_eager": 43.6, "torch_native": 28.7}
+PRIMED |= {"torch_split": 29.6, "fa2": 3.2, "fa3": 3.6}
+
+
+def test_shards_about_as_long_as_the_assumed_fixed_cost_do_not_read_as_one_shard_of_work():
+    """With 30 s assumed fixed, those 6 shards read as 29.4 s of one process: the one-GPU run then
+    left flex_compiled unsplit (planned 30 s), and it took 75 s of the run's 79 s (planned 47 s). The
+    fixed cost taken off is at most FIXED_SHARE of a part, so they read as (6 + 1) / 2 parts."""
+    parts = [("flex_compiled", 0, 29.9)] * 6
+    startups = {"flex_compiled": 30.0}
+    got = costs.measured(parts, startups)
+    assert got == {"flex_compiled": pytest.approx(6 * 29.9 - 5 * 29.9 * costs.FIXED_SHARE, abs=0.06)}
+    assert costs.FIXED_SHARE == 0.5  # (6 + 1) / 2 parts: 104.7 s, where one process took 74.5 s
+    plan = schedule.plan({**PRIMED, **got}, 8, ["0"], startups)
+    assert len([p for p in plan.parts if p.backend == "flex_compiled"]) > 1
+    unsplit = schedule.plan({**PRIMED, "flex_compiled": 6 * 29.9 - 5 * 30.0}, 8, ["0"], startups)
+    assert len([p for p in unsplit.parts if p.backend == "flex_compiled"]) == 1  # what the run was planned
 
 
 def test_a_timings_file_without_shard_means_still_gives_its_costs(tmp_path):
