@@ -6,7 +6,9 @@ compile; FAKE_CHECK_EXIT: the check's status. Its "compile" burns BURN_SECONDS o
 process it waits for, and writes the CPU that child used to cpu.log beside the cache. With --results
 it writes a results.json as a parallel check does: PARTS parts of PART_SECONDS each, dealt round the
 GPUs of --gpus, JOBS_PER_GPU at once on each, each part and the plan expected at PART_SECONDS a part,
-its cases' own seconds a CASES_SHARE of its own (FAKE_ONE_PROCESS=1: as one pytest process, no parts)."""
+the check's elapsed seconds ELAPSED_SECONDS,
+its cases' own seconds a CASES_SHARE of its own (FAKE_ONE_PROCESS=1: as one pytest process, no parts;
+FAKE_MISPLANNED=N: the first N checks on one GPU planned their longest part at MISPLANNED_SECONDS)."""
 
 from __future__ import annotations
 
@@ -21,6 +23,8 @@ PARTS = 6
 PART_SECONDS = 10.0
 JOBS_PER_GPU = 2
 CASES_SHARE = (0.5, 0.6)  # of a part's seconds, its cases' own: on one GPU, on several (20 % slower)
+MISPLANNED_SECONDS = 5.0
+ELAPSED_SECONDS = 0.05  # the check's own elapsed seconds in its results (its command takes longer)
 BURN = (
     "import time\nt = time.process_time()\nwhile time.process_time() - t < {s}: pass\n"
     "print(time.process_time())"
@@ -32,7 +36,8 @@ def main(argv: list[str]) -> int:
     fake = cache / "fake"
     fake.mkdir(parents=True, exist_ok=True)
     leaked = [v for v in LEAKED if v in os.environ]
-    with (fake.parent.parent / "calls.log").open("a") as log:
+    calls = fake.parent.parent / "calls.log"
+    with calls.open("a") as log:
         log.write(f"{command} {' '.join(argv[1:])} leaked={','.join(leaked)}\n")
     todo = [v for v in ("a", "b") if not (fake / v).exists()]
     for v in todo:
@@ -49,11 +54,16 @@ def main(argv: list[str]) -> int:
     print(f"warmup: {len(todo)} variants compiled in 3 s beside the check{tail}")
     print("decode  10 pass")
     if "--results" in argv:
-        _results(Path(argv[argv.index("--results") + 1]), argv[argv.index("--gpus") + 1].split(","))
+        gpus = argv[argv.index("--gpus") + 1].split(",")
+        lines = calls.read_text().splitlines()
+        logged = [c.split(" --gpus ")[1].split()[0] for c in lines if " --gpus " in c]
+        ones = sum("," not in g for g in logged)  # checks on one GPU so far, this one included
+        misplanned = len(gpus) == 1 and ones <= int(os.environ.get("FAKE_MISPLANNED", "0"))
+        _results(Path(argv[argv.index("--results") + 1]), gpus, misplanned)
     return int(os.environ.get("FAKE_CHECK_EXIT", "0"))
 
 
-def _results(path: Path, gpus: list[str]) -> None:
+def _results(path: Path, gpus: list[str], misplanned: bool) -> None:
     from harness.report import results_json
 
     seconds = [PART_SECONDS + i * 5 % PARTS for i in range(PARTS)]  # the longest is not the last
@@ -63,13 +73,14 @@ def _results(path: Path, gpus: list[str]) -> None:
             "part": f"fake[{i}/{PARTS}]",
             "gpu": gpus[i % len(gpus)],
             "seconds": s,
-            "expected_s": PART_SECONDS,
+            "expected_s": MISPLANNED_SECONDS if misplanned and s == max(seconds) else PART_SECONDS,
             "cases_s": s * share,
         }
         for i, s in enumerate(seconds)
     ]
     jobs = JOBS_PER_GPU * len(gpus)
     run = {"command": "python -m harness check", "jobs": jobs, "expected_s": PART_SECONDS * PARTS / jobs}
+    run["elapsed_s"] = ELAPSED_SECONDS
     run["parts"] = parts
     if os.environ.get("FAKE_ONE_PROCESS") == "1":
         run = {"command": "python -m harness check"}

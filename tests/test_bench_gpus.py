@@ -63,9 +63,14 @@ def test_primes_until_warm_then_one_gpu_then_every_gpu(monkeypatch, tmp_path):
     assert (one.outside_s, every.outside_s) == (37.5, 30.0)  # the parts' seconds less their cases'
     assert "time outside cases" in every.bound  # 30 of 75 s, over OUTSIDE_BOUND
     line = next(x for x in render({"gpus": [vars(r) for r in rows]}).splitlines() if "speedup" in x)
-    assert line.endswith("outside their cases 30 of 75 (6 parts), against 38 of 75 (6) on one GPU")
+    assert "outside their cases 30 of 75 (6 parts), against 38 of 75 (6) on one GPU; at most " in line
     assert all(r.cpu_seconds > 0 and r.cores == os.cpu_count() for r in rows)
     assert one.speedup is None and every.speedup == round(one.seconds / every.seconds, 3)
+    assert (one.elapsed, every.elapsed) == (0.05, 0.05)  # results.json run.elapsed_s
+    packed = (75.0 / 2 + one.seconds - 0.05) / (75.0 / 4 + every.seconds - 0.05)  # busy s over the slots
+    cases = (37.5 / 2 + one.seconds - 0.05) / (45.0 / 4 + every.seconds - 0.05)  # cases' own s only
+    assert (every.speedup_packed, every.speedup_cases) == (round(packed, 3), round(cases, 3))
+    assert one.speedup_packed is None and one.speedup_cases is None
     assert every.verdict == ("met" if every.speedup >= gpus.SPEEDUP_TARGET else "MISSED")
     assert all(r.exit == 0 and r.reason == "" for r in rows)
     assert made and list(made[0].iterdir()) == []  # its results and reports were removed
@@ -109,11 +114,30 @@ def test_judge_gives_the_speedup_its_verdict_and_what_bounds_it():
     one, every = row("one", 100.0, 30.0, code=1), row("all", 50.0, 30.0)
     gpus.judge(one, every)
     assert (every.speedup, every.verdict, every.bound) == (None, "", "")
+    assert every.speedup_packed is None and every.speedup_cases is None  # no parts read: no ceilings
     for outside, bound in ((29.9, "load"), (30.0, "time outside cases")):  # OUTSIDE_BOUND of 100 busy s
         one, every = row("one", 100.0, 30.0), row("all", 80.0, 30.0)
         every.busy, every.outside_s = {"0": 60.0, "1": 40.0}, outside
         gpus.judge(one, every)
         assert every.bound == bound
+
+
+def test_the_ceilings_are_the_speedup_of_perfectly_packed_work_plus_each_command_s_own_time():
+    """2 x H200 (eleventh session): one GPU 51.3 s (elapsed 47.6, 8 slots, parts 333.5 s, cases 230.7
+    s), two 38.7 s (35.5, 16 slots, 432.9 s, 261.1 s): 1.32 measured, 1.50 packed, 1.67 at best."""
+
+    def row(run: str, seconds: float, elapsed: float, jobs: int, busy: float, cases: float) -> gpus.GpuRow:
+        r = gpus.GpuRow(run, ["0"], "gpu", [], seconds=seconds, exit=0, jobs=jobs, elapsed=elapsed)
+        r.busy, r.cases_s = {"0": busy}, cases
+        return r
+
+    one, every = row("one", 51.26, 47.58, 8, 333.5, 230.7), row("all", 38.71, 35.55, 16, 432.9, 261.1)
+    gpus.judge(one, every)
+    assert (every.speedup, every.speedup_packed, every.speedup_cases) == (1.324, 1.501, 1.669)
+    assert every.speedup_cases < gpus.SPEEDUP_TARGET  # out of reach of any schedule of these parts
+    one.elapsed = 0.0  # a check that kept no elapsed time: no ceilings
+    gpus.judge(one, every)
+    assert every.speedup_packed is None and every.speedup_cases is None
 
 
 def test_off_cuda_or_with_one_gpu_it_is_a_skip_with_its_reason_and_runs_nothing(monkeypatch, tmp_path):
@@ -167,6 +191,8 @@ def test_the_table_shows_each_run_and_the_speedup(monkeypatch, tmp_path):
     every = rows[-1]
     line = f"  speedup {every.speedup:.2f} on 2 GPUs (target 1.7: {every.verdict}); bound by {every.bound}"
     assert line + "; cases' own seconds +20% against one GPU (45 s)" in text
+    ceilings = f"; at most {every.speedup_packed:.2f} packed perfectly, {every.speedup_cases:.2f} with no"
+    assert ceilings + " part's time outside its cases" in text
 
 
 def test_the_cli_section_runs_only_when_asked_for_and_skips_without_a_gpu(tmp_path):
@@ -221,3 +247,38 @@ def test_a_part_s_time_split_is_kept_and_its_cases_seconds_shown(tmp_path):
     assert shown in text
     fixed = "  all: outside pytest: 4 s before it configured (4.5 s a part, 1 parts), 2 s after its session"
     assert fixed in text
+
+
+def test_a_mis_planned_pair_is_not_judged_and_is_measured_once_more(monkeypatch, tmp_path):
+    """2 x H200 (eleventh session): flex_compiled planned unsplit at 30 s took 75 s of the one-GPU
+    run's 79 s, and the speedup read 1.95 (met). A run whose bounding part took over MISPLANNED times
+    its plan measured the plan: its pair's verdict says so, and the pair runs again once, planned from
+    the costs the mis-planned runs saved."""
+    calls = _fake(monkeypatch, tmp_path)
+    monkeypatch.setenv("FAKE_MISPLANNED", "1")  # the first one-GPU check: its longest part planned at 5 s
+    rows = gpus.scaling("cuda", ["0", "1"], None, 60.0)
+    assert [r.run for r in rows] == ["prime", "prime", "one", "all", "one", "all"]
+    gpu_args = [c.split(" --gpus ")[1].split()[0] for c in calls.read_text().splitlines()]
+    assert gpu_args == ["0,1", "0,1", "0", "0,1", "0", "0,1"]
+    first, second = rows[2], rows[4]
+    assert first.misplanned == f"fake[1/6] took 15 s of the run's {first.seconds:.0f} s, planned 5 s"
+    assert second.misplanned == "" and rows[3].misplanned == "" and rows[5].misplanned == ""
+    assert rows[3].verdict == "mis-planned" and rows[3].speedup is not None
+    last = rows[5]
+    assert last.verdict in ("met", "MISSED") and last.speedup == round(second.seconds / last.seconds, 3)
+    text = render({"gpus": [vars(r) for r in rows]})
+    assert f"  one: mis-planned: {first.misplanned}" in text
+    assert "(target 1.7: mis-planned)" in text
+    assert bench.passed({"gpus": [vars(r) for r in rows]}) is True  # a verdict, not a failed check
+
+
+def test_misplanned_needs_a_bounding_part_far_over_its_plan():
+    def row(longest: float, planned: float, wall: float) -> gpus.GpuRow:
+        r = gpus.GpuRow("one", ["0"], "gpu", [], seconds=wall, longest="p", longest_seconds=longest)
+        r.parts = [{"part": "p", "gpu": "0", "seconds": longest, "expected_s": planned}]
+        return r
+
+    assert gpus.misplanned(row(75.0, 30.0, 79.0)) == "p took 75 s of the run's 79 s, planned 30 s"
+    assert gpus.misplanned(row(45.0, 30.0, 46.0)) == ""  # 1.5 times its plan: within MISPLANNED
+    assert gpus.misplanned(row(75.0, 30.0, 94.0)) == ""  # under LONGEST_BOUND of the run: not bounding
+    assert gpus.misplanned(row(75.0, 0.0, 79.0)) == ""  # no plan to compare with

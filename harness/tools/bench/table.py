@@ -256,12 +256,13 @@ def _gpus(doc: dict) -> list[str]:
     out += _grid(head, cells)
     out += [
         f"  speedup {r['speedup']:.2f} on {len(r['gpus'])} GPUs (target {SPEEDUP_TARGET}: {r['verdict']}); "
-        f"bound by {r['bound']}{_cases_growth(r)}{_outside_cases(r, rows)}"
+        f"bound by {r['bound']}{_cases_growth(r)}{_outside_cases(r, rows)}{_ceilings(r)}"
         for r in rows
         if r["speedup"] is not None
     ]
     out += [_longest_parts(r) for r in rows if r["run"] != "prime" and r["parts"]]
     out += [line for r in rows if r["run"] != "prime" and (line := _fixed_seconds(r))]
+    out += [f"  {r['run']}: mis-planned: {r['misplanned']}" for r in rows if r.get("misplanned")]
     out += [f"  {r['run']}: {r['reason'].splitlines()[0]}" for r in rows if r["reason"]]
     out.append("")
     return out
@@ -273,6 +274,14 @@ def _cases_growth(row: dict) -> str:
     if growth is None:
         return ""
     return f"; cases' own seconds {growth:+.0%} against one GPU ({row['cases_s']:.0f} s)"
+
+
+def _ceilings(row: dict) -> str:
+    """The speedup with the parts packed perfectly, and with no time outside their cases besides."""
+    packed, cases = row.get("speedup_packed"), row.get("speedup_cases")
+    if packed is None or cases is None:
+        return ""
+    return f"; at most {packed:.2f} packed perfectly, {cases:.2f} with no part's time outside its cases"
 
 
 def _outside_cases(row: dict, rows: list[dict]) -> str:
