@@ -9,8 +9,8 @@ was mis-planned (its bounding part took far longer than its plan gave it: a cost
 wrong, which the run then saved), so the speedup compares GPU counts, not plans. A row gives the
 command's wall time and CPU time, its plan (processes, jobs, expected wall time), each GPU's busy
 time (the sum of its parts' seconds, from its results.json, which is kept beside the bench's JSON),
-its longest part and every part. The `all` row adds the speedup (the one-GPU wall over its own) against
-SPEEDUP_TARGET, and what bounds it: the longest part when it takes most of the wall time (more GPUs
+its longest part and every part. The `all` row adds the speedup (the one-GPU wall over its own)
+against SPEEDUP_TARGET, and what bounds it: the longest part when it takes most of the wall time (more GPUs
 only help through more shards), the host when the check kept most of its cores busy (more GPUs add
 no cores), slower cases when the same cases took longer in their own seconds than on one GPU (its
 processes slowed each other, or more shards each repeated a process's first-use work: a trace, a
@@ -193,8 +193,8 @@ def scaling(
 ) -> list[GpuRow]:
     """The priming check(s), then the check on `visible[0]`, then on every GPU in `visible` (that pair
     again when it was mis-planned); a single `skip` row with its reason off CUDA or with fewer than
-    two GPUs. Each check's results.json is
-    copied into `keep` (`<n>-<run>.json`, named in its row) when given; its report is not kept."""
+    two GPUs. Each check's results.json is copied into `keep` (`<n>-<run>.json`, named in its row)
+    when given; its report is not kept."""
     profile, backends = "gpu", list(backends or [])
     say = progress or (lambda row: None)
     if device == "cuda" and len(visible) >= 2:
