@@ -11,7 +11,8 @@ import pytest
 
 from harness.cli import main
 from harness.report import results_json
-from harness.run import warm_gate
+from harness.run import check
+from harness.run.speed import warm_gate
 from tests.helpers import IdleGate
 from tests.report_helpers import PINNED_QUERY_LINE, ROOT, WINDOW_IGNORED, mutant_run
 
@@ -168,7 +169,6 @@ def test_check_on_a_cuda_machine_runs_the_cuda_backends_unless_told(
     monkeypatch, tmp_path, device, mark, profile
 ):
     """The CPU backends at the gpu profile's sizes would take hours: on CUDA, check selects the GPU ones."""
-    from harness import cli
 
     seen = {}
 
@@ -176,9 +176,9 @@ def test_check_on_a_cuda_machine_runs_the_cuda_backends_unless_told(
         seen.update(cmd=cmd, profile=env["ATTN_HARNESS_PROFILE"])
         return subprocess.CompletedProcess(cmd, 0)
 
-    monkeypatch.setattr(cli, "_default_device", lambda: "cuda")
-    monkeypatch.setattr(cli.os, "cpu_count", lambda: 2)  # one pytest process (--jobs: test_parallel.py)
-    monkeypatch.setattr(cli.subprocess, "run", fake_run)
+    monkeypatch.setattr(check, "default_device", lambda: "cuda")
+    monkeypatch.setattr(check.os, "cpu_count", lambda: 2)  # one pytest process (--jobs: test_parallel.py)
+    monkeypatch.setattr(check.subprocess, "run", fake_run)
     monkeypatch.setattr(warm_gate, "WarmGate", IdleGate)
     args = ["check", "--reports", str(tmp_path)] + (["--device", device] if device else [])
     assert main(args) == 0

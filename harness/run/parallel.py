@@ -3,7 +3,7 @@
 On a GPU a check is bound by the host (Python, kernel launches, compiling), not by the device: one
 pytest process leaves the GPU idle most of the time. Here each backend's suite is its own pytest
 process (with its own isolation worker), or several (pytest's `--harness-shard I/N`) when it alone
-would bound the wall time, at most N at once, the longest first: the plan is harness/run/schedule.py's.
+would bound the wall time, at most N at once, the longest first: the plan is harness/run/speed/schedule.py's.
 Each of the N slots is pinned to one GPU, and a process started in it sees only that GPU
 (CUDA_VISIBLE_DEVICES), so the isolation layer inside it uses that one. Their results files are
 merged into the run's results.json, from which the report is rendered as usual.
@@ -24,7 +24,7 @@ from typing import IO
 
 from harness.core.vocab import STATUSES
 from harness.report import results_json
-from harness.run.schedule import Plan
+from harness.run.speed.schedule import Plan
 from harness.run.workers import Child
 
 STATUS_EVERY_S = 30.0  # a line naming the running backends, between completions
@@ -151,7 +151,7 @@ def run(
 ) -> list[Part]:
     """Run `cmd` (a pytest command line) once per part of the plan (a backend, or a shard of one),
     in the plan's order, at most plan.jobs at once: a free slot takes the first waiting part whose
-    backend is `ready` (its warm-up has ended, harness/run/warm_gate.py), the lowest free slot and
+    backend is `ready` (its warm-up has ended, harness/run/speed/warm_gate.py), the lowest free slot and
     that slot's GPU, at the priority `nice()` gives when it starts (lower beside a ninja build).
     Returns the parts in start order, each with its exit code, seconds, slot, GPU and records. Prints
     a line as each ends. On an interrupt (Ctrl-C, a time limit's SIGINT) the running parts are asked
@@ -227,7 +227,7 @@ def gpu_lines(parts: list[Part], wall: float) -> list[str]:
 def merged_records(parts: list[Part]) -> list[dict]:
     """Every part's records, in part order, with each record of a whole test (no case) once: the
     shards of a backend split by variant all run its search tests, so a test skipped as a whole, or
-    failed on its refusals over the same draw, says so in each (harness/run/variant_shards.py)."""
+    failed on its refusals over the same draw, says so in each (harness/run/speed/variant_shards.py)."""
     out, seen = [], set()
     for r in (r for p in parts for r in p.records):
         if r.get("case") is None:

@@ -9,7 +9,7 @@ and writes JSON (docs/bench.md documents every field). Sections:
 - phases: fractions of each check's wall time spent building, planning, in the kernel, in the
   references, comparing, and (CPU) in the Hugging Face cross-check (harness/core/timing.py);
 - scale: time and peak memory of the reference on one long request, in a subprocess per run;
-- detection: examples and seconds until each mutant of the catalogue first fails (harness/run/mutation.py);
+- detection: examples and seconds until each mutant of the catalogue first fails (harness/mutants/hunts.py);
 - coldstart (only when asked for: it runs the whole check twice): `check` (its warm-up beside it) in a
   fresh cache directory, then again with that cache warm (coldstart.py);
 - gpus (only when asked for: it runs the whole check three or four times): `check` on one GPU, then
@@ -19,6 +19,7 @@ One module per section (cases.py makes the mix; table.py prints the report); thi
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
 import time
@@ -29,7 +30,7 @@ from pathlib import Path
 import torch
 
 from harness.backends.base import Backend
-from harness.run import mutation
+from harness.mutants import hunts
 from harness.run.isolation import visible_gpus
 from harness.tools.bench import cases, coldstart, detection, gpus, scale, throughput
 
@@ -81,7 +82,7 @@ def run(
             **cases.MIX_SHAPE,
         },
         "scale_shape": {**scale.SCALE_SHAPE, "mode": "EXTEND", "window_left": scale.SCALE_WINDOW},
-        "detection_profile": mutation.DEVICE_PROFILE[opts.device],
+        "detection_profile": hunts.DEVICE_PROFILE[opts.device],
         **{section: [] for section in opts.sections},
     }
 
@@ -162,3 +163,64 @@ def write_json(path: str | Path, doc: dict) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(doc, indent=1))
+
+
+class OptionError(ValueError):
+    """A bench option out of range: one line."""
+
+
+def options(args: argparse.Namespace, device: str) -> Options:
+    """The bench's Options from `python -m harness bench`'s arguments (harness/cli.py)."""
+    from harness import backends
+
+    picked = args.section or ",".join(DEFAULT_SECTIONS)
+    sections = tuple(s.strip() for s in picked.split(",") if s.strip())
+    bad = [s for s in sections if s not in SECTIONS]
+    if bad or not sections:
+        raise OptionError(f"unknown section {bad[0] if bad else ''!r}; known: {', '.join(SECTIONS)}")
+    if min(args.cases, args.max_examples, args.repeat, args.workers) < 1:
+        raise OptionError("--cases, --repeat, --workers and --max-examples must be at least 1")
+    if args.backend:
+        chosen = [_load(n) for n in args.backend]
+    else:
+        chosen = [b for b in backends.all_backends() if b.available(device) is None]
+    return Options(
+        device=device,
+        backends=chosen,
+        sections=sections,
+        cases=args.cases,
+        seed=args.seed,
+        repeat=args.repeat,
+        workers=args.workers,
+        scale_tokens=args.scale_tokens or scale.SCALE_TOKENS,
+        scale_timeout=args.scale_timeout,
+        max_examples=args.max_examples,
+        detection_budget=args.detection_budget,
+        mutant_backends=args.backend,
+        coldstart_timeout=args.coldstart_timeout,
+        gpus_timeout=args.gpus_timeout,
+        gpus_results=Path(args.json).with_name(Path(args.json).stem + "-gpus"),
+    )
+
+
+def _load(name: str) -> Backend:
+    from harness import backends
+
+    try:
+        return backends.load(name)
+    except backends.BackendError as e:
+        raise OptionError(str(e)) from None
+
+
+def command(args: argparse.Namespace, device: str) -> int:
+    """`python -m harness bench`: the sections asked for, a line as each row ends, the table, and
+    the JSON document (rewritten after every row); 0 when every section passed."""
+    from harness.tools.bench.table import render
+
+    opts = options(args, device)
+    print(f"attn-harness bench on {device}: {', '.join(opts.sections)}", flush=True)
+    doc = run(opts, lambda line: print(line, flush=True), lambda d: write_json(args.json, d))
+    print(render(doc))
+    write_json(args.json, doc)
+    print(f"json: {args.json}")
+    return 0 if doc["passed"] else 1

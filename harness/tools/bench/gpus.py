@@ -1,6 +1,6 @@
 """The bench's gpus section: what `make check` gains from a runner's second (and later) GPU (issue 24).
 
-`check` spreads its pytest processes over every visible GPU (harness/run/schedule.py). This runs it
+`check` spreads its pytest processes over every visible GPU (harness/run/speed/schedule.py). This runs it
 as a CI job does with its cache directory restored: first a priming `check` over every GPU (it
 compiles what the cache lacks and saves the measured costs the schedule reads; run again once when it
 compiled, since a run that compiled saves none), then `check --gpus <first>` and `check --gpus <all>`,

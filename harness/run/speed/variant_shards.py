@@ -203,7 +203,7 @@ def elsewhere(backend: Backend, case: Case | GraphCase) -> bool:
 
 def answer(backend: Backend, case: Case | GraphCase, device: str) -> CaseResult:
     """Another shard's case, unchecked: what a checking run shows hypothesis (a refusal's skip, else a
-    pass), marked so the suite records nothing for it (harness/search/suite.py, `judge`)."""
+    pass), marked so the suite records nothing for it (harness/run/suite.py, `judge`)."""
     res = record_mode.unchecked(backend, case, device, "checked by the shard that owns its variant")
     res.extra[ELSEWHERE] = "{}/{}".format(*_shard)
     return res

@@ -1,4 +1,4 @@
-"""Each backend's expected cost for the check's schedule (harness/run/schedule.py), in seconds as one
+"""Each backend's expected cost for the check's schedule (harness/run/speed/schedule.py), in seconds as one
 pytest process, and what each of its processes pays whatever its share (its fixed cost): measured by
 the last `check --jobs` runs of the same selection, else a default.
 
@@ -22,7 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from harness.run import cache_dir
-from harness.run.schedule import STARTUP_S
+from harness.run.speed.schedule import STARTUP_S
 
 TIMINGS = "timings.json"  # in the cache directory (harness/run/cache_dir.py)
 FORMAT = "attn-harness-timings"

@@ -24,12 +24,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from harness.run import cache_dir, workers
-from harness.tools.warmup import ninja, stamp
+from harness.run.speed.warmup import ninja, stamp
 
 COMPILED, CACHED = "compiled", "cached"
 VARIANT_TIMEOUT = 900.0  # seconds for one variant, or one plan, in a worker
 # How much lower the priority of work beside a ninja build is (pool workers here, the check's processes
-# in harness/run/warm_gate.py): the build is the longest chain of a cold run, the rest fills the gaps.
+# in harness/run/speed/warm_gate.py): the build is the longest chain of a cold run, the rest fills the gaps.
 BESIDE_NINJA_NICE = 10
 
 

@@ -1,6 +1,6 @@
 """The check's schedule: how many pytest processes each backend gets, which starts first, on which GPU.
 
-A pure function of each backend's expected cost (seconds as one process; harness/run/costs.py
+A pure function of each backend's expected cost (seconds as one process; harness/run/speed/costs.py
 finds them), the job slots and the GPUs. The parts are started longest first and each takes the
 slot that frees first (longest-processing-time-first list scheduling, within 4/3 of the best wall
 time for the given parts). The ideal wall time is the total cost over the slots (the share); a
