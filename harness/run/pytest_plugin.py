@@ -136,8 +136,8 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 def quick_exit(code: int) -> None:
     """End a part's pytest process once every plugin has unconfigured: its results and output are
     written; its worker is stopped first (it ends at once too). Python's finalisation of a process
-    with torch, hypothesis and the harness loaded kept each part of a CPU check 1.01-1.07 s after its
-    session on a 2-core runner, against 0.21-0.31 s without it."""
+    with torch, hypothesis and the harness loaded would keep every part running about a second
+    after its results are written."""
     workers.stop_all()
     workers.quick_exit(code)
 

@@ -60,8 +60,8 @@ _COMMON = dict(
 # The gpu profile searches without hypothesis's target phase. Targeting steers each search's second
 # half (past max_examples // 2 valid examples) by the measured err/budget, so which cases, and which
 # kernel variants, a GPU check drew depended on that machine's rounding, and the warm-up's recording
-# (record mode, which checks nothing and so measures nothing) drew fresh cases there instead: on the
-# H100 a check after a complete flex_compiled warm-up still compiled 40 graphs, and 4 without it.
+# (record mode, which checks nothing and so measures nothing) drew fresh cases there instead, so a
+# check after a complete flex_compiled warm-up still compiled graphs the warm-up never saw.
 # Without it a gpu check draws the same cases on every machine, and the warm-up compiles those.
 GPU_PHASES = tuple(p for p in SEARCH_PHASES if p != Phase.target)
 

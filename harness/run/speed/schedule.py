@@ -17,8 +17,8 @@ import heapq
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-# A part's fixed cost: fa2/fa3's parts, which collect and skip every test, took 7-8 s on the H100
-# (interpreter, imports, collection); a part that checks also starts its isolation worker.
+# A part's fixed cost: the interpreter, imports and collection (a part that skips every test pays
+# little more), and, in a part that checks, its isolation worker's start.
 STARTUP_S = 10.0
 
 

@@ -57,12 +57,12 @@ class Options:
     gpus_results: Path | None = None  # where the gpus section keeps each check's results.json
 
 
-def run(
-    opts: Options, say: Callable[[str], None] = print, save: Callable[[dict], None] | None = None
-) -> dict:
-    """Every selected section; returns the JSON document (docs/bench.md describes it). `save` gets
-    the document after every row, so a run stopped by a time limit keeps what it measured."""
-    doc: dict = {
+Keep = Callable[[str, dict], None]  # a section's row, added to the document (and saved)
+
+
+def _document(opts: Options) -> dict:
+    """The document's head: the machine, the mix, the shapes, and an empty list per section."""
+    return {
         "schema": 1,
         "meta": {
             "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
@@ -86,6 +86,67 @@ def run(
         **{section: [] for section in opts.sections},
     }
 
+
+def _throughput(opts: Options, keep: Keep, say: Callable[[str], None]) -> None:
+    for b in opts.backends:
+        say(f"  throughput/phases: {b.name} on {opts.device} ...")
+        mix = cases.mix(opts.seed, opts.cases, b.capabilities)
+        measured = throughput.measure_backend(b, opts.device, mix, opts.sections, opts.repeat, opts.workers)
+        row, phases = measured
+        if row:
+            keep("throughput", dataclasses.asdict(row))
+        if phases:
+            keep("phases", dataclasses.asdict(phases))
+
+
+def _scale(opts: Options, keep: Keep, say: Callable[[str], None]) -> None:
+    for tokens in opts.scale_tokens:
+        for window in (-1, scale.SCALE_WINDOW):
+            say(f"  scale: {tokens} tokens, window_left {window} ...")
+            row = scale.scale_row(opts.device, tokens, window, opts.scale_timeout)
+            keep("scale", dataclasses.asdict(row))
+
+
+def _detection(opts: Options, keep: Keep, say: Callable[[str], None]) -> None:
+    def progress(d: dict) -> None:
+        say(f"  detection: {d['outcome']:8} {d['mutant']} ({d['hunt_seconds']:.1f}s)")
+        keep("detection", d)
+
+    detection.detection(opts.device, opts.mutant_backends, opts.max_examples, opts.detection_budget, progress)
+
+
+def _coldstart(opts: Options, keep: Keep, say: Callable[[str], None]) -> None:
+    def ran(row: coldstart.ColdStartRow) -> None:
+        warm = "no warm-up" if row.warmup_seconds is None else f"warm-up {row.warmup_seconds:.0f} s of it"
+        floor = row.cpu_seconds / row.cores
+        cpu = f"CPU {row.cpu_seconds:.0f} s: {floor:.0f} s on {row.cores} cores if packed"
+        say(f"  coldstart: {row.run}: check {row.seconds:.0f} s ({warm}); {cpu}")
+        keep("coldstart", dataclasses.asdict(row))
+
+    coldstart.coldstart(opts.device, opts.mutant_backends, opts.coldstart_timeout, ran)
+
+
+def _gpus(opts: Options, keep: Keep, say: Callable[[str], None]) -> None:
+    def scaled(row: gpus.GpuRow) -> None:
+        if row.run == "skip":
+            say(f"  gpus: skipped: {row.reason}")
+        else:
+            plan = f"{row.processes} processes, {row.jobs} at once"
+            gain = "" if row.speedup is None else f"; speedup {row.speedup:.2f} ({row.verdict})"
+            say(f"  gpus: {row.run} on GPU {','.join(row.gpus)}: check {row.seconds:.0f} s, {plan}{gain}")
+        keep("gpus", dataclasses.asdict(row))
+
+    visible = visible_gpus() if opts.device == "cuda" else []
+    gpus.scaling(opts.device, visible, opts.mutant_backends, opts.gpus_timeout, scaled, opts.gpus_results)
+
+
+def run(
+    opts: Options, say: Callable[[str], None] = print, save: Callable[[dict], None] | None = None
+) -> dict:
+    """Every selected section; returns the JSON document (docs/bench.md describes it). `save` gets
+    the document after every row, so a run stopped by a time limit keeps what it measured."""
+    doc = _document(opts)
+
     def keep(section: str, row: dict) -> None:
         doc[section].append(row)
         doc["passed"] = passed(doc)
@@ -93,56 +154,11 @@ def run(
             save(doc)
 
     if "throughput" in opts.sections or "phases" in opts.sections:
-        for b in opts.backends:
-            say(f"  throughput/phases: {b.name} on {opts.device} ...")
-            mix = cases.mix(opts.seed, opts.cases, b.capabilities)
-            row, phases = throughput.measure_backend(
-                b, opts.device, mix, opts.sections, opts.repeat, opts.workers
-            )
-            if row:
-                keep("throughput", dataclasses.asdict(row))
-            if phases:
-                keep("phases", dataclasses.asdict(phases))
-    if "scale" in opts.sections:
-        for tokens in opts.scale_tokens:
-            for window in (-1, scale.SCALE_WINDOW):
-                say(f"  scale: {tokens} tokens, window_left {window} ...")
-                keep(
-                    "scale",
-                    dataclasses.asdict(scale.scale_row(opts.device, tokens, window, opts.scale_timeout)),
-                )
-    if "detection" in opts.sections:
-
-        def progress(d: dict) -> None:
-            say(f"  detection: {d['outcome']:8} {d['mutant']} ({d['hunt_seconds']:.1f}s)")
-            keep("detection", d)
-
-        detection.detection(
-            opts.device, opts.mutant_backends, opts.max_examples, opts.detection_budget, progress
-        )
-    if "coldstart" in opts.sections:
-
-        def ran(row: coldstart.ColdStartRow) -> None:
-            warm = "no warm-up" if row.warmup_seconds is None else f"warm-up {row.warmup_seconds:.0f} s of it"
-            floor = row.cpu_seconds / row.cores
-            cpu = f"CPU {row.cpu_seconds:.0f} s: {floor:.0f} s on {row.cores} cores if packed"
-            say(f"  coldstart: {row.run}: check {row.seconds:.0f} s ({warm}); {cpu}")
-            keep("coldstart", dataclasses.asdict(row))
-
-        coldstart.coldstart(opts.device, opts.mutant_backends, opts.coldstart_timeout, ran)
-    if "gpus" in opts.sections:
-
-        def scaled(row: gpus.GpuRow) -> None:
-            if row.run == "skip":
-                say(f"  gpus: skipped: {row.reason}")
-            else:
-                plan = f"{row.processes} processes, {row.jobs} at once"
-                gain = "" if row.speedup is None else f"; speedup {row.speedup:.2f} ({row.verdict})"
-                say(f"  gpus: {row.run} on GPU {','.join(row.gpus)}: check {row.seconds:.0f} s, {plan}{gain}")
-            keep("gpus", dataclasses.asdict(row))
-
-        visible = visible_gpus() if opts.device == "cuda" else []
-        gpus.scaling(opts.device, visible, opts.mutant_backends, opts.gpus_timeout, scaled, opts.gpus_results)
+        _throughput(opts, keep, say)
+    later = {"scale": _scale, "detection": _detection, "coldstart": _coldstart, "gpus": _gpus}
+    for section, measure in later.items():
+        if section in opts.sections:
+            measure(opts, keep, say)
     doc["passed"] = passed(doc)
     return doc
 

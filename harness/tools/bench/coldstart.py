@@ -1,4 +1,4 @@
-"""The bench's coldstart section: `make check`'s cost on a fresh runner, kept measured (issue 24).
+"""The bench's coldstart section: `make check`'s cost on a fresh runner, kept measured.
 
 Runs `python -m harness check` (the profile and backends given; on CUDA it compiles its JIT variants
 beside the check, harness/run/speed/warm_gate.py) twice as a child process: first in a fresh, empty cache

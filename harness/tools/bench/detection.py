@@ -9,7 +9,7 @@ from collections.abc import Callable
 from harness.mutants import hunts
 
 # DESIGN.md's table: the bug classes the harness exists for. A mutant is seed-class when its bug
-# (the name after "~") is one of them; the target is each caught within 30 s on the GPU.
+# (the name after "~") is one of them; the target is each caught within 30 s on the GPU.
 SEED_CLASS_BUGS = frozenset(
     {
         "ragged_no_window",  # SWA extend with prefix: the ragged pass gets no window

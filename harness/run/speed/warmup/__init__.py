@@ -1,7 +1,7 @@
 """`python -m harness warmup`: compile every JIT variant a profile draws, before the check needs it.
 
 A fresh GPU runner otherwise compiles inside the check: FlashInfer's modules, FA4's kernels and
-flex_compiled's inductor graphs, one worker at a time, each paying its own (issue 24). Here each
+flex_compiled's inductor graphs, one worker at a time, each paying its own. Here each
 JIT library (libraries.py) lists its variants for the profile, and every library runs at once, so
 the machine's cores stay busy until the last compile:
 - a library with a `plan` (FlashInfer) finds its modules in one worker process and builds them all
