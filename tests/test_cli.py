@@ -1,6 +1,7 @@
 """The command line: exit codes and one-line errors for bad input."""
 
 import html
+import importlib.metadata
 import json
 import os
 import shlex
@@ -9,6 +10,7 @@ import sys
 
 import pytest
 
+import harness
 from harness.cli import main
 from harness.report import results_json
 from harness.run import check
@@ -236,3 +238,11 @@ def test_every_subcommand_help_has_examples_that_parse():
             argv = shlex.split(line, comments=True)
             assert argv[:3] == ["python", "-m", "harness"] and (name is None or argv[3] == name), line
             top.parse_args(argv[3:])  # a usage error would raise
+
+
+def test_version_prints_the_package_version(capsys):
+    with pytest.raises(SystemExit) as ended:
+        main(["--version"])
+    assert ended.value.code == 0
+    assert capsys.readouterr().out.strip() == f"attn-harness {harness.__version__}"
+    assert harness.__version__ == importlib.metadata.version("attn-harness")

@@ -237,8 +237,9 @@ def test_check_asks_each_unmeasured_backend_whether_it_runs_here(monkeypatch, tm
 
     monkeypatch.setattr(parallel, "run", fake_run)
     names = ["fa2", "tests.variant_keyed:native"]
-    args = (["pytest"], {}, names, 2, [], tmp_path / "run", "gpu", None, "sel", tmp_path)
-    assert check.run_parallel(check.Prepared(*args, "check")) == 0
+    job = check.Prepared(cmd=["pytest"], env={}, names=names, jobs=2, gpus=[], run_dir=tmp_path / "run",
+                         profile="gpu", results=None, selection="sel", cwd=tmp_path, command_line="check")
+    assert check.run_parallel(job) == 0
     (plan,) = planned
     assert [p.seconds for p in plan.parts if p.backend == "fa2"] == [STARTUP_S]
     plugin = [p for p in plan.parts if p.backend != "fa2"]  # 60 s: split in two on two slots
@@ -268,8 +269,10 @@ def test_a_fitted_fixed_cost_plans_the_shards_and_is_subtracted_from_the_saved_c
         ]
 
     monkeypatch.setattr(parallel, "run", fake_run)
-    args = (["pytest"], {}, ["torch_native", "fa4"], 4, [], tmp_path / "run", "gpu", None, "sel", tmp_path)
-    assert check.run_parallel(check.Prepared(*args, "check")) == 0
+    names = ["torch_native", "fa4"]
+    job = check.Prepared(cmd=["pytest"], env={}, names=names, jobs=4, gpus=[], run_dir=tmp_path / "run",
+                         profile="gpu", results=None, selection="sel", cwd=tmp_path, command_line="check")
+    assert check.run_parallel(job) == 0
     (plan,) = planned
     mine = [p for p in plan.parts if p.backend == "torch_native"]
     n = len(mine)

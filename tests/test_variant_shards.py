@@ -365,8 +365,9 @@ def test_check_saves_the_measured_weights_unless_the_warm_up_compiled_beside_it(
         return out
 
     monkeypatch.setattr(parallel, "run", fake_run)
-    args = (["pytest"], {}, [KEYED], 1, [], tmp_path / "run", "gpu", None, "sel", tmp_path, "check")
+    job = check.Prepared(cmd=["pytest"], env={}, names=[KEYED], jobs=1, gpus=[], run_dir=tmp_path / "run",
+                         profile="gpu", results=None, selection="sel", cwd=tmp_path, command_line="check")
     gate = _CompiledGate() if compiled else None
-    assert check.run_parallel(check.Prepared(*args), gate) == 0
+    assert check.run_parallel(job, gate) == 0
     weights = variant_shards.read_weights(variant_shards.weights_path(KEYED, "gpu", cache))
     assert weights == ({} if compiled else {variant_shards.name(KeyedNative().variant_key(c)): 4.0})

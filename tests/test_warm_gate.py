@@ -167,8 +167,9 @@ def test_part_times_are_kept_for_the_schedule_only_when_nothing_compiled_beside_
     monkeypatch.setattr(parallel, "run", fake_run)
     given = None if gate is None else gate(None, "gpu", 1, ["torch_native"], print)
     run_dir, names = tmp_path / "run", ["torch_native"]
-    args = (["pytest"], {}, names, 1, [], run_dir, "gpu", None, "sel", tmp_path, "check", given)
-    assert check.run_parallel(check.Prepared(*args[:-1]), args[-1]) == 0
+    job = check.Prepared(cmd=["pytest"], env={}, names=names, jobs=1, gpus=[], run_dir=run_dir,
+                         profile="gpu", results=None, selection="sel", cwd=tmp_path, command_line="check")
+    assert check.run_parallel(job, given) == 0
     timings = cache / costs.TIMINGS
     assert timings.is_file() is saved
     if saved:

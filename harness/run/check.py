@@ -71,7 +71,7 @@ class RunResult:
     page: Path | None = None
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Prepared:
     """A validated request as one pytest command line and what its parts share."""
 
@@ -257,8 +257,9 @@ def prepare(request: CheckRequest, say: Say = print) -> Prepared:
     selection = f"profile {profile}; -m {' and '.join(marks)}; -k {request.keyword or ''}"
     results = str(Path(request.results).resolve()) if request.results else None
     return Prepared(
-        pytest.argv, pytest.env, names, count, slots, _run_dir(request.reports), profile, results,
-        selection, pytest.cwd, request.command_line, request.backends, cuda,
+        cmd=pytest.argv, env=pytest.env, names=names, jobs=count, gpus=slots,
+        run_dir=_run_dir(request.reports), profile=profile, results=results, selection=selection,
+        cwd=pytest.cwd, command_line=request.command_line, backends=request.backends, cuda=cuda,
     )
 
 
