@@ -130,7 +130,12 @@ class IsolatedRunner:
         self._replace()  # it died or was killed for hanging: its next process starts now
         status = "crash" if out.kind == "died" else "hang"
         return CaseResult(
-            status, backend.name, device, case, reason=out.error, seconds=time.perf_counter() - start
+            status=status,
+            backend=backend.name,
+            device=device,
+            case=case,
+            reason=out.error,
+            seconds=time.perf_counter() - start,
         )
 
     def _replace(self) -> None:

@@ -237,7 +237,9 @@ def probe_failure(result: CaseResult, target: Target) -> dict:
     try:
         return probe(target.backend(), result.case, target.device).to_dict()
     except Exception as e:  # a probe that breaks must not hide the failure it was asked to explain
-        return ProbeResult(result.backend, target.device, 0, [], error=f"{type(e).__name__}: {e}").to_dict()
+        return ProbeResult(
+            backend=result.backend, device=target.device, runs=0, lines=[], error=f"{type(e).__name__}: {e}"
+        ).to_dict()
 
 
 def _identity(item: pytest.Item) -> dict:
