@@ -57,7 +57,7 @@ def _by_position(
     return vis
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class RequestMask:
     """Visibility for one request, evaluated block by block so no [E, T] matrix need exist."""
 

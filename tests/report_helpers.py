@@ -52,10 +52,10 @@ def sample_results() -> list[dict]:
         out.append(res.to_dict() | {"test_id": f"cases/test_extend.py::test_prefix[{backend.name}-cpu-swa]"})
     out.append(check_case(native, c.replace(dtype="float32"), "cuda").to_dict())
     crash = CaseResult(
-        "crash",
-        "torch_native",
-        "cuda",
-        windowed,
+        status="crash",
+        backend="torch_native",
+        device="cuda",
+        case=windowed,
         reason="illegal memory access <sim>",
         extra={"traceback": "Traceback (most recent call last):\nRuntimeError: illegal memory access"},
     )

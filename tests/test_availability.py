@@ -66,14 +66,31 @@ def on_cpu(backend):
 def test_absent_present_and_broken_are_three_answers(site):
     assert import_library("no_such_kernel_lib") == (None, "no_such_kernel_lib is not installed here")
     site("kernel_ok", "__version__ = '1.2'\n")
-    supported = SupportedRange("kernel-ok", "kernel_ok", "1.1", "1.3", ("1.2",), "-")
+    supported = SupportedRange(
+        distribution="kernel-ok",
+        module="kernel_ok",
+        lowest="1.1",
+        below="1.3",
+        tested=("1.2",),
+        why_lowest="-",
+    )
     mod, why = import_library("kernel_ok", supported)
     assert why is None and mod.__version__ == "1.2"
     site("kernel_broken", BROKEN)
     with pytest.raises(BackendBroken, match="kernel_broken is installed but does not import: ImportError"):
         import_library("kernel_broken")
     with pytest.raises(BackendBroken, match=r"kernel_ok 1.2 is installed; this glue supports kernel-ok>=1\."):
-        import_library("kernel_ok", SupportedRange("kernel-ok", "kernel_ok", "1.3", "2", ("1.3",), "-"))
+        import_library(
+            "kernel_ok",
+            SupportedRange(
+                distribution="kernel-ok",
+                module="kernel_ok",
+                lowest="1.3",
+                below="2",
+                tested=("1.3",),
+                why_lowest="-",
+            ),
+        )
 
 
 def test_a_missing_submodule_is_absent_and_a_missing_dependency_broken(site):
@@ -102,7 +119,14 @@ def test_a_flash_attn_outside_its_glues_range_is_broken(site):
     site("flash_attn", "__version__ = '2.7.0'\ndef flash_attn_varlen_func(): pass\n")
     backend = on_cpu(FA2())
     assert backend.available("cpu") is None  # supported None: any version
-    backend.supported = SupportedRange("flash-attn", "flash_attn", "2.8.0", "3", ("2.8.3",), "no seqused_k")
+    backend.supported = SupportedRange(
+        distribution="flash-attn",
+        module="flash_attn",
+        lowest="2.8.0",
+        below="3",
+        tested=("2.8.3",),
+        why_lowest="no seqused_k",
+    )
     with pytest.raises(BackendBroken) as raised:
         backend.available("cpu")
     assert str(raised.value) == (

@@ -250,14 +250,30 @@ def test_a_fallback_dequantizing_into_the_case_dtype_passes_where_a_native_over_
     from references.torch_ref import references
 
     c = case(
-        "DECODE", ((75, 1),), num_q_heads=4, num_kv_heads=4, head_dim=32, sm_scale=0.3, q_amplitude=30.0,
-        page_size=1, kv_dtype="float8_e4m3fn", k_scale=0.0173, v_scale=0.0173, seed=14,
+        "DECODE",
+        ((75, 1),),
+        num_q_heads=4,
+        num_kv_heads=4,
+        head_dim=32,
+        sm_scale=0.3,
+        q_amplitude=30.0,
+        page_size=1,
+        kv_dtype="float8_e4m3fn",
+        k_scale=0.0173,
+        v_scale=0.0173,
+        seed=14,
     )
     backend = load("torch_native")
     assert check_case(backend, c).status == "pass"
     inputs = make_inputs(c)
     (ex,) = references(c, inputs, ("exact",))
-    rounded = Inputs(inputs.q_all, inputs.kv_all.to(torch.bfloat16), inputs.q_lens, inputs.kv_lens, None)
+    rounded = Inputs(
+        q_all=inputs.q_all,
+        kv_all=inputs.kv_all.to(torch.bfloat16),
+        q_lens=inputs.q_lens,
+        kv_lens=inputs.kv_lens,
+        sinks=None,
+    )
     (native_rounded,) = references(c.replace(kv_dtype=None, k_scale=1.0, v_scale=1.0), rounded, ("native",))
     out = backend.run(build_batch(c, inputs)).out
     assert not compare(c, out, ex.out, native_rounded.out).passed

@@ -27,27 +27,38 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(SKIP is not None, reason=f"fa4
 GPU = dict(head_dim=128, num_q_heads=8, num_kv_heads=2)
 TREE = (-1, 0, 0, 1, 2)
 PATHS = {  # one case per FA4 code path (each is its own kernel variant)
-    "causal-page16": Case("EXTEND", (Request(40, 9), Request(0, 30)), **GPU),
-    "local-page128-tma": Case("EXTEND", (Request(300, 20),), window_left=100, page_size=128, **GPU),
+    "causal-page16": Case(mode="EXTEND", requests=(Request(40, 9), Request(0, 30)), **GPU),
+    "local-page128-tma": Case(
+        mode="EXTEND", requests=(Request(300, 20),), window_left=100, page_size=128, **GPU
+    ),
     "tree-mask_mod-hybrid": Case(
-        "TARGET_VERIFY",
-        (Request(50, 5, tree=TREE), Request(7, 5, tree=TREE)),
+        mode="TARGET_VERIFY",
+        requests=(Request(50, 5, tree=TREE), Request(7, 5, tree=TREE)),
         window_left=9,
         hybrid_swa_pool=True,
         **GPU,
     ),
-    "cross": Case("CROSS", (Request(0, 24, 70), Request(0, 5, 9)), **GPU),
-    "encoder-long": Case("ENCODER_ONLY", (Request(0, 3000), Request(0, 37)), **GPU),
-    "encoder-local": Case("ENCODER_ONLY", (Request(0, 700), Request(0, 9)), window_left=64, **GPU),
+    "cross": Case(mode="CROSS", requests=(Request(0, 24, 70), Request(0, 5, 9)), **GPU),
+    "encoder-long": Case(mode="ENCODER_ONLY", requests=(Request(0, 3000), Request(0, 37)), **GPU),
+    "encoder-local": Case(
+        mode="ENCODER_ONLY", requests=(Request(0, 700), Request(0, 9)), window_left=64, **GPU
+    ),
     "encoder-two-sided-page128": Case(
-        "ENCODER_ONLY", (Request(0, 500),), window_left=64, window_right=32, page_size=128, **GPU
+        mode="ENCODER_ONLY",
+        requests=(Request(0, 500),),
+        window_left=64,
+        window_right=32,
+        page_size=128,
+        **GPU,
     ),
 }
 DET = dict(deterministic=True, **GPU)
 INVARIANT = {
-    "prefix-swa": Case("EXTEND", (Request(5000, 40), Request(30, 9)), window_left=3000, **DET),
-    "verify-tree-swa": Case("TARGET_VERIFY", (Request(5000, 5, tree=TREE),), window_left=4200, **DET),
-    "draft_extend_v2": Case("DRAFT_EXTEND_V2", (Request(5000, 4), Request(9, 4)), **DET),
+    "prefix-swa": Case(mode="EXTEND", requests=(Request(5000, 40), Request(30, 9)), window_left=3000, **DET),
+    "verify-tree-swa": Case(
+        mode="TARGET_VERIFY", requests=(Request(5000, 5, tree=TREE),), window_left=4200, **DET
+    ),
+    "draft_extend_v2": Case(mode="DRAFT_EXTEND_V2", requests=(Request(5000, 4), Request(9, 4)), **DET),
 }
 HUNTS = [(m, f) for m in MUTANTS for f in m.families]
 SHRINK_RUNS = 40  # each new shrink candidate may compile a kernel variant: bound the GPU time

@@ -34,31 +34,37 @@ def fi(monkeypatch):
 CASES = [
     (
         "flashinfer_ragged",
-        Case("EXTEND", (Request(40, 30), Request(3, 20), Request(0, 5)), window_left=7, **H),
+        Case(mode="EXTEND", requests=(Request(40, 30), Request(3, 20), Request(0, 5)), window_left=7, **H),
     ),
-    ("flashinfer_ragged", Case("EXTEND", (Request(64, 3),), window_left=0, **H)),
+    ("flashinfer_ragged", Case(mode="EXTEND", requests=(Request(64, 3),), window_left=0, **H)),
     (
         "flashinfer_ragged",
-        Case("EXTEND", (Request(0, 30),), window_left=3, soft_cap=5.0, q_amplitude=8.0, **H),
+        Case(mode="EXTEND", requests=(Request(0, 30),), window_left=3, soft_cap=5.0, q_amplitude=8.0, **H),
     ),
     (
         "flashinfer_ragged",
         Case(
-            "EXTEND",
-            (Request(70, 30), Request(33, 20)),
+            mode="EXTEND",
+            requests=(Request(70, 30), Request(33, 20)),
             window_left=9,
             hybrid_swa_pool=True,
             kv_layout="HND",
             **H,
         ),
     ),
-    ("flashinfer_paged", Case("EXTEND", (Request(40, 30), Request(3, 20)), window_left=7, sinks=True, **H)),
-    ("flashinfer_paged", Case("DRAFT_EXTEND_V2", (Request(33, 4), Request(16, 4)), page_size=1, **H)),
+    (
+        "flashinfer_paged",
+        Case(mode="EXTEND", requests=(Request(40, 30), Request(3, 20)), window_left=7, sinks=True, **H),
+    ),
+    (
+        "flashinfer_paged",
+        Case(mode="DRAFT_EXTEND_V2", requests=(Request(33, 4), Request(16, 4)), page_size=1, **H),
+    ),
     (
         "flashinfer_paged",
         Case(
-            "TARGET_VERIFY",
-            (Request(50, 5, tree=(-1, 0, 0, 1, 2)),),
+            mode="TARGET_VERIFY",
+            requests=(Request(50, 5, tree=(-1, 0, 0, 1, 2)),),
             window_left=9,
             hybrid_swa_pool=True,
             **H,
@@ -67,38 +73,59 @@ CASES = [
     (
         "flashinfer_paged",
         Case(
-            "TARGET_VERIFY",
-            (Request(50, 5, tree=(-1, 0, 0, 1, 2)), Request(7, 5, tree=(-1, 0, 1, 1, 0))),
+            mode="TARGET_VERIFY",
+            requests=(Request(50, 5, tree=(-1, 0, 0, 1, 2)), Request(7, 5, tree=(-1, 0, 1, 1, 0))),
             window_left=2,
             kv_layout="HND",
             **H,
         ),
     ),
-    ("flashinfer_dec_cc", Case("DECODE", (Request(50, 1), Request(3, 1)), window_left=9, soft_cap=30.0, **H)),
+    (
+        "flashinfer_dec_cc",
+        Case(mode="DECODE", requests=(Request(50, 1), Request(3, 1)), window_left=9, soft_cap=30.0, **H),
+    ),
     (
         "flashinfer_dec_tc",
         Case(
-            "DECODE",
-            (Request(50, 1), Request(3, 1)),
+            mode="DECODE",
+            requests=(Request(50, 1), Request(3, 1)),
             window_left=9,
             hybrid_swa_pool=True,
             deterministic=True,
             **H,
         ),
     ),
-    ("flashinfer_dec_tc", Case("TARGET_VERIFY", (Request(50, 4, tree=(-1, 0, 1, 2)),), window_left=2, **H)),
     (
         "flashinfer_dec_tc",
-        Case("DRAFT_EXTEND_V2", (Request(33, 4), Request(16, 4)), window_left=5, page_size=32, **H),
+        Case(mode="TARGET_VERIFY", requests=(Request(50, 4, tree=(-1, 0, 1, 2)),), window_left=2, **H),
     ),
-    ("flashinfer_enc", Case("CROSS", (Request(0, 5, 30), Request(0, 3, 17)), soft_cap=5.0, **H)),
-    ("flashinfer_enc", Case("CROSS", (Request(9, 1, 30), Request(4, 1, 17)), deterministic=True, **H)),
-    ("flashinfer_ragged", Case("ENCODER_ONLY", (Request(0, 30), Request(0, 7), Request(0, 1)), **H)),
+    (
+        "flashinfer_dec_tc",
+        Case(
+            mode="DRAFT_EXTEND_V2",
+            requests=(Request(33, 4), Request(16, 4)),
+            window_left=5,
+            page_size=32,
+            **H,
+        ),
+    ),
+    (
+        "flashinfer_enc",
+        Case(mode="CROSS", requests=(Request(0, 5, 30), Request(0, 3, 17)), soft_cap=5.0, **H),
+    ),
+    (
+        "flashinfer_enc",
+        Case(mode="CROSS", requests=(Request(9, 1, 30), Request(4, 1, 17)), deterministic=True, **H),
+    ),
+    (
+        "flashinfer_ragged",
+        Case(mode="ENCODER_ONLY", requests=(Request(0, 30), Request(0, 7), Request(0, 1)), **H),
+    ),
     (
         "flashinfer_ragged",
         Case(
-            "ENCODER_ONLY",
-            (Request(0, 40), Request(0, 9)),
+            mode="ENCODER_ONLY",
+            requests=(Request(0, 40), Request(0, 9)),
             window_left=5,
             hybrid_swa_pool=True,
             kv_layout="HND",
@@ -107,24 +134,48 @@ CASES = [
     ),
     (
         "flashinfer_paged",
-        Case("ENCODER_ONLY", (Request(0, 33), Request(0, 16)), window_left=4, soft_cap=5.0, **H),
+        Case(
+            mode="ENCODER_ONLY", requests=(Request(0, 33), Request(0, 16)), window_left=4, soft_cap=5.0, **H
+        ),
     ),
-    ("flashinfer_paged", Case("ENCODER_ONLY", (Request(0, 20), Request(0, 3)), sinks=True, page_size=1, **H)),
-    (
-        "flashinfer_ragged",
-        Case("EXTEND", (Request(70, 30), Request(33, 20)), window_left=9, hybrid_swa_pool=True, **H, **E4M3),
-    ),
-    ("flashinfer_paged", Case("EXTEND", (Request(40, 30), Request(3, 20)), sinks=True, **H, **E5M2)),
     (
         "flashinfer_paged",
-        Case("TARGET_VERIFY", (Request(50, 5, tree=(-1, 0, 0, 1, 2)),), window_left=9, **H, **E4M3),
+        Case(mode="ENCODER_ONLY", requests=(Request(0, 20), Request(0, 3)), sinks=True, page_size=1, **H),
     ),
-    ("flashinfer_dec_cc", Case("DECODE", (Request(50, 1), Request(3, 1)), soft_cap=30.0, **H, **E5M2)),
+    (
+        "flashinfer_ragged",
+        Case(
+            mode="EXTEND",
+            requests=(Request(70, 30), Request(33, 20)),
+            window_left=9,
+            hybrid_swa_pool=True,
+            **H,
+            **E4M3,
+        ),
+    ),
+    (
+        "flashinfer_paged",
+        Case(mode="EXTEND", requests=(Request(40, 30), Request(3, 20)), sinks=True, **H, **E5M2),
+    ),
+    (
+        "flashinfer_paged",
+        Case(
+            mode="TARGET_VERIFY",
+            requests=(Request(50, 5, tree=(-1, 0, 0, 1, 2)),),
+            window_left=9,
+            **H,
+            **E4M3,
+        ),
+    ),
+    (
+        "flashinfer_dec_cc",
+        Case(mode="DECODE", requests=(Request(50, 1), Request(3, 1)), soft_cap=30.0, **H, **E5M2),
+    ),
     (
         "flashinfer_dec_tc",
-        Case("DRAFT_EXTEND_V2", (Request(33, 4), Request(16, 4)), kv_layout="HND", **H, **E4M3),
+        Case(mode="DRAFT_EXTEND_V2", requests=(Request(33, 4), Request(16, 4)), kv_layout="HND", **H, **E4M3),
     ),
-    ("flashinfer_enc", Case("CROSS", (Request(0, 5, 30), Request(9, 3, 17)), **H, **E5M2)),
+    ("flashinfer_enc", Case(mode="CROSS", requests=(Request(0, 5, 30), Request(9, 3, 17)), **H, **E5M2)),
 ]
 
 
@@ -141,7 +192,7 @@ def test_adapter_passes_under_the_fake(monkeypatch, name, case, release):
 def test_encoder_prefill_is_planned_non_causal_with_the_left_window():
     """ENCODER_ONLY as an engine plans it: causal=False, window_left on a windowed layer; the ragged
     path has no cached prefix to read or merge; the paged path writes the K/V to the pool first."""
-    c = Case("ENCODER_ONLY", (Request(0, 30), Request(0, 7)), window_left=5, **H)
+    c = Case(mode="ENCODER_ONLY", requests=(Request(0, 30), Request(0, 7)), window_left=5, **H)
     assert check_case(fake.on_cpu(backends.load("flashinfer_ragged")), c, "cpu").status == "pass"
     (plan,) = fake.calls("ragged.plan")
     assert plan["causal"] is False and plan["window_left"] == 5
@@ -155,7 +206,7 @@ def test_encoder_prefill_is_planned_non_causal_with_the_left_window():
 
 
 def test_a_two_sided_window_is_a_skip_with_the_reason():
-    c = Case("ENCODER_ONLY", (Request(0, 30),), window_left=5, window_right=2, **H)
+    c = Case(mode="ENCODER_ONLY", requests=(Request(0, 30),), window_left=5, window_right=2, **H)
     for name in ("flashinfer_ragged", "flashinfer_paged"):
         why = backends.load(name).supports(c)
         assert why and "window_left only" in why, (name, why)
@@ -189,7 +240,7 @@ def test_sink_variants_sharing_flashinfers_module_name_each_run_their_own_kernel
     assert not first._wrong_module and second._wrong_module  # the library's collision, modelled
     fake.reset()
     backend = fake.on_cpu(backends.load("flashinfer_paged"))
-    bf16 = Case("EXTEND", (Request(3, 1), Request(0, 2)), sinks=True, **H)
+    bf16 = Case(mode="EXTEND", requests=(Request(3, 1), Request(0, 2)), sinks=True, **H)
     for case in (bf16, bf16.replace(**E4M3), bf16.replace(**E5M2), bf16.replace(head_dim=128)):
         res = check_case(backend, case, "cpu")
         assert res.status == "pass", (case.kv_dtype, case.head_dim, res.reason)

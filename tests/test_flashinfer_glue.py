@@ -43,7 +43,11 @@ def run(name_or_backend, case):
 
 def test_page_table_addresses_exactly_the_requests_keys(fi):
     case = Case(
-        "EXTEND", (Request(37, 5), Request(16, 9), Request(0, 3)), page_size=16, kv_layout="HND", seed=4
+        mode="EXTEND",
+        requests=(Request(37, 5), Request(16, 9), Request(0, 3)),
+        page_size=16,
+        kv_layout="HND",
+        seed=4,
     )
     b, batch, inputs, _ = run("flashinfer_paged", case)
     ranges = [(16, 42), (0, 25), (0, 3)]
@@ -72,7 +76,9 @@ def test_an_empty_range_reads_zero_keys_in_both_of_flashinfers_length_formulas()
 
 def test_prefix_pass_reads_from_the_first_querys_window_and_masks_by_global_position(fi):
     w = 7
-    case = Case("EXTEND", (Request(40, 30), Request(3, 20), Request(0, 4)), window_left=w, page_size=16)
+    case = Case(
+        mode="EXTEND", requests=(Request(40, 30), Request(3, 20), Request(0, 4)), window_left=w, page_size=16
+    )
     run("flashinfer_ragged", case)
     (ragged,) = fi.calls("ragged.plan")
     (paged,) = fi.calls("paged.plan")
@@ -90,7 +96,7 @@ def test_prefix_pass_reads_from_the_first_querys_window_and_masks_by_global_posi
 
 
 def test_prefix_pass_without_a_window_reads_the_whole_prefix_unmasked(fi):
-    run("flashinfer_ragged", Case("EXTEND", (Request(40, 3), Request(0, 2)), page_size=16))
+    run("flashinfer_ragged", Case(mode="EXTEND", requests=(Request(40, 3), Request(0, 2)), page_size=16))
     (paged,) = fi.calls("paged.plan")
     assert (
         paged["custom_mask"] is None and paged["window_left"] == -1 and paged["seq_lens"].tolist() == [40, 0]
@@ -98,7 +104,7 @@ def test_prefix_pass_without_a_window_reads_the_whole_prefix_unmasked(fi):
 
 
 def test_no_prefix_means_no_paged_pass_and_no_merge(fi):
-    run("flashinfer_ragged", Case("EXTEND", (Request(0, 30), Request(0, 3)), window_left=4))
+    run("flashinfer_ragged", Case(mode="EXTEND", requests=(Request(0, 30), Request(0, 3)), window_left=4))
     assert not fi.calls("paged.plan") and not fi.calls("merge_state")
 
 
@@ -106,7 +112,7 @@ def test_lse_is_converted_from_base_2_to_natural_log(fi):
     b = glue.FlashInferGlue()
     lse = b.natural_lse(torch.tensor([1.0, 3.0, -math.inf]))
     assert torch.allclose(lse[:2], torch.tensor([math.log(2.0), 3 * math.log(2.0)])) and lse[2] == -math.inf
-    case = Case("EXTEND", (Request(20, 6),), window_left=5)
+    case = Case(mode="EXTEND", requests=(Request(20, 6),), window_left=5)
     _, _, _, out = run("flashinfer_ragged", case)
     from references.torch_ref import reference
 
@@ -117,22 +123,32 @@ def test_lse_is_converted_from_base_2_to_natural_log(fi):
 SPLIT_CASES = [
     (
         "flashinfer_ragged",
-        Case("EXTEND", (Request(40, 30), Request(3, 20)), window_left=7, deterministic=True),
+        Case(mode="EXTEND", requests=(Request(40, 30), Request(3, 20)), window_left=7, deterministic=True),
     ),
-    ("flashinfer_ragged", Case("EXTEND", (Request(40, 3),), deterministic=True)),
+    ("flashinfer_ragged", Case(mode="EXTEND", requests=(Request(40, 3),), deterministic=True)),
     (
         "flashinfer_paged",
-        Case("EXTEND", (Request(40, 3),), window_left=7, hybrid_swa_pool=True, deterministic=True),
+        Case(
+            mode="EXTEND", requests=(Request(40, 3),), window_left=7, hybrid_swa_pool=True, deterministic=True
+        ),
     ),
     (
         "flashinfer_paged",
-        Case("TARGET_VERIFY", (Request(9, 3, tree=(-1, 0, 0)),), window_left=2, deterministic=True),
+        Case(
+            mode="TARGET_VERIFY",
+            requests=(Request(9, 3, tree=(-1, 0, 0)),),
+            window_left=2,
+            deterministic=True,
+        ),
     ),
-    ("flashinfer_paged", Case("DRAFT_EXTEND_V2", (Request(9, 3),), sinks=True, deterministic=True)),
-    ("flashinfer_dec_tc", Case("DECODE", (Request(40, 1),), window_left=7, deterministic=True)),
-    ("flashinfer_dec_tc", Case("DRAFT_EXTEND_V2", (Request(40, 3),), deterministic=True)),
-    ("flashinfer_enc", Case("CROSS", (Request(0, 5, 30),), deterministic=True)),
-    ("flashinfer_enc", Case("CROSS", (Request(3, 1, 30),), deterministic=True)),
+    (
+        "flashinfer_paged",
+        Case(mode="DRAFT_EXTEND_V2", requests=(Request(9, 3),), sinks=True, deterministic=True),
+    ),
+    ("flashinfer_dec_tc", Case(mode="DECODE", requests=(Request(40, 1),), window_left=7, deterministic=True)),
+    ("flashinfer_dec_tc", Case(mode="DRAFT_EXTEND_V2", requests=(Request(40, 3),), deterministic=True)),
+    ("flashinfer_enc", Case(mode="CROSS", requests=(Request(0, 5, 30),), deterministic=True)),
+    ("flashinfer_enc", Case(mode="CROSS", requests=(Request(3, 1, 30),), deterministic=True)),
 ]
 
 
@@ -163,10 +179,14 @@ def test_split_parameters_reach_plan_on_every_path_in_deterministic_mode(fi, nam
     [
         (
             "flashinfer_dec_tc~split_dropped_swa",
-            Case("DECODE", (Request(40, 1),), window_left=7, deterministic=True),
-            Case("DECODE", (Request(40, 1),), deterministic=True),
+            Case(mode="DECODE", requests=(Request(40, 1),), window_left=7, deterministic=True),
+            Case(mode="DECODE", requests=(Request(40, 1),), deterministic=True),
         ),
-        ("flashinfer_enc~split_dropped_cross", Case("CROSS", (Request(3, 1, 30),), deterministic=True), None),
+        (
+            "flashinfer_enc~split_dropped_cross",
+            Case(mode="CROSS", requests=(Request(3, 1, 30),), deterministic=True),
+            None,
+        ),
     ],
 )
 def test_split_mutants_drop_the_parameters_on_their_path_only(fi, name, on_path, off_path):
@@ -178,10 +198,15 @@ def test_split_mutants_drop_the_parameters_on_their_path_only(fi, name, on_path,
 
 
 def test_every_option_goes_to_plan_and_nothing_to_run(fi):
-    case = Case("EXTEND", (Request(40, 30),), window_left=7, soft_cap=5.0, sm_scale=0.3, dtype="float16")
+    case = Case(
+        mode="EXTEND", requests=(Request(40, 30),), window_left=7, soft_cap=5.0, sm_scale=0.3, dtype="float16"
+    )
     for name in ("flashinfer_ragged", "flashinfer_paged"):
         run(name, case)
-    run("flashinfer_dec_cc", Case("DECODE", (Request(40, 1),), window_left=7, soft_cap=5.0, sm_scale=0.3))
+    run(
+        "flashinfer_dec_cc",
+        Case(mode="DECODE", requests=(Request(40, 1),), window_left=7, soft_cap=5.0, sm_scale=0.3),
+    )
     wrappers = ("ragged", "paged", "decode")
     assert {w for w, _ in fake.CALLS} >= {f"{x}.{step}" for x in wrappers for step in ("init", "plan", "run")}
     for what, args in fake.CALLS:
@@ -198,11 +223,13 @@ def test_every_option_goes_to_plan_and_nothing_to_run(fi):
 @pytest.mark.parametrize("kv_dtype", ["float8_e4m3fn", "float8_e5m2"])
 def test_an_fp8_cache_is_planned_as_fp8_and_run_with_its_scales_on_every_paged_path(fi, kv_dtype):
     fp8 = dict(kv_dtype=kv_dtype, k_scale=0.0173, v_scale=3.7)
-    run("flashinfer_ragged", Case("EXTEND", (Request(40, 30),), window_left=7, **fp8))
-    run("flashinfer_paged", Case("EXTEND", (Request(9, 6),), sinks=True, **fp8))  # the sink variant
-    run("flashinfer_dec_cc", Case("DECODE", (Request(40, 1),), **fp8))
-    run("flashinfer_dec_tc", Case("DRAFT_EXTEND_V2", (Request(33, 4),), **fp8))
-    run("flashinfer_enc", Case("CROSS", (Request(0, 3, 20),), **fp8))
+    run("flashinfer_ragged", Case(mode="EXTEND", requests=(Request(40, 30),), window_left=7, **fp8))
+    run(
+        "flashinfer_paged", Case(mode="EXTEND", requests=(Request(9, 6),), sinks=True, **fp8)
+    )  # the sink variant
+    run("flashinfer_dec_cc", Case(mode="DECODE", requests=(Request(40, 1),), **fp8))
+    run("flashinfer_dec_tc", Case(mode="DRAFT_EXTEND_V2", requests=(Request(33, 4),), **fp8))
+    run("flashinfer_enc", Case(mode="CROSS", requests=(Request(0, 3, 20),), **fp8))
     cache, model = getattr(torch, kv_dtype), torch.bfloat16
     seen = set()
     for what, args in fake.CALLS:
@@ -219,14 +246,14 @@ def test_an_fp8_cache_is_planned_as_fp8_and_run_with_its_scales_on_every_paged_p
 
 
 def test_a_cache_in_the_model_dtype_is_run_without_scales(fi):
-    run("flashinfer_ragged", Case("EXTEND", (Request(40, 30),), window_left=7))
-    run("flashinfer_dec_tc", Case("DECODE", (Request(40, 1),)))
+    run("flashinfer_ragged", Case(mode="EXTEND", requests=(Request(40, 30),), window_left=7))
+    run("flashinfer_dec_tc", Case(mode="DECODE", requests=(Request(40, 1),)))
     runs = [args for what, args in fake.CALLS if what in ("paged.run", "decode.run")]
     assert runs and all(a["k_scale"] is None and a["v_scale"] is None for a in runs)
 
 
 def test_the_options_at_run_mutant_plans_without_them(fi):
-    case = Case("EXTEND", (Request(4, 6),), window_left=2, soft_cap=5.0)
+    case = Case(mode="EXTEND", requests=(Request(4, 6),), window_left=2, soft_cap=5.0)
     run(by_name("flashinfer_paged~options_at_run").make(), case)
     (plan,) = fi.calls("paged.plan")
     assert plan["window_left"] == -1 and plan["logits_soft_cap"] == 0.0
@@ -234,7 +261,10 @@ def test_the_options_at_run_mutant_plans_without_them(fi):
 
 def test_hybrid_pool_is_read_through_translated_page_ids(fi):
     case = Case(
-        "TARGET_VERIFY", (Request(50, 5, tree=(-1, 0, 0, 1, 2)),), window_left=9, hybrid_swa_pool=True
+        mode="TARGET_VERIFY",
+        requests=(Request(50, 5, tree=(-1, 0, 0, 1, 2)),),
+        window_left=9,
+        hybrid_swa_pool=True,
     )
     _, batch, _, _ = run("flashinfer_paged", case)
     (plan,) = fi.calls("paged.plan")
@@ -250,7 +280,7 @@ def test_hybrid_pool_is_read_through_translated_page_ids(fi):
 
 def test_verify_mask_is_the_tree_with_the_window_by_depth(fi):
     tree = (-1, 0, 0, 1, 3)  # depths 0 1 1 2 3
-    case = Case("TARGET_VERIFY", (Request(20, 5, tree=tree),), window_left=2, page_size=16)
+    case = Case(mode="TARGET_VERIFY", requests=(Request(20, 5, tree=tree),), window_left=2, page_size=16)
     run("flashinfer_paged", case)
     (plan,) = fi.calls("paged.plan")
     assert plan["window_left"] == -1 and plan["causal"]
@@ -264,7 +294,7 @@ def test_verify_mask_is_the_tree_with_the_window_by_depth(fi):
 
 
 def test_sinks_go_through_the_sink_variant_as_its_extra_tensor(fi):
-    case = Case("EXTEND", (Request(9, 6),), window_left=3, sinks=True)
+    case = Case(mode="EXTEND", requests=(Request(9, 6),), window_left=3, sinks=True)
     _, batch, _, _ = run("flashinfer_paged", case)
     (init,) = fi.calls("paged.init")
     assert init["window_left"] == 3 and init["head_dim_qk"] == case.head_dim
@@ -275,24 +305,40 @@ def test_sinks_go_through_the_sink_variant_as_its_extra_tensor(fi):
 @pytest.mark.parametrize(
     "name,case,words",
     [
-        ("flashinfer_paged", Case("EXTEND", (Request(3, 4),), sinks=True, soft_cap=5.0), "no soft cap"),
         (
             "flashinfer_paged",
-            Case("TARGET_VERIFY", (Request(3, 2, tree=(-1, 0)),), sinks=True),
+            Case(mode="EXTEND", requests=(Request(3, 4),), sinks=True, soft_cap=5.0),
+            "no soft cap",
+        ),
+        (
+            "flashinfer_paged",
+            Case(mode="TARGET_VERIFY", requests=(Request(3, 2, tree=(-1, 0)),), sinks=True),
             "custom masks",
         ),
-        ("flashinfer_ragged", Case("EXTEND", (Request(3, 4),), sinks=True), "no sink variant"),
-        ("flashinfer_dec_tc", Case("DECODE", (Request(3, 1),), sinks=True), "drop them"),
-        ("flashinfer_dec_tc", Case("TARGET_VERIFY", (Request(3, 3, tree=(-1, 0, 0)),)), "custom mask"),
-        ("flashinfer_dec_cc", Case("DECODE", (Request(3, 1),), deterministic=True), "fixed_split_size"),
+        ("flashinfer_ragged", Case(mode="EXTEND", requests=(Request(3, 4),), sinks=True), "no sink variant"),
+        ("flashinfer_dec_tc", Case(mode="DECODE", requests=(Request(3, 1),), sinks=True), "drop them"),
+        (
+            "flashinfer_dec_tc",
+            Case(mode="TARGET_VERIFY", requests=(Request(3, 3, tree=(-1, 0, 0)),)),
+            "custom mask",
+        ),
         (
             "flashinfer_dec_cc",
-            Case("DECODE", (Request(3, 1),), num_q_heads=10, num_kv_heads=2),
+            Case(mode="DECODE", requests=(Request(3, 1),), deterministic=True),
+            "fixed_split_size",
+        ),
+        (
+            "flashinfer_dec_cc",
+            Case(mode="DECODE", requests=(Request(3, 1),), num_q_heads=10, num_kv_heads=2),
             "group size 5",
         ),
-        ("flashinfer_dec_cc", Case("DRAFT_EXTEND_V2", (Request(3, 2),)), "one query per request"),
-        ("flashinfer_enc", Case("CROSS", (Request(0, 2, 3),), sinks=True), "not wired"),
-        ("flashinfer_paged", Case("EXTEND", (Request(3, 4),), head_dim=32), "head_dim 32"),
+        (
+            "flashinfer_dec_cc",
+            Case(mode="DRAFT_EXTEND_V2", requests=(Request(3, 2),)),
+            "one query per request",
+        ),
+        ("flashinfer_enc", Case(mode="CROSS", requests=(Request(0, 2, 3),), sinks=True), "not wired"),
+        ("flashinfer_paged", Case(mode="EXTEND", requests=(Request(3, 4),), head_dim=32), "head_dim 32"),
     ],
 )
 def test_unsupported_cases_are_skips_with_the_reason(name, case, words):

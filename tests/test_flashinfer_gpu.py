@@ -42,20 +42,25 @@ DET = dict(head_dim=128, deterministic=True)
 HEALTHY = {
     "paged-verify-tree-swa": (
         "flashinfer_paged",
-        Case("TARGET_VERIFY", (Request(5000, 5, tree=(-1, 0, 0, 1, 2)),), window_left=4200, **DET),
+        Case(
+            mode="TARGET_VERIFY", requests=(Request(5000, 5, tree=(-1, 0, 0, 1, 2)),), window_left=4200, **DET
+        ),
     ),
     "paged-draft_extend_v2": (
         "flashinfer_paged",
-        Case("DRAFT_EXTEND_V2", (Request(5000, 4), Request(9, 4)), **DET),
+        Case(mode="DRAFT_EXTEND_V2", requests=(Request(5000, 4), Request(9, 4)), **DET),
     ),
     "dec_tc-verify-chain": (
         "flashinfer_dec_tc",
-        Case("TARGET_VERIFY", (Request(5000, 4, tree=(-1, 0, 1, 2)),), **DET),
+        Case(mode="TARGET_VERIFY", requests=(Request(5000, 4, tree=(-1, 0, 1, 2)),), **DET),
     ),
-    "enc-decoder-step": ("flashinfer_enc", Case("CROSS", (Request(7, 1, 6000), Request(3, 1, 70)), **DET)),
+    "enc-decoder-step": (
+        "flashinfer_enc",
+        Case(mode="CROSS", requests=(Request(7, 1, 6000), Request(3, 1, 70)), **DET),
+    ),
 }
 # A CROSS prefill whose neighbours move fa2's query tile (found by cases/test_deterministic.py).
-PREFILL_TILE_CASE = Case("CROSS", (Request(0, 24, 6000), Request(0, 5, 70)), **DET)
+PREFILL_TILE_CASE = Case(mode="CROSS", requests=(Request(0, 24, 6000), Request(0, 5, 70)), **DET)
 
 
 def _qo_tile(qo_lens: list[int], group: int) -> int:
@@ -91,7 +96,7 @@ def test_mutant_is_caught(mutant, family):
 
 
 # A long encoder request (FlashInfer splits its key range) next to a short one, both non-causal paths.
-ENCODER_LONG = Case("ENCODER_ONLY", (Request(0, 6000), Request(0, 40)), head_dim=128)
+ENCODER_LONG = Case(mode="ENCODER_ONLY", requests=(Request(0, 6000), Request(0, 40)), head_dim=128)
 
 
 @pytest.mark.parametrize("window", [-1, 1000])
@@ -186,7 +191,10 @@ def test_sink_module_name_collision_is_there_on_exactly_the_releases_its_known_i
     env = {**os.environ, "FLASHINFER_WORKSPACE_BASE": str(tmp_path)}  # nothing prebuilt shared
     run = subprocess.run(
         [sys.executable, str(root / issue.repro), "bf16", "e4m3"],
-        env=env, capture_output=True, text=True, timeout=900,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
     )
     line = [x for x in run.stdout.splitlines() if x.startswith("max err ")]
     assert line, f"no error printed (exit {run.returncode}): {run.stdout[-1500:]}{run.stderr[-1500:]}"

@@ -28,31 +28,35 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(SKIP is not None, reason=f"fle
 GPU = dict(head_dim=128, num_q_heads=8, num_kv_heads=2)
 TREE = (-1, 0, 0, 1, 2)
 PER_MODE = {
-    "prefill": Case("EXTEND", (Request(0, 300), Request(0, 17)), window_left=100, **GPU),
+    "prefill": Case(mode="EXTEND", requests=(Request(0, 300), Request(0, 17)), window_left=100, **GPU),
     "prefix-hybrid-sinks": Case(
-        "EXTEND",
-        (Request(2000, 40), Request(30, 9)),
+        mode="EXTEND",
+        requests=(Request(2000, 40), Request(30, 9)),
         window_left=511,
         hybrid_swa_pool=True,
         sinks=True,
         **GPU,
     ),
-    "decode-softcap": Case("DECODE", tuple(Request(p, 1) for p in (4000, 1, 700)), soft_cap=30.0, **GPU),
-    "draft_extend_v2": Case("DRAFT_EXTEND_V2", (Request(33, 4), Request(900, 4)), **GPU),
+    "decode-softcap": Case(
+        mode="DECODE", requests=tuple(Request(p, 1) for p in (4000, 1, 700)), soft_cap=30.0, **GPU
+    ),
+    "draft_extend_v2": Case(mode="DRAFT_EXTEND_V2", requests=(Request(33, 4), Request(900, 4)), **GPU),
     "verify-tree-hybrid": Case(
-        "TARGET_VERIFY",
-        (Request(50, 5, tree=TREE), Request(700, 5, tree=TREE)),
+        mode="TARGET_VERIFY",
+        requests=(Request(50, 5, tree=TREE), Request(700, 5, tree=TREE)),
         window_left=9,
         hybrid_swa_pool=True,
         **GPU,
     ),
-    "cross-sinks": Case("CROSS", (Request(0, 24, 70), Request(0, 5, 900)), sinks=True, **GPU),
+    "cross-sinks": Case(mode="CROSS", requests=(Request(0, 24, 70), Request(0, 5, 900)), sinks=True, **GPU),
 }
 DET = dict(deterministic=True, **GPU)
 INVARIANT = {
-    "prefix-swa": Case("EXTEND", (Request(5000, 40), Request(30, 9)), window_left=3000, **DET),
-    "decode": Case("DECODE", (Request(6000, 1), Request(3, 1)), **DET),
-    "verify-tree-swa": Case("TARGET_VERIFY", (Request(5000, 5, tree=TREE),), window_left=4200, **DET),
+    "prefix-swa": Case(mode="EXTEND", requests=(Request(5000, 40), Request(30, 9)), window_left=3000, **DET),
+    "decode": Case(mode="DECODE", requests=(Request(6000, 1), Request(3, 1)), **DET),
+    "verify-tree-swa": Case(
+        mode="TARGET_VERIFY", requests=(Request(5000, 5, tree=TREE),), window_left=4200, **DET
+    ),
 }
 
 
@@ -84,7 +88,7 @@ def _sequence(mode: str, queries: int, **kw) -> GraphCase:
     lens = [[700, 30, 4000], [5, 2000, 17, 900, 3000, 1, 60, 12, 5800], [100]]
     tree = TREE[:queries] if mode == "TARGET_VERIFY" else None
     batches = tuple(
-        Case(mode, tuple(Request(p, queries, tree=tree) for p in ls), seed=i, **GPU, **kw)
+        Case(mode=mode, requests=tuple(Request(p, queries, tree=tree) for p in ls), seed=i, **GPU, **kw)
         for i, ls in enumerate(lens)
     )
     return GraphCase(batches, max_batch=16, max_kv=6000)
@@ -117,4 +121,3 @@ def test_compiled_mutants_are_caught_on_cuda(mutant):
         profiles.load("ci")
     assert d.caught, d.reason
     print(f"\n{mutant.name}: caught after {d.examples} examples, {d.seconds:.1f}s; {d.shrunk.to_json()}")
-

@@ -33,7 +33,7 @@ def fi(monkeypatch):
 
 
 def decode(*prefixes: int, **fields) -> Case:
-    return Case("DECODE", tuple(Request(p, 1) for p in prefixes), **{**H, **fields})
+    return Case(mode="DECODE", requests=tuple(Request(p, 1) for p in prefixes), **{**H, **fields})
 
 
 def test_capture_sizes_are_the_engines():
@@ -65,14 +65,17 @@ def test_a_graph_case_round_trips_through_json():
             lambda: GraphCase((decode(4), decode(40)), 2, 10),
             r"batches\[1\] has a request of 41 keys, past max_kv=10",
         ),
-        (lambda: GraphCase((Case("EXTEND", (Request(0, 3),)),), 1, 10), "EXTEND is not captured"),
+        (
+            lambda: GraphCase((Case(mode="EXTEND", requests=(Request(0, 3),)),), 1, 10),
+            "EXTEND is not captured",
+        ),
         (lambda: GraphCase((), 1, 10), "batches has 0 entries"),
         (lambda: GraphCase((decode(4),), 0, 10), "max_batch=0 must be an integer >= 1"),
         (
             lambda: GraphCase(
                 (
-                    Case("DRAFT_EXTEND_V2", (Request(9, 3),), **H),
-                    Case("DRAFT_EXTEND_V2", (Request(9, 2),), **H),
+                    Case(mode="DRAFT_EXTEND_V2", requests=(Request(9, 3),), **H),
+                    Case(mode="DRAFT_EXTEND_V2", requests=(Request(9, 2),), **H),
                 ),
                 1,
                 20,
@@ -119,8 +122,13 @@ GOOD = [
         "flashinfer_dec_tc",
         GraphCase(
             (
-                Case("DRAFT_EXTEND_V2", (Request(33, 4), Request(16, 4), Request(2, 4)), page_size=32, **H),
-                Case("DRAFT_EXTEND_V2", (Request(60, 4),), page_size=32, seed=3, **H),
+                Case(
+                    mode="DRAFT_EXTEND_V2",
+                    requests=(Request(33, 4), Request(16, 4), Request(2, 4)),
+                    page_size=32,
+                    **H,
+                ),
+                Case(mode="DRAFT_EXTEND_V2", requests=(Request(60, 4),), page_size=32, seed=3, **H),
             ),
             3,
             64,
@@ -130,8 +138,14 @@ GOOD = [
         "flashinfer_dec_tc",
         GraphCase(
             (
-                Case("TARGET_VERIFY", (Request(50, 3, tree=(-1, 0, 1)),), window_left=2, **H),
-                Case("TARGET_VERIFY", (Request(9, 3, tree=(-1, 0, 1)),) * 3, window_left=2, seed=5, **H),
+                Case(mode="TARGET_VERIFY", requests=(Request(50, 3, tree=(-1, 0, 1)),), window_left=2, **H),
+                Case(
+                    mode="TARGET_VERIFY",
+                    requests=(Request(9, 3, tree=(-1, 0, 1)),) * 3,
+                    window_left=2,
+                    seed=5,
+                    **H,
+                ),
             ),
             3,
             53,
@@ -141,10 +155,15 @@ GOOD = [
         "flashinfer_paged",  # trees: the custom mask through its packed buffer
         GraphCase(
             (
-                Case("TARGET_VERIFY", (Request(50, 5, tree=(-1, 0, 0, 1, 2)),), window_left=9, **H),
                 Case(
-                    "TARGET_VERIFY",
-                    (Request(7, 5, tree=(-1, 0, 1, 1, 0)), Request(30, 5, tree=(-1, 0, 0, 1, 2))),
+                    mode="TARGET_VERIFY",
+                    requests=(Request(50, 5, tree=(-1, 0, 0, 1, 2)),),
+                    window_left=9,
+                    **H,
+                ),
+                Case(
+                    mode="TARGET_VERIFY",
+                    requests=(Request(7, 5, tree=(-1, 0, 1, 1, 0)), Request(30, 5, tree=(-1, 0, 0, 1, 2))),
                     window_left=9,
                     seed=5,
                     **H,
@@ -158,8 +177,16 @@ GOOD = [
         "flashinfer_paged",
         GraphCase(
             (
-                Case("DRAFT_EXTEND_V2", (Request(33, 4), Request(16, 4)), page_size=1, soft_cap=5.0, **H),
-                Case("DRAFT_EXTEND_V2", (Request(60, 4),), page_size=1, soft_cap=5.0, seed=3, **H),
+                Case(
+                    mode="DRAFT_EXTEND_V2",
+                    requests=(Request(33, 4), Request(16, 4)),
+                    page_size=1,
+                    soft_cap=5.0,
+                    **H,
+                ),
+                Case(
+                    mode="DRAFT_EXTEND_V2", requests=(Request(60, 4),), page_size=1, soft_cap=5.0, seed=3, **H
+                ),
             ),
             3,
             64,
@@ -343,7 +370,7 @@ def test_a_deterministic_capture_plans_its_dummy_batch_at_the_limits_so_the_spli
 
 
 def test_flashinfer_paged_refuses_deterministic_mode_under_a_graph_with_the_measured_reason():
-    case = Case("DRAFT_EXTEND_V2", (Request(30, 4),), deterministic=True, **H)
+    case = Case(mode="DRAFT_EXTEND_V2", requests=(Request(30, 4),), deterministic=True, **H)
     paged = backends.load("flashinfer_paged")
     assert "query tile" in paged.graph_supports(case)
     assert paged.graph_supports(dataclasses.replace(case, deterministic=False)) is None

@@ -105,7 +105,14 @@ def excused_crash(backend, case, device):
     """What a check returns when a known library issue excuses a crash: xfail, keeping the traceback."""
     from harness.core.results import CaseResult
 
-    return CaseResult("xfail", backend.name, device, case, reason="known issue x", extra={"traceback": "T"})
+    return CaseResult(
+        status="xfail",
+        backend=backend.name,
+        device=device,
+        case=case,
+        reason="known issue x",
+        extra={"traceback": "T"},
+    )
 
 
 def test_a_crash_a_known_issue_excuses_still_retires_its_worker(runner):
@@ -126,7 +133,13 @@ def case_process(backend, case, device):
 
     ticks = int(open("/proc/self/stat").read().rsplit(")", 1)[1].split()[19])
     started = ticks / os.sysconf("SC_CLK_TCK")
-    return CaseResult("pass", backend.name, device, case, extra={"pid": os.getpid(), "started": started})
+    return CaseResult(
+        status="pass",
+        backend=backend.name,
+        device=device,
+        case=case,
+        extra={"pid": os.getpid(), "started": started},
+    )
 
 
 def _children() -> set[int]:

@@ -27,7 +27,8 @@ def reached_by_paged(monkeypatch) -> None:
 
     stand_in = [
         dataclasses.replace(i, backends=frozenset({"flashinfer_paged"}), worked_around="")
-        if i.id == "flashinfer-sink-module-name" else i
+        if i.id == "flashinfer-sink-module-name"
+        else i
         for i in known_issues.KNOWN_ISSUES
     ]
     monkeypatch.setattr(known_issues, "KNOWN_ISSUES", tuple(stand_in))
@@ -111,8 +112,16 @@ def test_a_sink_failure_is_not_excused_by_the_worked_around_module_name_bug(vers
     what fails a suite case: on the releases that have the bug a sink failure is still a failure."""
     wrong = by_name("torch_native~window_ignored").make()
     wrong.name = "flashinfer_paged"
-    case = Case("EXTEND", (Request(40, 8),), window_left=3, sinks=True, dtype="float32", head_dim=32,
-                num_q_heads=4, num_kv_heads=4)
+    case = Case(
+        mode="EXTEND",
+        requests=(Request(40, 8),),
+        window_left=3,
+        sinks=True,
+        dtype="float32",
+        head_dim=32,
+        num_q_heads=4,
+        num_kv_heads=4,
+    )
     version("0.7.2.post1")
     assert check_case(wrong, case).status == "fail"
 
@@ -135,8 +144,17 @@ def test_a_batch_invariance_failure_a_known_issue_reaches_is_xfail_on_its_versio
 
     variant = by_name("torch_split~split_dropped_swa").make()  # its split follows the batch
     variant.name = "flashinfer_paged"
-    case = Case("DECODE", (Request(3000, 1),), window_left=2500, deterministic=True, sinks=True,
-                dtype="float32", head_dim=32, num_q_heads=4, num_kv_heads=4)
+    case = Case(
+        mode="DECODE",
+        requests=(Request(3000, 1),),
+        window_left=2500,
+        deterministic=True,
+        sinks=True,
+        dtype="float32",
+        head_dim=32,
+        num_q_heads=4,
+        num_kv_heads=4,
+    )
     reached_by_paged(monkeypatch)
     version("0.6.18.post1")
     res = invariance_result(variant, case)

@@ -28,8 +28,11 @@ def _cache(page_size=4, pages=16, whole_page_loads=False):
 
 def test_a_request_reuses_whole_cached_pages_of_another():
     c = _cache()
-    c.finish(c.plan(Mode.EXTEND, [Work("A", tuple(range(10)))]), [Work("A", tuple(range(10)))])
-    b = Work("B", (1, 2, 3), parent="A", reuse=8)
+    c.finish(
+        c.plan(Mode.EXTEND, [Work(rid="A", tokens=tuple(range(10)))]),
+        [Work(rid="A", tokens=tuple(range(10)))],
+    )
+    b = Work(rid="B", tokens=(1, 2, 3), parent="A", reuse=8)
     step = c.plan(Mode.EXTEND, [b])
     assert c.pages["B"][:2] == c.pages["A"][:2] and c.pages["B"][2] not in c.pages["A"]
     assert step.prefix_lens.tolist() == [8] and step.req_to_token[0, :8].tolist() == c.slots("A", 0, 8)
@@ -39,10 +42,10 @@ def test_a_request_reuses_whole_cached_pages_of_another():
 
 def test_verify_drafts_are_not_committed_and_their_rows_are_poison_again():
     c = _cache(whole_page_loads=False)
-    a = Work("A", tuple(range(6)))
+    a = Work(rid="A", tokens=tuple(range(6)))
     c.finish(c.plan(Mode.EXTEND, [a]), [a])
     free_before = len(c.free)
-    v = Work("A", (7, 8, 9, 10, 11), tree=(-1, 0, 0, 1, 2))
+    v = Work(rid="A", tokens=(7, 8, 9, 10, 11), tree=(-1, 0, 0, 1, 2))
     step = c.plan(Mode.TARGET_VERIFY, [v])
     assert step.seq_lens.tolist() == [6] and step.positions.tolist() == [6, 7, 7, 8, 8]
     c.pools[0].write(step.out_cache_loc, torch.ones(5, 2, 8), torch.ones(5, 2, 8))
@@ -54,16 +57,16 @@ def test_verify_drafts_are_not_committed_and_their_rows_are_poison_again():
 
 def test_draft_extend_metadata_follows_the_bumped_convention():
     c = _cache()
-    a = Work("A", tuple(range(5)))
+    a = Work(rid="A", tokens=tuple(range(5)))
     c.finish(c.plan(Mode.EXTEND, [a]), [a])
-    step = c.plan(Mode.DRAFT_EXTEND_V2, [Work("A", (1, 2, 3))])
+    step = c.plan(Mode.DRAFT_EXTEND_V2, [Work(rid="A", tokens=(1, 2, 3))])
     assert step.seq_lens.tolist() == [8] and step.seq_lens_before_bump.tolist() == [5]
     assert step.num_draft == 3 and step.out_cache_loc.tolist() == c.slots("A", 5, 8)
 
 
 def test_whole_page_loads_get_the_canary_not_poison():
     c = _cache(whole_page_loads=True)
-    a = Work("A", (1, 2))
+    a = Work(rid="A", tokens=(1, 2))
     c.plan(Mode.EXTEND, [a])
     k, _ = c.pools[0].read(torch.tensor(c.slots("A", 0, 4) + [0]))
     assert (k == pool.CANARY).all()
@@ -74,7 +77,7 @@ def test_a_backend_on_the_engines_batch_matches_the_reference():
     c = _cache(page_size=16)
     gen = torch.Generator().manual_seed(3)
     q, k, v = (torch.randn(n, h, 8, generator=gen) for n, h in ((7, 4), (7, 2), (7, 2)))
-    w = Work("A", tuple(range(7)))
+    w = Work(rid="A", tokens=tuple(range(7)))
     step = c.plan(Mode.EXTEND, [w])
     shape = dict(num_q_heads=4, num_kv_heads=2, head_dim=8, dtype="float32", page_size=16)
     case = Case(mode="EXTEND", requests=step.requests, window_left=2, **shape)

@@ -14,7 +14,9 @@ from tests.helpers import case
 
 
 def _fake(name, make, **kw):
-    return Mutant(name, "a test mutant", "run", ("decode",), False, make, **kw)
+    return Mutant(
+        name=name, bug="a test mutant", method="run", families=("decode",), windowed=False, make=make, **kw
+    )
 
 
 def _broken():

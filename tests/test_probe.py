@@ -76,8 +76,8 @@ def test_window_short_names_the_missed_key():
 
 
 class _WindowLong(TorchNative):
-    def in_window(self, key_pos, query_pos, window_left):
-        return key_pos >= query_pos - window_left - 1  # W + 2 keys
+    def in_window(self, batch, r, key_pos, query_pos):
+        return key_pos >= query_pos - self.window_left(batch) - 1  # W + 2 keys
 
 
 def test_window_one_too_long_names_the_single_extra_key():

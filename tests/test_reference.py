@@ -271,7 +271,14 @@ def test_rounding_held_past_the_range_rounds_within_it_as_a_cast_does():
 def test_a_row_with_no_visible_key_is_zero_with_lse_minus_inf():
     from references.masks import RequestMask
 
-    m = RequestMask(torch.tensor([0]), torch.tensor([1, 2]), -1, True, 2, None)
+    m = RequestMask(
+        query_pos=torch.tensor([0]),
+        key_pos=torch.tensor([1, 2]),
+        window_left=-1,
+        causal=True,
+        num_prefix=2,
+        draft_visible=None,
+    )
     q = torch.randn(1, 2, 8)
     kv = torch.randn(2, 1, 8)
     out, lse = torch_ref._request(m, q, kv, kv, None, 0.3, 0.0, torch.float64, None, torch.device("cpu"))
@@ -343,7 +350,13 @@ def test_rounded_kv_is_exact_attention_over_kv_rounded_into_the_case_dtype(padde
 
     c = case("EXTEND", ((40, 12), (5, 9)), window_left=7, dtype="float16", **FP8)
     inputs = make_inputs(c)
-    rounded = Inputs(inputs.q_all, inputs.kv_all.to(torch.float16), inputs.q_lens, inputs.kv_lens, None)
+    rounded = Inputs(
+        q_all=inputs.q_all,
+        kv_all=inputs.kv_all.to(torch.float16),
+        q_lens=inputs.q_lens,
+        kv_lens=inputs.kv_lens,
+        sinks=None,
+    )
     plain = c.replace(kv_dtype=None, k_scale=1.0, v_scale=1.0)
     exact, native, ours = torch_ref.references(c, inputs, ("exact", "native", "rounded_kv"), padded=padded)
     theirs, their_native = torch_ref.references(plain, rounded, ("exact", "native"), padded=padded)

@@ -74,7 +74,10 @@ def test_a_search_with_few_refusals_passes_and_records_them_as_refused():
 
 
 def _results(*statuses):
-    return [CaseResult(s, "b", "cpu", case(), reason=f"why {i % 2}") for i, s in enumerate(statuses)]
+    return [
+        CaseResult(status=s, backend="b", device="cpu", case=case(), reason=f"why {i % 2}")
+        for i, s in enumerate(statuses)
+    ]
 
 
 def test_the_tally_fails_only_past_the_limit():

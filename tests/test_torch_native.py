@@ -19,8 +19,10 @@ from harness.core.case import Case, Request
 from tests.helpers import AtenOps
 
 CASES = {
-    "extend-window": Case("EXTEND", (Request(40, 9), Request(0, 5)), head_dim=64, window_left=7),
-    "decode-sinks": Case("DECODE", (Request(30, 1), Request(9, 1)), head_dim=64, sinks=True),
+    "extend-window": Case(
+        mode="EXTEND", requests=(Request(40, 9), Request(0, 5)), head_dim=64, window_left=7
+    ),
+    "decode-sinks": Case(mode="DECODE", requests=(Request(30, 1), Request(9, 1)), head_dim=64, sinks=True),
 }
 
 

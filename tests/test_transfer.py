@@ -34,8 +34,8 @@ CUDA = torch.cuda.is_available()
 TREE = (-1, 0, 0, 1)
 CASES = {
     "prefix-window-cap": Case(
-        "EXTEND",
-        (Request(40, 9), Request(0, 5)),
+        mode="EXTEND",
+        requests=(Request(40, 9), Request(0, 5)),
         num_q_heads=4,
         num_kv_heads=2,
         head_dim=64,
@@ -43,8 +43,8 @@ CASES = {
         soft_cap=20.0,
     ),
     "verify-tree": Case(
-        "TARGET_VERIFY",
-        (Request(30, 4, tree=TREE), Request(9, 4, tree=TREE)),
+        mode="TARGET_VERIFY",
+        requests=(Request(30, 4, tree=TREE), Request(9, 4, tree=TREE)),
         num_q_heads=4,
         num_kv_heads=2,
         head_dim=64,
@@ -117,7 +117,7 @@ def test_a_fault_the_device_reports_late_is_the_replays_crash(monkeypatch):
 
     flex = FlexCompiled()
     flex.cpu_in_suite = True
-    g = GraphCase((Case("DECODE", (Request(9, 1), Request(3, 1)), head_dim=64),), 2, 40)
+    g = GraphCase((Case(mode="DECODE", requests=(Request(9, 1), Request(3, 1)), head_dim=64),), 2, 40)
     monkeypatch.setattr(replay, "settle", _faults_on_call(2))  # capture settles, then replay 0 faults
     res = replay.replay_result(flex, g, "cpu")
     assert res.status == "crash" and res.reason.startswith("replay 0: ") and FAULT in res.reason

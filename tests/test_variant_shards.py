@@ -294,7 +294,9 @@ def test_merged_records_keep_each_whole_test_record_once_and_every_case_record()
 def _record(c, seconds: float, backend: str = "torch_native", graph=None) -> dict:  # noqa: ANN001
     """A case's results.json record (a replay's when `graph`, a GraphCase, is given)."""
     extra = {"check": "graph", "graph_case": graph.to_dict()} if graph else {}
-    return CaseResult("pass", backend, "cpu", c, seconds=seconds, extra=extra).to_dict()
+    return CaseResult(
+        status="pass", backend=backend, device="cpu", case=c, seconds=seconds, extra=extra
+    ).to_dict()
 
 
 def test_a_check_measures_each_variants_seconds_and_keeps_the_unmeasured_weights(tmp_path):

@@ -25,11 +25,19 @@ from tests import flashinfer_fake as fake
 
 FLASHINFER = [n for n in backends.names() if n.startswith("flashinfer")]
 ONE_CASE = {  # one case each adapter runs, with every option that reaches plan() or run()
-    "flashinfer_ragged": Case("EXTEND", (Request(20, 9),), window_left=5, soft_cap=5.0, head_dim=64),
-    "flashinfer_paged": Case("EXTEND", (Request(20, 9),), window_left=5, sinks=True, head_dim=64),
-    "flashinfer_dec_cc": Case("DECODE", (Request(20, 1),), window_left=5, head_dim=64),
-    "flashinfer_dec_tc": Case("DRAFT_EXTEND_V2", (Request(20, 3),), deterministic=True, head_dim=64),
-    "flashinfer_enc": Case("CROSS", (Request(0, 3, 9),), kv_dtype="float8_e4m3fn", k_scale=0.5, head_dim=64),
+    "flashinfer_ragged": Case(
+        mode="EXTEND", requests=(Request(20, 9),), window_left=5, soft_cap=5.0, head_dim=64
+    ),
+    "flashinfer_paged": Case(
+        mode="EXTEND", requests=(Request(20, 9),), window_left=5, sinks=True, head_dim=64
+    ),
+    "flashinfer_dec_cc": Case(mode="DECODE", requests=(Request(20, 1),), window_left=5, head_dim=64),
+    "flashinfer_dec_tc": Case(
+        mode="DRAFT_EXTEND_V2", requests=(Request(20, 3),), deterministic=True, head_dim=64
+    ),
+    "flashinfer_enc": Case(
+        mode="CROSS", requests=(Request(0, 3, 9),), kv_dtype="float8_e4m3fn", k_scale=0.5, head_dim=64
+    ),
 }
 
 

@@ -27,7 +27,7 @@ from harness.core.vocab import (
 )
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Capabilities:
     """What a backend supports. `why_not` gives the reason for each feature it lacks."""
 

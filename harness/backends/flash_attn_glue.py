@@ -51,7 +51,7 @@ def is_tree(batch: Batch) -> bool:
     """TARGET_VERIFY with topk > 1: some draft has a sibling, so causality alone cannot mask it."""
     if batch.mode != Mode.TARGET_VERIFY:
         return False
-    return any(p != j - 1 for r in batch.case.requests for j, p in enumerate(r.tree))
+    return any(p != j - 1 for tree in batch.draft_parents for j, p in enumerate(tree))
 
 
 def capabilities(features: tuple[str, ...], **fields: Any) -> Capabilities:

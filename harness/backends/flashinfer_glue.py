@@ -219,7 +219,7 @@ class FlashInferGlue(GraphGlue):
         v_scale (it multiplies the output); nothing for a cache in the model's dtype."""
         if batch.case.kv_dtype is None:
             return {}
-        k_scale, v_scale = self.kv_scales(batch)
+        k_scale, v_scale = self.shared_kv_scales(batch)
         return {"k_scale": k_scale, "v_scale": v_scale}
 
     # --- what goes to plan() ------------------------------------------------------------------
@@ -346,8 +346,12 @@ class FlashInferGlue(GraphGlue):
         pad = bs - real.kv_lens.numel()
         pages = -(-n // ps)
         real_pages = (real.indptr[1:] - real.indptr[:-1]).tolist()  # a host tensor: no device read
-        indices = torch.cat([real.indices, torch.full((pad * pages,), RESERVED_PAGE, dtype=torch.int32,
-                                                      device=real.indices.device)])
+        indices = torch.cat(
+            [
+                real.indices,
+                torch.full((pad * pages,), RESERVED_PAGE, dtype=torch.int32, device=real.indices.device),
+            ]
+        )
         return paged_kv_table(indices, real_pages + [pages] * pad, real.kv_lens.tolist() + [n] * pad, ps)
 
     def capture_extent(self, state: GraphState) -> int:

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
 import torch
 
 from harness.backends.base import BackendOutput
@@ -38,7 +37,6 @@ from harness.core.batch import Batch
 from harness.core.case import Case
 from harness.core.modes import Mode
 from harness.core.timing import phase
-from harness.core.transfer import to_device
 from harness.core.vocab import FEATURES
 
 # Measured on the H100 (flashinfer 0.7.2.post1): replays of verify trees and DRAFT_EXTEND_V2 differed
@@ -83,9 +81,9 @@ class FlashInferPaged(FlashInferGlue):
         w = self.window_left(batch)
         rows = []
         for r, (lo, hi) in enumerate(ranges):
-            qpos = to_device(np.asarray(self.query_positions(batch, r), dtype=np.int64), batch.device)
+            qpos = self.position_tensor(batch, self.query_positions(batch, r))
+            kpos = self.position_tensor(batch, self.key_positions(batch, r, lo, hi))
             prefix = hi - batch.num_draft
-            kpos = torch.cat([torch.arange(lo, prefix, device=batch.device), qpos])
             mask = torch.ones(len(qpos), hi - lo, dtype=torch.bool, device=batch.device)
             mask[:, prefix - lo :] = batch.tree_mask[r]
             if w >= 0:

@@ -25,7 +25,7 @@ from torch.utils._python_dispatch import _disable_current_modes
 
 from harness.backends.base import ALL_CAPABILITIES, BackendOutput
 from harness.backends.flex_blocks import BLOCK, block_mask_from_grid
-from harness.backends.glue import EngineGlue
+from harness.backends.glue import EngineGlue, dequantized
 from harness.backends.graph_glue import GraphGlue, GraphLimits, GraphState, StaticInputs
 from harness.backends.graphs import kernel as opaque_kernel
 from harness.backends.library import import_library
@@ -83,7 +83,7 @@ MaskMod = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], tor
 ScoreMod = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Launch:
     """One flex call: some requests' queries and keys laid end to end, with per-token metadata.
 
@@ -188,12 +188,6 @@ class FlexBase(EngineGlue):
         return f"torch {torch.__version__} has no flex_attention: {absent}" if absent else None
 
     # --- engine glue: the shared reads (glue.py), and how flex lays a batch out --------------
-
-    def key_positions(self, batch: Batch, r: int, lo: int, hi: int) -> list[int]:
-        """Absolute positions of keys lo..hi-1: their index; verify drafts sit at their query's position."""
-        if batch.mode == Mode.TARGET_VERIFY:
-            return list(range(lo, hi - batch.num_draft)) + self.query_positions(batch, r)
-        return list(range(lo, hi))
 
     def sinks_via_lse(self, batch: Batch) -> bool:
         """Renormalise with the kernel's LSE where it has one; otherwise a virtual sink key."""
@@ -337,7 +331,7 @@ class FlexBase(EngineGlue):
                 q_tree_row += [0] * (q1 - q0)
             lo, hi = ranges[r]
             k, v = batch.pool.read(self.layer_slots(batch, self.kv_slots(batch, r, lo, hi)))
-            k, v = self.dequantize(batch, k, v)  # an FP8 cache into the case dtype (glue.py)
+            k, v = self.dequantize(batch, r, k, v)  # an FP8 cache into the case dtype (glue.py)
             k_parts.append(k)
             v_parts.append(v)
             n = hi - lo
@@ -892,7 +886,7 @@ class FlexCompiled(FlexBase, GraphGlue):
         b, rows = state.buffers, static.bs * state.limits.queries
         b["q"][0, :, :rows].copy_(static.q.transpose(0, 1))
         k, v = static.pool.read(translate_slots(b["kv_slot"], static.full_to_swa))
-        k, v = self.dequantize(state.layer, k, v)
+        k, v = dequantized(state.layer, k, v, self.shared_kv_scales(state.layer))
         real = ((b["kv_doc"] >= 0) & (b["kv_sink"] == 0)).view(-1, 1, 1)
         k, v = (torch.where(real, x, torch.zeros_like(x)).transpose(0, 1).unsqueeze(0) for x in (k, v))
         virtual_sink = static.sinks is not None and not self.sinks_via_lse(state.layer)

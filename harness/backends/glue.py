@@ -4,7 +4,8 @@ Every adapter family (torch_native, torch_split, flex, the FlashInfer glue, the 
 inherits `EngineGlue`, so each engine decision is written once, as one method a mutant can override:
 the KV extent per request, the write of this forward's K/V, full-pool -> layer-pool slots, the slots
 of a request's key range, the layer's causality and window (both edges), the query positions, the
-first key worth reading, page ids, and an FP8 cache's scales and how a fallback dequantizes it. A
+first key worth reading, the key positions, page ids, and an FP8 cache's scales and how a fallback
+dequantizes it. A
 family whose engine differs overrides that one method and says why (FlashInfer's kv_start rounds
 down to a page; torch_native's kv_slots pads past the row with slot 0).
 It is its own module, not part of base.py: base.py is the protocol the harness sees (capabilities,
@@ -13,6 +14,7 @@ It is its own module, not part of base.py: base.py is the protocol the harness s
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from harness.backends.base import Backend
@@ -20,11 +22,27 @@ from harness.core import modes
 from harness.core.batch import Batch
 from harness.core.modes import Mode
 from harness.core.pool import translate_slots
+from harness.core.transfer import to_device
 from harness.core.vocab import TORCH_DTYPES
 
 
+def dequantized(
+    batch: Batch, k: torch.Tensor, v: torch.Tensor, scales: tuple[float, float]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """FP8 codes as the case dtype times (k_scale, v_scale); a cache in the model's dtype as it is."""
+    if batch.case.kv_dtype is None:
+        return k, v
+    dt = TORCH_DTYPES[batch.case.dtype]
+    return k.to(dt) * scales[0], v.to(dt) * scales[1]
+
+
 class EngineGlue(Backend):
-    """The engine's metadata reads, one decision per method."""
+    """The engine's metadata reads, one decision per method.
+
+    Every per-request decision takes the request's index r. Positions are host lists of ints (what
+    an engine plans from, read without waiting for the device); `position_tensor` puts one on the
+    batch's device for a mask.
+    """
 
     def kv_extents(self, batch: Batch) -> list[int]:
         """Keys per request, from `seq_lens` and the mode's convention (DRAFT_EXTEND_V2: bumped)."""
@@ -63,6 +81,17 @@ class EngineGlue(Backend):
         """Absolute positions of request r's queries, from the engine's `positions` (verify: P + depth)."""
         return batch.query_positions(r)
 
+    def key_positions(self, batch: Batch, r: int, lo: int, hi: int) -> list[int]:
+        """Absolute positions of request r's keys lo..hi-1: their index, but a verify request's drafts
+        (its last num_draft keys) sit at their queries' positions (P + depth)."""
+        if batch.mode == Mode.TARGET_VERIFY:
+            return list(range(lo, hi - batch.num_draft)) + self.query_positions(batch, r)
+        return list(range(lo, hi))
+
+    def position_tensor(self, batch: Batch, positions: list[int]) -> torch.Tensor:
+        """Host positions as an int64 tensor on the batch's device (one queued copy), for a mask."""
+        return to_device(np.asarray(positions, dtype=np.int64), batch.device)
+
     def kv_start(self, batch: Batch, r: int) -> int:
         """First key worth reading: on a windowed layer, the earliest key the first query can see.
 
@@ -78,20 +107,28 @@ class EngineGlue(Backend):
         """[lo, hi) key positions each request reads: from kv_start to its KV extent."""
         return [(self.kv_start(batch, r), n) for r, n in enumerate(self.kv_extents(batch))]
 
-    def kv_scales(self, batch: Batch) -> tuple[float, float]:
-        """(k_scale, v_scale): the layer's per-tensor FP8 cache scales, as an engine keeps them on the
-        layer ((1, 1) for a cache in the model's dtype)."""
+    def kv_scales(self, batch: Batch, r: int) -> tuple[float, float]:
+        """(k_scale, v_scale) of request r's keys and values: the layer's per-tensor FP8 cache scales,
+        as an engine keeps them on the layer ((1, 1) for a cache in the model's dtype)."""
         return batch.case.k_scale, batch.case.v_scale
 
-    def dequantize(self, batch: Batch, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """K/V read from the pool in the model's dtype, as an SDPA fallback reads an FP8 cache: each
-        code converted to the case dtype, then times its tensor's scale. A cache in the model's dtype
-        passes through."""
-        if batch.case.kv_dtype is None:
-            return k, v
-        dt = TORCH_DTYPES[batch.case.dtype]
-        k_scale, v_scale = self.kv_scales(batch)
-        return k.to(dt) * k_scale, v.to(dt) * v_scale
+    def shared_kv_scales(self, batch: Batch) -> tuple[float, float]:
+        """The one (k_scale, v_scale) a kernel that takes a scale per launch is given: every request's
+        `kv_scales`. Requests with different scales cannot share such a launch (ValueError)."""
+        scales = {self.kv_scales(batch, r) for r in range(batch.batch_size)}
+        if len(scales) != 1:
+            raise ValueError(
+                f"{self.name}: one launch takes one (k_scale, v_scale), the requests give {sorted(scales)}"
+            )
+        return scales.pop()
+
+    def dequantize(
+        self, batch: Batch, r: int, k: torch.Tensor, v: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Request r's K/V read from the pool in the model's dtype, as an SDPA fallback reads an FP8
+        cache: each code converted to the case dtype, then times its tensor's scale. A cache in the
+        model's dtype passes through."""
+        return dequantized(batch, k, v, self.kv_scales(batch, r))
 
     def page_ids(self, batch: Batch, first_slots: torch.Tensor) -> torch.Tensor:
         """Page ids in this layer's pool of the pages whose first keys sit at `first_slots` (full pool),

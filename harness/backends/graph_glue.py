@@ -96,7 +96,7 @@ class GraphState:
         return self.layer.device
 
 
-@dataclass
+@dataclass(kw_only=True)
 class StaticInputs:
     """The persistent tensors a graph of `bs` requests was captured with (views of the runner's
     buffers at the largest size): this step's queries and new K/V (bs * queries rows; padding rows

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -23,7 +22,6 @@ from harness.backends.glue import EngineGlue
 from harness.core.batch import Batch
 from harness.core.modes import Mode
 from harness.core.timing import phase
-from harness.core.transfer import to_device
 
 # The SDPA kernels the backend lets torch choose from. cuDNN's is left out: it builds a plan for
 # every new shape (13 ms each on an H200), and every request of every case is a new shape, so it
@@ -54,22 +52,16 @@ class TorchNative(EngineGlue):
         short = (hi - lo) - row.numel()
         return torch.cat([row, row.new_zeros(short)]) if short > 0 else row
 
-    def in_window(self, key_pos: torch.Tensor, query_pos: torch.Tensor, window_left: int) -> torch.Tensor:
-        """Sliding window: a query at p keeps keys p - W .. p (W + 1 keys)."""
-        return key_pos >= query_pos - window_left
+    def in_window(self, batch: Batch, r: int, key_pos: torch.Tensor, query_pos: torch.Tensor) -> torch.Tensor:
+        """Sliding window: a query at p keeps keys p - W .. p (W + 1 keys), W = `window_left`."""
+        return key_pos >= query_pos - self.window_left(batch)
 
     def in_right_window(
-        self, key_pos: torch.Tensor, query_pos: torch.Tensor, window_right: int
+        self, batch: Batch, r: int, key_pos: torch.Tensor, query_pos: torch.Tensor
     ) -> torch.Tensor:
-        """A two-sided (encoder) window's right edge: a query at p keeps keys up to p + R."""
-        return key_pos <= query_pos + window_right
-
-    def key_positions(self, batch: Batch, lo: int, hi: int, query_pos: torch.Tensor) -> torch.Tensor:
-        """Absolute position of keys lo..hi-1: their index, but verify drafts sit at their depth."""
-        if batch.mode == Mode.TARGET_VERIFY:
-            prefix = hi - batch.num_draft
-            return torch.cat([torch.arange(lo, prefix, device=query_pos.device), query_pos])
-        return torch.arange(lo, hi, device=query_pos.device)
+        """A two-sided (encoder) window's right edge: a query at p keeps keys up to p + R
+        (R = `window_right`)."""
+        return key_pos <= query_pos + self.window_right(batch)
 
     def build_mask(self, batch: Batch, r: int, lo: int, hi: int) -> torch.Tensor:
         """[E, hi-lo] bool mask from positions (+ the verify tree); all-visible in CROSS; no causal
@@ -78,15 +70,13 @@ class TorchNative(EngineGlue):
         visible = torch.ones(q1 - q0, hi - lo, dtype=torch.bool, device=batch.device)
         if batch.mode == Mode.CROSS:
             return visible
-        qpos = to_device(np.asarray(self.query_positions(batch, r), dtype=np.int64), batch.device)
-        kpos = self.key_positions(batch, lo, hi, qpos)
-        mask = kpos[None, :] <= qpos[:, None] if self.causal(batch) else visible
-        w = self.window_left(batch)
-        if w >= 0:
-            mask &= self.in_window(kpos[None, :], qpos[:, None], w)
-        wr = self.window_right(batch)
-        if wr >= 0:
-            mask &= self.in_right_window(kpos[None, :], qpos[:, None], wr)
+        qpos = self.position_tensor(batch, self.query_positions(batch, r))[:, None]
+        kpos = self.position_tensor(batch, self.key_positions(batch, r, lo, hi))[None, :]
+        mask = kpos <= qpos if self.causal(batch) else visible
+        if self.window_left(batch) >= 0:
+            mask &= self.in_window(batch, r, kpos, qpos)
+        if self.window_right(batch) >= 0:
+            mask &= self.in_right_window(batch, r, kpos, qpos)
         if batch.mode == Mode.TARGET_VERIFY:
             mask[:, hi - lo - batch.num_draft :] &= batch.tree_mask[r]
         return mask
@@ -156,7 +146,7 @@ class TorchNative(EngineGlue):
                 with phase("plan"):  # the gather and the mask: what an engine's metadata step builds
                     q0, q1 = batch.query_span(r)
                     k, v = batch.pool.read(self.layer_slots(batch, self.kv_slots(batch, r, lo, n)))
-                    k, v = self.dequantize(batch, k, v)
+                    k, v = self.dequantize(batch, r, k, v)
                     mask = self.build_mask(batch, r, lo, n)
                 outs.append(self.attend(batch.q[q0:q1], k, v, mask, batch))
         return BackendOutput(out=torch.cat(outs))

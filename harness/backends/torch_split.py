@@ -299,7 +299,7 @@ class TorchSplit(EngineGlue):
             mask = mask & (lay["key_pos"] >= (lay["window_pos"] - self.window_left(batch))[None, :, :, None])
         if batch.case.kv_dtype is None:
             return merge_base2(self.attend(q, kv[0], kv[1], mask, batch))
-        k_scale, v_scale = self.kv_scales(batch)
+        k_scale, v_scale = self.shared_kv_scales(batch)
         part = merge_base2(self.attend(q * k_scale, kv[0], kv[1], mask, batch))
         return Partial(part.out * v_scale, part.lse2)
 

@@ -18,7 +18,7 @@ from types import ModuleType
 from packaging.version import InvalidVersion, Version
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class SupportedRange:
     """`lowest` <= version < `below`; `tested`: the releases the GPU suite ran on; `why_lowest`: what
     the releases before `lowest` lack that the glue needs."""

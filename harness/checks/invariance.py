@@ -32,7 +32,7 @@ BATCH_SIZES = (1, 2, 3, 8, 16, 32, 64)
 MAX_NEEDED_BATCH = 8  # compositions of up to this many requests must run; larger ones may be refused
 
 
-@dataclass
+@dataclass(kw_only=True)
 class InvarianceResult:
     passed: bool
     compositions: int  # batches the target was run in, the alone run included
@@ -123,10 +123,10 @@ def check_invariance(
             out = target_slice(backend.run(batch).out, comp, at)  # the copy waits for the device
         except Exception as e:  # the backend failed: a CRASH result, not the end of the run
             return InvarianceResult(
-                False,
-                ran,
-                f"backend raised {type(e).__name__} in '{name}': {e}",
-                name,
+                passed=False,
+                compositions=ran,
+                reason=f"backend raised {type(e).__name__} in '{name}': {e}",
+                failing=name,
                 crash=traceback.format_exc(),
                 refused=refused,
             )
@@ -136,21 +136,25 @@ def check_invariance(
         elif not torch.equal(out.view(torch.uint8), alone.view(torch.uint8)):
             diff = float((out.float() - alone.float()).abs().max())
             return InvarianceResult(
-                False,
-                ran,
-                f"request 0's output changed in '{name}' (batch of "
+                passed=False,
+                compositions=ran,
+                reason=f"request 0's output changed in '{name}' (batch of "
                 f"{len(reqs)}, at index {at}): max diff {diff:.3g}",
-                name,
-                diff,
+                failing=name,
+                max_diff=diff,
                 refused=refused,
             )
     listed = "; ".join(f"'{n}': {why}" for n, why in refused.items())
     if needed:
         which = ", ".join(f"'{n}'" for n in needed)
         reason = f"the check needs {which}, which the backend refused"
-        return InvarianceResult(False, ran, f"{reason}: {listed}", needed[0], refused=refused)
+        return InvarianceResult(
+            passed=False, compositions=ran, reason=f"{reason}: {listed}", failing=needed[0], refused=refused
+        )
     note = f"; refused {len(refused)} larger batches: {listed}" if refused else ""
-    return InvarianceResult(True, ran, f"bitwise identical across {ran} batches{note}", refused=refused)
+    return InvarianceResult(
+        passed=True, compositions=ran, reason=f"bitwise identical across {ran} batches{note}", refused=refused
+    )
 
 
 def invariance_result(
@@ -160,7 +164,7 @@ def invariance_result(
     a skip with the reason when the backend cannot run the case here."""
     why = backend.available(device) or backend.supports(case)
     if why:
-        return CaseResult("skip", backend.name, device, case, reason=why)
+        return CaseResult(status="skip", backend=backend.name, device=device, case=case, reason=why)
     start = time.perf_counter()
     res = check_invariance(backend, case, device, long_kv, long_q)
     status = "pass" if res.passed else ("crash" if res.crash else "fail")
@@ -176,10 +180,10 @@ def invariance_result(
     if res.crash:
         extra["traceback"] = res.crash
     return CaseResult(
-        status,
-        backend.name,
-        device,
-        case,
+        status=status,
+        backend=backend.name,
+        device=device,
+        case=case,
         reason=reason,
         seconds=time.perf_counter() - start,
         extra=extra,

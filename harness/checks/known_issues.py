@@ -22,7 +22,7 @@ from harness.core.graph_case import GraphCase, kv_extents
 from harness.core.modes import Mode
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class KnownIssue:
     id: str
     library: str  # the distribution whose version decides, e.g. flashinfer-python
@@ -51,39 +51,40 @@ def has_unsplit_plan(g: GraphCase, chunk: int) -> bool:
 
 KNOWN_ISSUES = (
     KnownIssue(
-        "flashinfer-noncausal-window",
-        "flashinfer-python",
-        frozenset({"0.7.2.post1", "0.6.18.post1"}),
-        frozenset({"flashinfer_ragged", "flashinfer_paged"}),
-        "fa2 prefill with causal=False and window_left >= 0 is wrong once a request has more than 256 keys",
-        "known_issues/flashinfer_noncausal_window.py",
-        lambda c: c.mode == Mode.ENCODER_ONLY
-        and c.window_left >= 0
-        and any(r.extend_len > 256 for r in c.requests),
+        id="flashinfer-noncausal-window",
+        library="flashinfer-python",
+        versions=frozenset({"0.7.2.post1", "0.6.18.post1"}),
+        backends=frozenset({"flashinfer_ragged", "flashinfer_paged"}),
+        title="fa2 prefill with causal=False and window_left >= 0 is wrong once a request has more than "
+        "256 keys",
+        repro="known_issues/flashinfer_noncausal_window.py",
+        reaches=lambda c: (
+            c.mode == Mode.ENCODER_ONLY and c.window_left >= 0 and any(r.extend_len > 256 for r in c.requests)
+        ),
     ),
     KnownIssue(
-        "flashinfer-sink-module-name",
-        "flashinfer-python",
-        frozenset({"0.7.2.post1", "0.6.18.post1"}),
-        frozenset(),
-        "the AttentionSink JIT module is named without the KV cache dtype or head dims: a process (or a "
-        "JIT directory) that built one sink variant runs it for another, reading the cache as the wrong "
-        "dtype",
-        "known_issues/flashinfer_sink_module_name.py",
-        lambda c: c.sinks,
+        id="flashinfer-sink-module-name",
+        library="flashinfer-python",
+        versions=frozenset({"0.7.2.post1", "0.6.18.post1"}),
+        backends=frozenset(),
+        title="the AttentionSink JIT module is named without the KV cache dtype or head dims: a process "
+        "(or a JIT directory) that built one sink variant runs it for another, reading the cache as "
+        "the wrong dtype",
+        repro="known_issues/flashinfer_sink_module_name.py",
+        reaches=lambda c: c.sinks,
         worked_around="flashinfer_paged names each sink variant's module "
         "(flashinfer_glue.sink_wrapper_class); tests/test_flashinfer_gpu.py runs FlashInfer's own wrapper",
     ),
     KnownIssue(
-        "flashinfer-graph-unsplit-plan",
-        "flashinfer-python",
-        frozenset({"0.7.2.post1", "0.6.18.post1"}),
-        frozenset({"flashinfer_dec_tc"}),
-        "a CUDA-graph decode wrapper with fixed_split_size whose plan does not split (a replay of requests "
-        "shorter than the captured ones, or a window under the split chunk) leaves the split bookkeeping "
-        "stale or absent: wrong outputs or NaN (0.6.18.post1), an illegal memory access (both)",
-        "known_issues/flashinfer_graph_unsplit_plan.py",
-        lambda g: has_unsplit_plan(g, FlashInferDecTC.split_tokens),
+        id="flashinfer-graph-unsplit-plan",
+        library="flashinfer-python",
+        versions=frozenset({"0.7.2.post1", "0.6.18.post1"}),
+        backends=frozenset({"flashinfer_dec_tc"}),
+        title="a CUDA-graph decode wrapper with fixed_split_size whose plan does not split (a replay of "
+        "requests shorter than the captured ones, or a window under the split chunk) leaves the split "
+        "bookkeeping stale or absent: wrong outputs or NaN (0.6.18.post1), an illegal memory access (both)",
+        repro="known_issues/flashinfer_graph_unsplit_plan.py",
+        reaches=lambda g: has_unsplit_plan(g, FlashInferDecTC.split_tokens),
         on_replay=True,
     ),
 )

@@ -57,7 +57,7 @@ def check_case(backend: Backend, case: Case, device: str = "cpu") -> CaseResult:
     a backend whose library is installed but broken raises BackendBroken (an error, not a skip)."""
     why = backend.available(device) or backend.supports(case)
     if why:
-        return CaseResult("skip", backend.name, device, case, reason=why)
+        return CaseResult(status="skip", backend=backend.name, device=device, case=case, reason=why)
     start = time.perf_counter()
     with phase("build"):
         inputs = make_inputs(case, device)
@@ -72,7 +72,14 @@ def check_case(backend: Backend, case: Case, device: str = "cpu") -> CaseResult:
         reason = f"backend raised {type(e).__name__}: {e} (at {where})"
         extra = {"traceback": traceback.format_exc()}
         return CaseResult(
-            "crash", backend.name, device, case, None, reason, time.perf_counter() - start, extra=extra
+            status="crash",
+            backend=backend.name,
+            device=device,
+            case=case,
+            verdict=None,
+            reason=reason,
+            seconds=time.perf_counter() - start,
+            extra=extra,
         )
     with phase("reference"):  # where the backend ran: float64 on the CPU, float32 accumulation on a GPU
         fp8 = case.kv_dtype is not None
@@ -87,7 +94,15 @@ def check_case(backend: Backend, case: Case, device: str = "cpu") -> CaseResult:
         if known:
             status, reason = "xfail", known
         took = time.perf_counter() - start
-        res = CaseResult(status, backend.name, device, case, verdict, reason, took)
+        res = CaseResult(
+            status=status,
+            backend=backend.name,
+            device=device,
+            case=case,
+            verdict=verdict,
+            reason=reason,
+            seconds=took,
+        )
         if status != "pass" and result.out.shape == exact.out.shape:
             res.error_map = error_map(case, result.out, exact.out, verdict.budget)
     if device == "cpu" and crossref.hf_available():  # the two references must agree on every CPU case

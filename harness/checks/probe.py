@@ -43,7 +43,7 @@ CLEAN_LINE = (
 THRESHOLD_RULE = "q = 0 (uniform weights over visible keys); attended iff p > row max / 16"
 
 
-@dataclass
+@dataclass(kw_only=True)
 class RequestProbe:
     request: int
     queries: int
@@ -61,7 +61,7 @@ class RequestProbe:
         return dict(self.__dict__)
 
 
-@dataclass
+@dataclass(kw_only=True)
 class ProbeResult:
     backend: str
     device: str
@@ -286,17 +286,17 @@ def _compare_request(
         f"triples, {int(nan_rows.sum())} NaN rows)"
     )
     probe = RequestProbe(
-        r,
-        att.shape[0],
-        att.shape[2],
-        rb,
-        cb,
-        grid,
-        int(extra.sum()),
-        int(missed.sum()),
-        int(nan_rows.sum()),
-        int(out_of_range.sum()),
-        summary,
+        request=r,
+        queries=att.shape[0],
+        keys=att.shape[2],
+        row_bin=rb,
+        col_bin=cb,
+        grid=grid,
+        extra=int(extra.sum()),
+        missed=int(missed.sum()),
+        nonfinite_rows=int(nan_rows.sum()),
+        out_of_range=int(out_of_range.sum()),
+        summary=summary,
     )
     return probe, lines
 
@@ -308,11 +308,17 @@ def probe(backend: Backend, case: Case, device: str = "cpu") -> ProbeResult:
     if not why and size > MAX_ELEMENTS:
         why = f"case too large to probe ({size} probabilities > {MAX_ELEMENTS})"
     if why:
-        return ProbeResult(backend.name, device, 0, [], error=why)
+        return ProbeResult(backend=backend.name, device=device, runs=0, lines=[], error=why)
     try:
         probs, runs = attention_probabilities(backend, case, device)
     except Exception as e:  # a backend that crashes on the probe's inputs: say so, like a check would
-        return ProbeResult(backend.name, device, 0, [], error=f"backend raised {type(e).__name__}: {e}")
+        return ProbeResult(
+            backend=backend.name,
+            device=device,
+            runs=0,
+            lines=[],
+            error=f"backend raised {type(e).__name__}: {e}",
+        )
     requests, lines = [], []
     for r, mask in enumerate(case_masks(case)):
         rp, rl = _compare_request(case, r, mask, probs[r])
@@ -326,7 +332,7 @@ def probe(backend: Backend, case: Case, device: str = "cpu") -> ProbeResult:
         lines = lines[:MAX_LINES] + [f"... and {len(lines) - MAX_LINES} more lines"]
     if not lines:
         lines = [CLEAN_LINE]
-    return ProbeResult(backend.name, device, runs, lines, requests)
+    return ProbeResult(backend=backend.name, device=device, runs=runs, lines=lines, requests=requests)
 
 
 def picture_text(result: ProbeResult, max_rows: int = 40) -> str:

@@ -70,7 +70,13 @@ class GraphRunner:
     def static(self, bs: int) -> StaticInputs:
         rows = bs * self.limits.queries
         return StaticInputs(
-            bs, self.q[:rows], self.k_new[:rows], self.v_new[:rows], self.pool, self.full_to_swa, self.sinks
+            bs=bs,
+            q=self.q[:rows],
+            k_new=self.k_new[:rows],
+            v_new=self.v_new[:rows],
+            pool=self.pool,
+            full_to_swa=self.full_to_swa,
+            sinks=self.sinks,
         )
 
     def capture(self) -> None:
@@ -144,7 +150,9 @@ def replay_result(backend: Backend, g: GraphCase, device: str = "cpu") -> CaseRe
     extra: dict = {"check": GRAPH_CHECK, "graph_case": g.to_dict()}
     why = why_not(backend, g, device)
     if why:
-        return CaseResult("skip", backend.name, device, g.layer, reason=why, extra=extra)
+        return CaseResult(
+            status="skip", backend=backend.name, device=device, case=g.layer, reason=why, extra=extra
+        )
     assert isinstance(backend, GraphGlue)
     start = time.perf_counter()
     sizes = capture_sizes(g.max_batch)
@@ -157,10 +165,10 @@ def replay_result(backend: Backend, g: GraphCase, device: str = "cpu") -> CaseRe
         text = f"{where}: {reason}; {seq}" if status != "pass" else f"{reason}; {seq}"
         known = expected_failure(backend.name, g, text) if status in ("fail", "crash") else None
         return CaseResult(
-            "xfail" if known else status,
-            backend.name,
-            device,
-            case,
+            status="xfail" if known else status,
+            backend=backend.name,
+            device=device,
+            case=case,
             reason=known or text,
             seconds=time.perf_counter() - start,
             extra={**extra, "replay": at, **more},

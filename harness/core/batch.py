@@ -22,7 +22,7 @@ from harness.core.modes import Mode
 from harness.core.vocab import TORCH_DTYPES, TORCH_KV_DTYPES
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Inputs:
     """The logical tensors of a case, in the case dtype, on the device they were drawn on. What the
     references read. With an FP8 KV cache (`kv_dtype`) K and V are float32: the values the cache's
@@ -52,7 +52,13 @@ class Inputs:
     ) -> Inputs:
         """Pack per-request tensors (q[r]: [E, Hq, D]; k[r], v[r]: [T, Hkv, D])."""
         kv = torch.stack([torch.cat(list(k)), torch.cat(list(v))])
-        return cls(torch.cat(list(q)), kv, tuple(len(x) for x in q), tuple(len(x) for x in k), sinks)
+        return cls(
+            q_all=torch.cat(list(q)),
+            kv_all=kv,
+            q_lens=tuple(len(x) for x in q),
+            kv_lens=tuple(len(x) for x in k),
+            sinks=sinks,
+        )
 
     def with_request(self, at: int, source: Inputs, r: int = 0) -> Inputs:
         """These inputs with request `at` carrying `source`'s request `r` exactly, and `source`'s sinks:
@@ -105,7 +111,7 @@ def make_inputs(case: Case, device: torch.device | str = "cpu") -> Inputs:
     kv_all = randn(2, sum(kv_lens), hkv, d)
     kv_all = kv_all.to(dt) if case.kv_dtype is None else _fp8_values(case, kv_all)
     sinks = (randn(hq) * 2.0).float() if case.sinks else None
-    return Inputs(q_all, kv_all, q_lens, kv_lens, sinks)
+    return Inputs(q_all=q_all, kv_all=kv_all, q_lens=q_lens, kv_lens=kv_lens, sinks=sinks)
 
 
 def _fp8_values(case: Case, kv: torch.Tensor) -> torch.Tensor:

@@ -60,7 +60,7 @@ class Request:
         return d
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Case:
     """One batch for one attention layer. docs/design.md, "Conventions", gives the semantics."""
 
@@ -226,6 +226,8 @@ def _validate_logit_range(case: Case) -> None:
             f"logits can reach {reach:.3g}, past {FLOAT32_MAX / 2:.3g} (half of float32's range, "
             "in which kernels and references compute logits)"
         )
+
+
 def _validate_kv_cache(case: Case) -> None:
     """kv_dtype: null (the cache holds the case dtype) or an FP8 dtype; k_scale and v_scale: the
     per-tensor scales the cache stores K / k_scale and V / v_scale with, meaningful only in FP8."""

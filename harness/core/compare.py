@@ -29,7 +29,7 @@ LSE_FLOOR = 1e-5
 RANGE_CAP = 0.25
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Verdict:
     passed: bool
     err: float
@@ -105,14 +105,14 @@ def compare(
     heads, dim = case.num_q_heads, case.head_dim
     if tuple(out.shape) != tuple(ref_exact.shape):
         return Verdict(
-            False,
-            float("inf"),
-            0.0,
-            float("inf"),
-            None,
-            1.0,
-            0,
-            f"output shape {tuple(out.shape)} != expected {tuple(ref_exact.shape)}",
+            passed=False,
+            err=float("inf"),
+            budget=0.0,
+            ratio=float("inf"),
+            worst=None,
+            frac_over=1.0,
+            nonfinite=0,
+            reason=f"output shape {tuple(out.shape)} != expected {tuple(ref_exact.shape)}",
         )
     ref = ref_exact.to(out.device)
     mult = 3.0 if case.soft_cap > 0 else 2.0
@@ -149,18 +149,25 @@ def compare(
         nonfinite = int(bad.sum())
         if not nonfinite:
             return Verdict(
-                False, err, budget, float("inf"), None, 1.0, 0, f"the reference is not finite (err {err})"
+                passed=False,
+                err=err,
+                budget=budget,
+                ratio=float("inf"),
+                worst=None,
+                frac_over=1.0,
+                nonfinite=0,
+                reason=f"the reference is not finite (err {err})",
             )
         first = locate(int(bad.flatten().nonzero()[0]), qo, heads, dim)
         return Verdict(
-            False,
-            float("nan"),
-            budget,
-            float("inf"),
-            first,
-            nonfinite / out.numel(),
-            nonfinite,
-            f"output has {nonfinite} NaN/Inf values, first at {where(case, first)}",
+            passed=False,
+            err=float("nan"),
+            budget=budget,
+            ratio=float("inf"),
+            worst=first,
+            frac_over=nonfinite / out.numel(),
+            nonfinite=nonfinite,
+            reason=f"output has {nonfinite} NaN/Inf values, first at {where(case, first)}",
         )
     ratio = err / budget if budget > 0 else (0.0 if err == 0 else float("inf"))
     passed = err <= budget
@@ -187,4 +194,15 @@ def compare(
         elif lse_err > lse_budget:
             passed = False
             reason += f"; LSE err {lse_err:.3g} > budget {lse_budget:.3g} (natural log expected)"
-    return Verdict(passed, err, budget, ratio, worst, frac, 0, reason, lse_err, lse_budget)
+    return Verdict(
+        passed=passed,
+        err=err,
+        budget=budget,
+        ratio=ratio,
+        worst=worst,
+        frac_over=frac,
+        nonfinite=0,
+        reason=reason,
+        lse_err=lse_err,
+        lse_budget=lse_budget,
+    )

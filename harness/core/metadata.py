@@ -36,7 +36,9 @@ class Metadata:
       out_cache_loc: [sum E] full-pool slots of this forward's new tokens
       tree_mask: [B, E, E] bool (TARGET_VERIFY): draft j may see draft i (ancestor or itself)
       seq_lens_before_bump: [B] (DRAFT_EXTEND_V2): seq_lens as built, before the bump by num_draft
-    and num_draft, draft tokens per request (DRAFT_EXTEND_V2, TARGET_VERIFY; 0 otherwise).
+    and num_draft, draft tokens per request (DRAFT_EXTEND_V2, TARGET_VERIFY; 0 otherwise), and
+    draft_parents, per request the parent of each draft (TARGET_VERIFY: the tree the engine's
+    speculative step drew, -1 for a child of the last accepted token; () in every other mode).
     `host` holds the 1-D vectors (not req_to_token, out_cache_loc) as the Python ints they were
     built from, as an engine keeps CPU copies for planning: what the accessors below read, so that
     nothing waits for the device.
@@ -53,6 +55,7 @@ class Metadata:
     tree_mask: torch.Tensor | None
     num_draft: int
     seq_lens_before_bump: torch.Tensor | None
+    draft_parents: tuple[tuple[int, ...], ...]
     host: dict[str, list[int]] = field(repr=False)
 
     def metadata(self) -> dict[str, Any]:
@@ -121,10 +124,12 @@ def upload_metadata(
         ints["tree_mask"] = np.array([modes.tree_ancestry(r.tree) for r in requests], dtype=np.int32)
     sent = [name for name, x in ints.items() if x is not None]
     dev = dict(zip(sent, upload_int32(device, [ints[name] for name in sent])))
-    meta = {f.name: dev.get(f.name) for f in fields(Metadata) if f.name not in ("num_draft", "host")}
+    own = ("num_draft", "draft_parents", "host")  # host values, not uploaded
+    meta = {f.name: dev.get(f.name) for f in fields(Metadata) if f.name not in own}
     if meta["tree_mask"] is not None:
         meta["tree_mask"] = meta["tree_mask"].bool()
-    meta.update(num_draft=modes.num_draft(mode, extend), host=host)
+    parents = tuple(tuple(r.tree) if mode == Mode.TARGET_VERIFY else () for r in requests)
+    meta.update(num_draft=modes.num_draft(mode, extend), draft_parents=parents, host=host)
     return meta, {name: dev[name] for name in sent if name in (extra or {})}
 
 

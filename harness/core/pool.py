@@ -59,7 +59,7 @@ def stored(value: float, dtype: torch.dtype) -> float | int:
     return int(torch.tensor(value).to(dtype).view(torch.uint8))
 
 
-@dataclass
+@dataclass(kw_only=True)
 class PagedPool:
     """One layer's K and V buffers, paged. Slot s lives in page s // page_size at offset s % page_size.
 

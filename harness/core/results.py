@@ -21,7 +21,7 @@ def repro_command(case: Case | GraphCase, backend: str, device: str) -> str:
 GRAPH_CHECK = "graph"  # extra.check of a CUDA-graph replay result (harness/checks/replay.py); its family
 
 
-@dataclass
+@dataclass(kw_only=True)
 class CaseResult:
     status: str
     backend: str

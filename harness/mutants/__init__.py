@@ -31,7 +31,7 @@ from harness.search.strategies import cases, graph_cases
 CHECKS = ("numeric", "invariance", "graph")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Mutant:
     name: str  # "<backend>~<bug>"
     bug: str  # the bug class, in a sentence
@@ -71,7 +71,15 @@ def mutants_of(backend: str) -> Callable[..., Mutant]:
         name: str, bug: str, method: str, families: tuple[str, ...], windowed: bool, cls: type, **fields: Any
     ) -> Mutant:
         full = f"{backend}~{name}"
-        return Mutant(full, bug, method, families, windowed, named(cls, full), **fields)
+        return Mutant(
+            name=full,
+            bug=bug,
+            method=method,
+            families=families,
+            windowed=windowed,
+            make=named(cls, full),
+            **fields,
+        )
 
     return make
 
@@ -92,7 +100,7 @@ def by_name(name: str) -> Mutant:
     raise KeyError(f"unknown mutant {name!r}; known: {', '.join(m.name for m in every)}")
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Detection:
     mutant: str
     family: str
@@ -119,7 +127,17 @@ def hunt(
     backend = mutant.make()
     why = backend.available(device)
     if why:
-        return Detection(mutant.name, family, False, 0, 0.0, None, why, device, skipped=why)
+        return Detection(
+            mutant=mutant.name,
+            family=family,
+            caught=False,
+            examples=0,
+            seconds=0.0,
+            shrunk=None,
+            reason=why,
+            device=device,
+            skipped=why,
+        )
     sizes = profiles.sizes()
     force = dict(mutant.force or {})
     if mutant.check == "invariance":
@@ -159,15 +177,25 @@ def hunt(
     except (NoSuchExample, Unsatisfiable):
         expected = f" with status {mutant.expect}" if mutant.expect else ""
         return Detection(
-            mutant.name,
-            family,
-            False,
-            state["n"],
-            time.perf_counter() - start,
-            None,
-            f"survived: no failing case{expected} found in {state['n']} examples",
-            device,
+            mutant=mutant.name,
+            family=family,
+            caught=False,
+            examples=state["n"],
+            seconds=time.perf_counter() - start,
+            shrunk=None,
+            reason=f"survived: no failing case{expected} found in {state['n']} examples",
+            device=device,
         )
     n, secs = state["first"]
     res = search(shrunk)  # the minimal case's own result (memoised: not run again)
-    return Detection(mutant.name, family, True, n, secs, shrunk, res.reason, device, res.status)
+    return Detection(
+        mutant=mutant.name,
+        family=family,
+        caught=True,
+        examples=n,
+        seconds=secs,
+        shrunk=shrunk,
+        reason=res.reason,
+        device=device,
+        status=res.status,
+    )

@@ -98,7 +98,7 @@ class _PagedEncoderCausal(FlashInferPaged):
 
 
 class _Fp8KScaleForV(FlashInferPaged):
-    def kv_scales(self, batch: Batch) -> tuple[float, float]:
+    def kv_scales(self, batch: Batch, r: int) -> tuple[float, float]:
         return batch.case.k_scale, batch.case.k_scale  # run(v_scale=k_scale)
 
 
@@ -122,7 +122,16 @@ class _Fp8ReadAsCaseDtype(FlashInferRagged):
 def _mutant(
     name: str, bug: str, method: str, families: tuple, windowed: bool, cls: type, **kw: Any
 ) -> Mutant:
-    return Mutant(name, bug, method, families, windowed, named(cls, name), device="cuda", **kw)
+    return Mutant(
+        name=name,
+        bug=bug,
+        method=method,
+        families=families,
+        windowed=windowed,
+        make=named(cls, name),
+        device="cuda",
+        **kw,
+    )
 
 
 MUTANTS: list[Mutant] = [

@@ -17,13 +17,13 @@ class _WindowIgnored(TorchNative):
 
 
 class _WindowShort(TorchNative):
-    def in_window(self, key_pos: torch.Tensor, query_pos: torch.Tensor, window_left: int) -> torch.Tensor:
-        return key_pos > query_pos - window_left  # W keys instead of W + 1
+    def in_window(self, batch: Batch, r: int, key_pos: torch.Tensor, query_pos: torch.Tensor) -> torch.Tensor:
+        return key_pos > query_pos - self.window_left(batch)  # W keys instead of W + 1
 
 
 class _WindowLong(TorchNative):
-    def in_window(self, key_pos: torch.Tensor, query_pos: torch.Tensor, window_left: int) -> torch.Tensor:
-        return key_pos >= query_pos - window_left - 1  # W + 2 keys instead of W + 1
+    def in_window(self, batch: Batch, r: int, key_pos: torch.Tensor, query_pos: torch.Tensor) -> torch.Tensor:
+        return key_pos >= query_pos - self.window_left(batch) - 1  # W + 2 keys instead of W + 1
 
 
 class _VerifyWindowFlat(TorchNative):
@@ -92,8 +92,8 @@ class _EncoderCausal(TorchNative):
 
 
 class _WindowWrongSide(TorchNative):
-    def in_window(self, key_pos: torch.Tensor, query_pos: torch.Tensor, window_left: int) -> torch.Tensor:
-        return key_pos <= query_pos + window_left  # the left window bounds the right side instead
+    def in_window(self, batch: Batch, r: int, key_pos: torch.Tensor, query_pos: torch.Tensor) -> torch.Tensor:
+        return key_pos <= query_pos + self.window_left(batch)  # the left window bounds the right side instead
 
 
 class _WindowAtEnd(TorchNative):
@@ -109,27 +109,33 @@ class _TwoSidedLeftOnly(TorchNative):
 
 
 class _Fp8KScaleForV(TorchNative):
-    def kv_scales(self, batch: Batch) -> tuple[float, float]:
+    def kv_scales(self, batch: Batch, r: int) -> tuple[float, float]:
         return batch.case.k_scale, batch.case.k_scale  # V dequantized with K's scale
 
 
 class _Fp8ScaleTwice(TorchNative):
-    def dequantize(self, batch: Batch, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def dequantize(
+        self, batch: Batch, r: int, k: torch.Tensor, v: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         if batch.case.kv_dtype is None:
             return k, v
         dt = TORCH_DTYPES[batch.case.dtype]
-        k_scale, v_scale = self.kv_scales(batch)
+        k_scale, v_scale = self.kv_scales(batch, r)
         return k.to(dt) * k_scale * k_scale, v.to(dt) * v_scale * v_scale  # the scale applied twice
 
 
 class _Fp8ScaleMissing(TorchNative):
-    def dequantize(self, batch: Batch, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def dequantize(
+        self, batch: Batch, r: int, k: torch.Tensor, v: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         dt = TORCH_DTYPES[batch.case.dtype]
         return k.to(dt), v.to(dt)  # the codes taken for the values: no scale at all
 
 
 class _Fp8ReadAsCaseDtype(TorchNative):
-    def dequantize(self, batch: Batch, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def dequantize(
+        self, batch: Batch, r: int, k: torch.Tensor, v: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         dt = TORCH_DTYPES[batch.case.dtype]
         return k.view(dt), v.view(dt)  # the cache's bytes read as if they held the model's dtype
 

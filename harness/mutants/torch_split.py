@@ -54,7 +54,7 @@ class _TwoSidedLeftOnly(TorchSplit):
 
 
 class _Fp8KScaleForV(TorchSplit):
-    def kv_scales(self, batch: Batch) -> tuple[float, float]:
+    def kv_scales(self, batch: Batch, r: int) -> tuple[float, float]:
         return batch.case.k_scale, batch.case.k_scale  # the paged pass's output scaled by k_scale
 
 

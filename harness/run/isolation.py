@@ -120,7 +120,12 @@ class IsolatedRunner:
         self._replace()  # it died or was killed for hanging: its next process starts now
         status = "crash" if out.kind == "died" else "hang"
         return CaseResult(
-            status, backend.name, device, case, reason=out.error, seconds=time.perf_counter() - start
+            status=status,
+            backend=backend.name,
+            device=device,
+            case=case,
+            reason=out.error,
+            seconds=time.perf_counter() - start,
         )
 
     def _replace(self) -> None:
@@ -222,7 +227,7 @@ def _probe_dict(backend: Backend, case: Case, device: str) -> dict:
     try:
         return probe(backend, case, device).to_dict()
     except Exception as e:  # noqa: BLE001 - said in the probe's record
-        return ProbeResult(backend.name, device, 0, [], error=f"{type(e).__name__}: {e}").to_dict()
+        return ProbeResult(backend=backend.name, device=device, runs=0, lines=[], error=f"{type(e).__name__}: {e}").to_dict()
 
 
 def probe_failure(backend: Backend, case: Case, device: str) -> dict:
@@ -235,7 +240,7 @@ def probe_failure(backend: Backend, case: Case, device: str) -> dict:
     if out.kind == "ok":
         return out.value
     runner._replace()  # it raised, died or hung: its next process starts now
-    return ProbeResult(backend.name, device, 0, [], error=out.error or out.kind).to_dict()
+    return ProbeResult(backend=backend.name, device=device, runs=0, lines=[], error=out.error or out.kind).to_dict()
 
 
 CHECK_KINDS = ("numeric", "invariance", "graph")

@@ -40,8 +40,8 @@ def unchecked(backend: Backend, case: Case | GraphCase, device: str, reason: str
     else:
         why = backend.available(device) or backend.supports(case)
     if why:
-        return CaseResult("skip", backend.name, device, shown, reason=why)
-    return CaseResult("pass", backend.name, device, shown, reason=reason)
+        return CaseResult(status="skip", backend=backend.name, device=device, case=shown, reason=why)
+    return CaseResult(status="pass", backend=backend.name, device=device, case=shown, reason=reason)
 
 
 def record(backend: Backend, case: Case | GraphCase, device: str, kind: str, family: str) -> CaseResult:

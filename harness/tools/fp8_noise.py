@@ -82,7 +82,11 @@ def measure(case: Case, names: tuple[str, ...]) -> dict:
     exact, native, *rounded = references(case, inputs, ("exact", "native", "rounded_kv")[: 2 + fp8])
     plain = case.replace(kv_dtype=None, k_scale=1.0, v_scale=1.0)
     held = Inputs(
-        inputs.q_all, inputs.kv_all.to(TORCH_DTYPES[case.dtype]), inputs.q_lens, inputs.kv_lens, inputs.sinks
+        q_all=inputs.q_all,
+        kv_all=inputs.kv_all.to(TORCH_DTYPES[case.dtype]),
+        q_lens=inputs.q_lens,
+        kv_lens=inputs.kv_lens,
+        sinks=inputs.sinks,
     )
     (native_rounded,) = references(plain, held, ("native",))
     (unquantized,) = references(plain, make_inputs(plain), ("exact",))

@@ -11,9 +11,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from harness.backends import Backend, BackendOutput, Capabilities
-from harness.core.batch import Batch
-from harness.core.modes import Mode
+from harness.api import Backend, BackendOutput, Batch, Capabilities, Mode
 
 
 class EngineSDPA(Backend):

@@ -49,7 +49,7 @@ PAGE_SIZE_PREFERENCE = (16, 32, 64, 128, 1)
 # --- the tiny models --------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class TinyModel:
     name: str
     what: str
@@ -132,19 +132,19 @@ MODELS = {
     m.name: m
     for m in (
         TinyModel(
-            "gemma2",
-            "Gemma2-like: sliding/full alternating, soft cap 4, sm_scale 1/8",
-            _gemma2,
-            True,
-            ("window", "soft_cap"),
+            name="gemma2",
+            what="Gemma2-like: sliding/full alternating, soft cap 4, sm_scale 1/8",
+            config=_gemma2,
+            soft_cap=True,
+            features=("window", "soft_cap"),
         ),
         TinyModel(
-            "gpt_oss",
-            "GPT-OSS-like: sliding/full alternating, sinks, 4 experts",
-            _gpt_oss,
+            name="gpt_oss",
+            what="GPT-OSS-like: sliding/full alternating, sinks, 4 experts",
+            config=_gpt_oss,
             features=("window", "sinks"),
         ),
-        TinyModel("mistral", "Mistral-like: every layer sliding (window 8)", _mistral),
+        TinyModel(name="mistral", what="Mistral-like: every layer sliding (window 8)", config=_mistral),
     )
 }
 
@@ -242,7 +242,7 @@ def scenario(page_size: int, window: int, vocab: int, seed: int = 0, neighbour: 
         seq = seqs[rid]
         length[rid] = p + n
         return Item(
-            Work(rid, tuple(seq[p : p + n]), **start),
+            Work(rid=rid, tokens=tuple(seq[p : p + n]), **start),
             tuple(seq[p + 1 : p + n + 1]),
             tuple(tuple(seq[: p + j + 1]) for j in range(n)),
         )
@@ -257,7 +257,7 @@ def scenario(page_size: int, window: int, vocab: int, seed: int = 0, neighbour: 
                 path.append(nodes[a])
                 a = tree[a]
             paths.append(ctx + tuple(reversed(path)))
-        return Item(Work(rid, tuple(nodes), tree=tree), tuple(toks(rid, len(tree))), tuple(paths))
+        return Item(Work(rid=rid, tokens=tuple(nodes), tree=tree), tuple(toks(rid, len(tree))), tuple(paths))
 
     others = [r for r in seqs if r != "B"]
     phases = [Phase("prefill", Mode.EXTEND, tuple(linear(r, first[r][1]) for r in others))]
@@ -299,7 +299,7 @@ def reference_logprobs(
 # --- judging ----------------------------------------------------------------------------------
 
 
-@dataclass
+@dataclass(kw_only=True)
 class ModelResult:
     model: str
     backend: str
@@ -465,7 +465,12 @@ def _check_model(
     start = time.perf_counter()
     spec = MODELS[model_name]
     res = ModelResult(
-        model_name, backend.name, device, "skip", "", f"{DTYPE_NAMES[attn]}/{DTYPE_NAMES[dense]}"
+        model=model_name,
+        backend=backend.name,
+        device=device,
+        status="skip",
+        reason="",
+        dtype=f"{DTYPE_NAMES[attn]}/{DTYPE_NAMES[dense]}",
     )
     why = backend.available(device)
     if why is None and DTYPE_NAMES[attn] not in backend.capabilities.dtypes:

@@ -22,7 +22,7 @@ from harness.core.modes import Mode
 from harness.core.transfer import to_device
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Work:
     """One request's share of a forward: its new tokens (verify: the drafts, flattened), its tree
     (verify), and, for a request's first work, the request whose cached prefix it starts from."""

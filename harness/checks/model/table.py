@@ -38,7 +38,9 @@ def job(name: str, model: str, device: str, dtype: str | None, model_dtype: str)
     try:
         return check_model(backends.load(name), model, device, attn, dense)
     except Exception as e:  # the harness itself broke: report it as this job's crash
-        return ModelResult(model, name, device, "crash", f"{type(e).__name__}: {e}")
+        return ModelResult(
+            model=model, backend=name, device=device, status="crash", reason=f"{type(e).__name__}: {e}"
+        )
 
 
 def _crash_reason(out: Outcome, timeout: float) -> str:
@@ -83,7 +85,13 @@ def run_jobs(
                 if res.status == "crash" and device == "cuda":
                     worker.stop()
             else:
-                res = ModelResult(model, name, device, "crash", _crash_reason(out, timeout))
+                res = ModelResult(
+                    model=model,
+                    backend=name,
+                    device=device,
+                    status="crash",
+                    reason=_crash_reason(out, timeout),
+                )
             results.append(res)
             if on_result:
                 on_result(res)

@@ -1,0 +1,10 @@
+"""Deprecated: the Case moved to harness.core.case; a plugin imports it from harness.api.
+
+Kept for one release: each name still resolves, with a DeprecationWarning naming harness.api.
+"""
+
+from __future__ import annotations
+
+from harness import deprecated
+
+__getattr__ = deprecated.forward(__name__, "harness.core.case")
