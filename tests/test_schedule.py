@@ -201,7 +201,7 @@ def test_measured_cost_sums_the_shards_less_their_extra_startups_and_skips_unfin
 
 
 def test_fit_finds_a_process_fixed_cost_from_two_shard_counts_or_none():
-    """flex_compiled on two H100s (docs/bench.md): 108.4 s a part as one of 3, 80.8 s as one of 6."""
+    """flex_compiled on two H100s (docs/performance.md): 108.4 s a part as one of 3, 80.8 s as one of 6."""
     fixed, work = costs.fit({3: 108.4, 6: 80.8})
     assert (round(fixed, 1), round(work, 1)) == (53.2, 165.6)
     fixed, work = costs.fit({1: 60.0, 2: 35.0, 4: 22.5})  # exactly 10 + 50 / n

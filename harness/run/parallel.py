@@ -37,7 +37,7 @@ TIME_SPLIT_KEYS = ("startup_s", "launch_s", "collect_s", "cases_s", "tests_s", "
 # torch's CPU threads (OMP_NUM_THREADS) in each process of a CUDA check run several at once. A CUDA
 # case's host work is Python and launches; torch's default pool (a thread per core) in every part's
 # worker oversubscribed the cores: on 2 x H200 (32 cores), three backends checked in 16 parts took 56 %
-# more case seconds than in 8 parts on one GPU with the default, 16 % with one thread (docs/bench.md).
+# more case seconds than in 8 parts on one GPU with the default, 16 % with one thread (docs/performance.md).
 CUDA_PART_THREADS = 1
 # Inductor starts min(32, cores) compile processes, a torch import each, in every process at its first
 # compiled call (torch/_dynamo/backends/inductor.py, maybe_warm_pool), even when each graph is in the
