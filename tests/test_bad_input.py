@@ -1,4 +1,4 @@
-"""Bad input to the command line (issue 20): each is one line naming the problem, exit status 2, and
+"""Bad input to the command line: each is one line naming the problem, exit status 2, and
 nothing already written is lost (no report replaced, no run started, `latest` kept)."""
 
 import json

@@ -123,7 +123,7 @@ def test_judge_gives_the_speedup_its_verdict_and_what_bounds_it():
 
 
 def test_the_ceilings_are_the_speedup_of_perfectly_packed_work_plus_each_command_s_own_time():
-    """2 x H200 (eleventh session): one GPU 51.3 s (elapsed 47.6, 8 slots, parts 333.5 s, cases 230.7
+    """A measured 2 x H200 pair: one GPU 51.3 s (elapsed 47.6, 8 slots, parts 333.5 s, cases 230.7
     s), two 38.7 s (35.5, 16 slots, 432.9 s, 261.1 s): 1.32 measured, 1.50 packed, 1.67 at best."""
 
     def row(run: str, seconds: float, elapsed: float, jobs: int, busy: float, cases: float) -> gpus.GpuRow:
@@ -250,7 +250,7 @@ def test_a_part_s_time_split_is_kept_and_its_cases_seconds_shown(tmp_path):
 
 
 def test_a_mis_planned_pair_is_not_judged_and_is_measured_once_more(monkeypatch, tmp_path):
-    """2 x H200 (eleventh session): flex_compiled planned unsplit at 30 s took 75 s of the one-GPU
+    """On 2 x H200 flex_compiled planned unsplit at 30 s took 75 s of the one-GPU
     run's 79 s, and the speedup read 1.95 (met). A run whose bounding part took over MISPLANNED times
     its plan measured the plan: its pair's verdict says so, and the pair runs again once, planned from
     the costs the mis-planned runs saved."""

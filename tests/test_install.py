@@ -1,4 +1,4 @@
-"""An installed harness (issue 23): check runs the suite shipped in the package, writes its report
+"""An installed harness: check runs the suite shipped in the package, writes its report
 under the current directory, and loads the pytest plugin once. The install itself, a wheel in a new
 venv run from outside the checkout, is .ci/install_check (CI runs it)."""
 

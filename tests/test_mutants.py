@@ -95,12 +95,12 @@ REQUIRED_CPU_CLASSES = {
     "torch_native~stale_page",
     "torch_native~de_v2_double_counted",
     "torch_native~swa_untranslated_exact",
-    # issue 22: encoder-only
+    # encoder-only
     "torch_native~encoder_causal",
     "torch_native~window_wrong_side",
     "torch_native~window_at_end",
     "torch_native~two_sided_left_only",
-    # issue 22: an FP8 KV cache
+    # an FP8 KV cache
     "torch_native~fp8_k_scale_for_v",
     "torch_native~fp8_scale_twice",
     "torch_native~fp8_scale_missing",

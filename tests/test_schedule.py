@@ -202,7 +202,7 @@ def test_measured_cost_sums_the_shards_less_their_extra_startups_and_skips_unfin
 
 
 def test_fit_finds_a_process_fixed_cost_from_two_shard_counts_or_none():
-    """flex_compiled on two H100s (docs/bench.md): 108.4 s a part as one of 3, 80.8 s as one of 6."""
+    """flex_compiled on two H100s (docs/performance.md): 108.4 s a part as one of 3, 80.8 s as one of 6."""
     fixed, work = costs.fit({3: 108.4, 6: 80.8})
     assert (round(fixed, 1), round(work, 1)) == (53.2, 165.6)
     fixed, work = costs.fit({1: 60.0, 2: 35.0, 4: 22.5})  # exactly 10 + 50 / n
@@ -244,7 +244,7 @@ def test_a_backend_with_a_known_fixed_cost_is_measured_with_it_before_any_fit(tm
     assert costs.measured(parts) == {"flex_compiled": pytest.approx(6 * fixed + 180.0 - 5 * STARTUP_S)}
 
 
-# The restored check's parts on 2 x H200 (eleventh session, `bench --section gpus`'s priming run):
+# The restored check's parts on 2 x H200 (`bench --section gpus`'s priming run):
 # every backend but flex_compiled as one process, flex_compiled in 6 shards of 29.9 s on average.
 PRIMED = {"fa4": 38.5, "flashinfer_dec_cc": 21.0, "flashinfer_dec_tc": 49.6, "flashinfer_enc": 9.0}
 PRIMED |= {"flashinfer_paged": 34.1, "flashinfer_ragged": 22.6, "flex_eager": 43.6, "torch_native": 28.7}

@@ -1,4 +1,4 @@
-"""Honest verdicts at the edge of the dtype's range (issue 20): a float16 case whose logits pass
+"""Honest verdicts at the edge of the dtype's range: a float16 case whose logits pass
 float16's range is judged with a budget inside the output's range, both ways (the correct backends
 pass, the window mutants fail); logits past float32 are refused with a message; NaN in an output is
 blamed on unowned memory only when a re-run with finite unowned memory shows it."""

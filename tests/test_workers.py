@@ -188,7 +188,7 @@ def test_a_workers_warm_call_runs_before_its_first_call_and_its_error_only_reach
 
 
 def test_a_worker_that_cannot_be_spawned_raises_one_error_and_stops_cleanly(monkeypatch):
-    """multiprocessing refuses to spawn from a script without a __main__ guard (a helper's demo hit it):
+    """multiprocessing refuses to spawn from a script without a __main__ guard:
     one WorkerError naming why, and the worker left stopped, so a later stop() (and the one at exit)
     does not raise."""
     import multiprocessing.context

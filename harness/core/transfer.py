@@ -4,7 +4,7 @@ A copy from pageable host memory (`torch.tensor(values, device=...)`, `.to(devic
 synchronises the stream: the host waits until the GPU has run everything queued before it. Beside
 other processes on the same GPU, each wait also sits out their time slices: on an H200 with 7 other
 processes running model checks, a GPT-OSS check that synchronised 17,898 times took 21-23 s, and
-2.9 s once it synchronised 1,310 times (docs/bench.md). Staged through pinned memory, the copy is
+2.9 s once it synchronised 1,310 times (docs/performance.md). Staged through pinned memory, the copy is
 queued like a kernel and the host goes on; the caching host allocator keeps the pinned block until
 the copy has run. On the CPU both are the plain copy.
 """

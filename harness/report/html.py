@@ -67,7 +67,8 @@ def _header(data: dict) -> str:
     checked = tot["checked"]
     return (
         f"<h1>attn-harness report: {escape(verdict)}</h1>\n"
-        f'<p class="meta">run <b>{escape(str(run.get("id", "?")))}</b> · started '
+        f'<p class="meta">run <b>{escape(str(run.get("id", "?")))}</b> · attn-harness <span id="version">'
+        f'{escape(str(data["environment"].get("attn-harness", "unknown")))}</span> · started '
         f"{escape(str(run.get('started', '?')))} · {_num(run.get('elapsed_s'), 4)} s · profile "
         f"{escape(str(run.get('profile', '?')))} · exit status "
         f"{escape(str(run.get('exit_status', '?')))}</p>\n"

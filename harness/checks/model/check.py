@@ -80,7 +80,7 @@ def set_experts(model: torch.nn.Module) -> str:
     (every token's experts in one batched matmul), else `eager`. Eager loops over the experts hit, and
     each step asks the device which tokens chose it (nonzero, a tensor compared in Python): 17,898 host
     syncs in a GPT-OSS model check on an H200 against 1,310, and beside 7 busy processes on the GPU
-    21-23 s against 2.9 s (docs/bench.md)."""
+    21-23 s against 2.9 s (docs/performance.md)."""
     for name in EXPERTS[:-1]:
         try:
             model.set_experts_implementation(name)
