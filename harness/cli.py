@@ -189,7 +189,7 @@ def add_mutants(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_mutants(args: argparse.Namespace) -> int:
-    from harness.mutants import hunts
+    from harness import hunts
     from harness.search import profiles
 
     if args.profile and args.profile not in profiles.SIZES:

@@ -205,8 +205,11 @@ def test_isolation_is_on_for_cuda_and_by_request(monkeypatch):
     monkeypatch.delenv(settings.ISOLATE_ENV, raising=False)
     assert isolation.enabled("cuda") and not isolation.enabled("cpu")
     monkeypatch.setenv(settings.ISOLATE_ENV, "1")
+    assert not isolation.enabled("cpu")  # read once, where the process started
+    settings.reset()
     assert isolation.enabled("cpu")
     monkeypatch.setenv(settings.ISOLATE_ENV, "0")
+    settings.reset()
     assert not isolation.enabled("cuda")
 
 
