@@ -39,7 +39,7 @@ def add_list(p: argparse.ArgumentParser) -> None:
 def cmd_list(args: argparse.Namespace) -> int:
     from harness import backends
     from harness.run import cache_dir
-    from harness.run.repro import describe_backend
+    from harness.run.listing import describe_backend
 
     broken = False
     for name in args.backend or backends.names():
