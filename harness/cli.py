@@ -39,7 +39,7 @@ def add_list(p: argparse.ArgumentParser) -> None:
 def cmd_list(args: argparse.Namespace) -> int:
     from harness import backends
     from harness.run import cache_dir
-    from harness.run.repro import describe_backend
+    from harness.run.listing import describe_backend
 
     broken = False
     for name in args.backend or backends.names():
@@ -189,7 +189,7 @@ def add_mutants(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_mutants(args: argparse.Namespace) -> int:
-    from harness.mutants import hunts
+    from harness import hunts
     from harness.search import profiles
 
     if args.profile and args.profile not in profiles.SIZES:

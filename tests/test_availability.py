@@ -26,6 +26,7 @@ from harness.backends.library import import_library
 from harness.backends.versions import SupportedRange
 from harness.cli import main
 from harness.run import check, repro
+from harness.run.speed import settings
 from tests import flashinfer_fake
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -238,6 +239,7 @@ def test_check_require_from_the_environment(suite_run, capsys, monkeypatch, tmp_
     )
     assert not suite_run
     monkeypatch.setenv(REQUIRE_ENV, "nope")
+    settings.reset()  # a process reads its settings once
     assert main(["check", "--device", "cpu", "--reports", str(tmp_path)]) == 2
     assert "unknown backend 'nope'" in capsys.readouterr().err
 

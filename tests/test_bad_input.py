@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
+from harness import hunts
 from harness.checks import footprint
 from harness.cli import main
 from harness.core.case import MAX_REQUESTS, Case, CaseError, Request
-from harness.mutants import hunts
 from harness.report import results_json
 from harness.run import check
 from tests.report_helpers import sample_document

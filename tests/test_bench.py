@@ -9,11 +9,12 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from harness import hunts
 from harness.backends import load
 from harness.cli import main
 from harness.core import timing
 from harness.core.modes import Mode
-from harness.mutants import by_name, hunts
+from harness.mutants import by_name
 from harness.run.workers import Outcome
 from harness.tools import bench
 from harness.tools.bench import opcount, processes, throughput

@@ -9,6 +9,7 @@ import time
 import pytest
 import torch
 
+from harness import backends
 from harness.backends.torch_native import TorchNative
 from harness.checks.numeric import check_case
 from harness.mutants import by_name, hunt
@@ -218,8 +219,11 @@ def test_isolation_is_on_for_cuda_and_by_request(monkeypatch):
     monkeypatch.delenv(settings.ISOLATE_ENV, raising=False)
     assert isolation.enabled("cuda") and not isolation.enabled("cpu")
     monkeypatch.setenv(settings.ISOLATE_ENV, "1")
+    assert not isolation.enabled("cpu")  # read once, where the process started
+    settings.reset()
     assert isolation.enabled("cpu")
     monkeypatch.setenv(settings.ISOLATE_ENV, "0")
+    settings.reset()
     assert not isolation.enabled("cuda")
 
 
@@ -250,3 +254,12 @@ def test_gpu_exact_pool_untranslated_read_is_a_crash_and_the_run_continues():
     crash = res[1].reason + res[1].extra.get("worker_output", "")
     assert "CUDA error" in crash or "device-side assert" in crash or "illegal memory access" in crash
     assert runner.worker.started == 2
+
+
+def test_the_probe_of_a_failure_runs_in_the_isolation_worker(monkeypatch):
+    """The mask probe reruns the backend: where cases are isolated it runs in the worker too, so a
+    backend that takes its process down leaves the probe's error, not a dead pytest process."""
+    monkeypatch.setenv(settings.ISOLATE_ENV, "1")
+    aborts = backends.load("tests.test_isolation:Aborts")
+    out = isolation.probe_failure(aborts, case("DECODE", ((40, 1),)), "cpu")
+    assert out["runs"] == 0 and "died" in out["error"]

@@ -6,9 +6,10 @@ import json
 from types import SimpleNamespace
 
 import harness.mutants
+from harness import hunts
 from harness.backends.torch_native import TorchNative
 from harness.cli import main
-from harness.mutants import Mutant, by_name, hunts, named
+from harness.mutants import Mutant, by_name, named
 from harness.search import profiles
 from tests.helpers import case
 

@@ -136,7 +136,7 @@ def test_a_pytest_process_loading_the_module_first_hands_its_worker_to_the_isola
         textwrap.dedent("""
         import os
         from harness.run import isolation
-        from harness.run.speed import prestart
+        from harness.run.speed import prestart, settings
 
         def test_early_worker():
             (early,) = prestart._EARLY

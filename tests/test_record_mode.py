@@ -13,6 +13,7 @@ from pathlib import Path
 from hypothesis import Phase, settings
 
 from harness.run import isolation, record_mode
+from harness.run.speed import settings as settings_of_this_process
 from harness.run.speed.settings import ISOLATE_ENV, RECORD_ENV
 from harness.run.suite import Target, run_family
 from harness.search import profiles
@@ -50,6 +51,7 @@ def _checked_and_recorded(monkeypatch, tmp_path) -> tuple[list, list, list]:
     really_checked = list(checked)
     file = tmp_path / "drawn.jsonl"
     monkeypatch.setenv(RECORD_ENV, str(file))
+    settings_of_this_process.reset()  # the recording run is a process of its own: it reads it anew
     results = []
     run_family(target, results.append)
     assert checked == really_checked  # nothing was checked in record mode
@@ -116,6 +118,7 @@ def test_a_graph_replay_search_records_its_graph_cases(monkeypatch, tmp_path):
     file = tmp_path / "drawn.jsonl"
     monkeypatch.setenv(RECORD_ENV, str(file))
     monkeypatch.setenv(ISOLATE_ENV, "0")
+    settings_of_this_process.reset()
     profiles.load("ci")
     results = []
     run(GraphTarget("flashinfer_dec_tc", "cpu", "graph", "full", "decode"), results.append)

@@ -13,7 +13,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
-from harness.backends import BACKENDS_ENV
 from harness.run.speed.settings import PROFILE_ENV
 
 PACKAGE = Path(__file__).resolve().parents[1]  # harness/
@@ -71,6 +70,8 @@ def command(
     options pytest must see before the suite's own (plugins it loads first), `options` come after;
     the environment is `env` (default: this process's) without a backend selection, with the
     profile and the suite's own variables."""
+    from harness.backends import BACKENDS_ENV  # imports torch: only once a command is built
+
     where = suite()
     argv = [sys.executable, "-m", "pytest", str(where.path), "-q", *first, *where.options]
     if marker:

@@ -1,1 +1,2 @@
-"""Tools around the suite: the benchmark, compile warm-ups, the sanitizer replay."""
+"""Optional tools around the suite: the benchmark, the sanitizer replay, GPU set-up, FP8 noise.
+Nothing the check runs imports them."""

@@ -9,7 +9,7 @@ and writes JSON (docs/bench.md documents every field). Sections:
 - phases: fractions of each check's wall time spent building, planning, in the kernel, in the
   references, comparing, and (CPU) in the Hugging Face cross-check (harness/core/timing.py);
 - scale: time and peak memory of the reference on one long request, in a subprocess per run;
-- detection: examples and seconds until each mutant of the catalogue first fails (harness/mutants/hunts.py);
+- detection: examples and seconds until each mutant of the catalogue first fails (harness/hunts.py);
 - coldstart (only when asked for: it runs the whole check twice): `check` (its warm-up beside it) in a
   fresh cache directory, then again with that cache warm (coldstart.py);
 - gpus (only when asked for: it runs the whole check three or four times): `check` on one GPU, then
@@ -29,8 +29,8 @@ from pathlib import Path
 
 import torch
 
+from harness import hunts
 from harness.backends.base import Backend
-from harness.mutants import hunts
 from harness.run.isolation import visible_gpus
 from harness.tools.bench import cases, coldstart, detection, gpus, scale, throughput
 

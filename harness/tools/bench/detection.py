@@ -1,12 +1,12 @@
 """The bench's detection section: examples and seconds until each mutant of the catalogue first
-fails (harness/mutants/hunts.py), seed-class mutants (DESIGN.md's bug classes) first."""
+fails (harness/hunts.py), seed-class mutants (DESIGN.md's bug classes) first."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
 
-from harness.mutants import hunts
+from harness import hunts
 
 # DESIGN.md's table: the bug classes the harness exists for. A mutant is seed-class when its bug
 # (the name after "~") is one of them; the target is each caught within 30 s on the GPU.
@@ -43,7 +43,7 @@ def detection(
     progress: Callable[[dict], None] | None = None,
 ) -> list[dict]:
     """Hunt each mutant that runs on `device` in its first family (as CI does) with
-    harness.mutants.hunts, under the device's default profile, without shrinking past the first failure.
+    harness.hunts, under the device's default profile, without shrinking past the first failure.
     Seed-class mutants go first; once `budget` seconds are spent, the remaining hunts are reported
     as skipped, not dropped."""
     pairs = hunts.select(hunts.every_mutant(), backends=backends, first_family=True)
