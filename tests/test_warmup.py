@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from harness import cli
-from harness.backends.flex import FlexCompiled
+from harness.backends.flex_compiled import FlexCompiled
 from harness.run import variant_shards
 from harness.search.profiles import SIZES
 from harness.tools import warmup
