@@ -118,8 +118,7 @@ def compare(
     values = _read_back(case, diff, ref, ref_native, ref_rounded_kv, lse_rows)
     flat_at, err, native_err, rounding, spread = values[:5]
     rule = mult * native_err + 2.0 * rounding
-    cap = RANGE_CAP * spread
-    budget = rule if rule <= cap else cap  # a NaN rule (a non-finite native reference) is capped too
+    budget = rule if rule <= RANGE_CAP * spread else RANGE_CAP * spread  # a NaN rule is capped too
     if not math.isfinite(err):
         return _nonfinite(case, outd, err, budget)
     ratio = err / budget if budget > 0 else (0.0 if err == 0 else float("inf"))
@@ -127,14 +126,7 @@ def compare(
     # Within budget, no element is over it: the fraction is counted only for a failure.
     frac = float((diff > budget).float().mean()) if diff.numel() and not passed else 0.0
     worst = _locate(case, int(flat_at)) if diff.numel() else None
-    reason = (
-        f"err {err:.3g} {'<=' if passed else '>'} budget {budget:.3g} (ratio {ratio:.2f}); "
-        f"worst at {where(case, worst) if worst else '-'}"
-    )
-    if not passed:
-        reason += f"; {frac:.1%} of elements over budget"
-    if budget != rule:
-        reason += f"; budget capped at {RANGE_CAP:g} x the reference's range (the rule gave {rule:.3g})"
+    reason = _err_reason(case, err, budget, rule, worst, frac)
     lse_err = lse_budget = None
     if with_lse:
         lse_err, lse_native_err, lse_rounding = values[5:]
@@ -153,6 +145,24 @@ def compare(
         lse_err=lse_err,
         lse_budget=lse_budget,
     )
+
+
+def _err_reason(
+    case: Case, err: float, budget: float, rule: float, worst: tuple[int, int, int] | None, frac: float
+) -> str:
+    """The verdict's reason on the output: err against budget, where the worst element is, how much
+    is over, and whether the budget was capped below its rule."""
+    ratio = err / budget if budget > 0 else (0.0 if err == 0 else float("inf"))
+    passed = err <= budget
+    reason = (
+        f"err {err:.3g} {'<=' if passed else '>'} budget {budget:.3g} (ratio {ratio:.2f}); "
+        f"worst at {where(case, worst) if worst else '-'}"
+    )
+    if not passed:
+        reason += f"; {frac:.1%} of elements over budget"
+    if budget != rule:
+        reason += f"; budget capped at {RANGE_CAP:g} x the reference's range (the rule gave {rule:.3g})"
+    return reason
 
 
 def _read_back(
