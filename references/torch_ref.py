@@ -133,6 +133,52 @@ def _finish(ob, m, l_sum, has_keys):  # noqa: ANN001, ANN202
     return out, torch.log(l_sum).add_(m).masked_fill_(none, -torch.inf)
 
 
+def _heads_first(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    sinks: torch.Tensor | None,
+    acc: torch.dtype,
+    kv_round: torch.dtype | None,
+    device: torch.device,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """q as [Hkv, G, E, D], k and v as [Hkv, T, D], sinks as [Hkv, G, 1], in the accumulation dtype."""
+    e, hq, d = q.shape
+    hkv = k.shape[1]
+    g = hq // hkv
+    qh = q.to(device=device, dtype=acc).permute(1, 0, 2).reshape(hkv, g, e, d)
+    kh = _operand(k, acc, kv_round, device).permute(1, 0, 2)
+    vh = _operand(v, acc, kv_round, device).permute(1, 0, 2)
+    sink = None if sinks is None else sinks.to(device=device, dtype=acc).reshape(hkv, g, 1)
+    return qh, kh, vh, sink
+
+
+def _rounded_output(
+    o: torch.Tensor,
+    top: torch.Tensor,
+    safe: torch.Tensor,
+    blocks: list[tuple[int, int, torch.Tensor | None, torch.Tensor | None]],
+    qkv: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+    scale: float,
+    cap: float,
+    scratch: _Scratch,
+    round_to: torch.dtype,
+) -> torch.Tensor:
+    """Second pass: normalised probabilities rounded to the dtype, as a low-precision P @ V; the
+    scores a block did not keep are computed again. `o` gives the block's shape and dtype."""
+    qb, kh, vh = qkv
+    ob = torch.zeros_like(o)
+    base = torch.where(torch.isinf(top), torch.zeros_like(top), top)
+    for k0, k1, hidden, s in blocks:
+        if s is None:
+            s = _scores(qb, kh[:, k0:k1], scale, cap, scratch, scratch.scores((*o.shape[:3], k1 - k0)))
+            if hidden is not None:
+                s.masked_fill_(hidden, -torch.inf)
+        p = scratch.round(s.sub_(base.unsqueeze(-1)).exp_().div_(safe.unsqueeze(-1)))
+        ob = ob + torch.matmul(p, vh[:, k0:k1].unsqueeze(1))
+    return ob.to(round_to).to(o.dtype)
+
+
 def _request(
     mask: RequestMask,
     q: torch.Tensor,
@@ -149,10 +195,7 @@ def _request(
     e, hq, d = q.shape
     hkv = k.shape[1]
     g = hq // hkv
-    qh = q.to(device=device, dtype=acc).permute(1, 0, 2).reshape(hkv, g, e, d)
-    kh = _operand(k, acc, kv_round, device).permute(1, 0, 2)
-    vh = _operand(v, acc, kv_round, device).permute(1, 0, 2)
-    sink = None if sinks is None else sinks.to(device=device, dtype=acc).reshape(hkv, g, 1)
+    qh, kh, vh, sink = _heads_first(q, k, v, sinks, acc, kv_round, device)
     bq, bk = block_sizes(device)
     item = torch.finfo(acc).bits // 8
     scratch = _Scratch(hq * min(e, bq) * min(k.shape[0], bk), acc, round_to, device)
@@ -192,19 +235,7 @@ def _request(
         if round_to is None:
             ob = o * _out_scale(rescale, safe).unsqueeze(-1)
         else:
-            # Second pass: normalised probabilities rounded to the dtype, as a low-precision P @ V.
-            ob = torch.zeros_like(o)
-            base = torch.where(torch.isinf(top), torch.zeros_like(top), top)
-            for k0, k1, hidden, s in blocks:
-                if s is None:
-                    s = _scores(
-                        qb, kh[:, k0:k1], scale, cap, scratch, scratch.scores((hkv, g, q1 - q0, k1 - k0))
-                    )
-                    if hidden is not None:
-                        s.masked_fill_(hidden, -torch.inf)
-                p = scratch.round(s.sub_(base.unsqueeze(-1)).exp_().div_(safe.unsqueeze(-1)))
-                ob = ob + torch.matmul(p, vh[:, k0:k1].unsqueeze(1))
-            ob = ob.to(round_to).to(acc)
+            ob = _rounded_output(o, top, safe, blocks, (qb, kh, vh), scale, cap, scratch, round_to)
         out[:, :, q0:q1], lse[:, :, q0:q1] = _finish(ob, m, l_sum, has_keys)
     return out.reshape(hq, e, d).permute(1, 0, 2), lse.reshape(hq, e).permute(1, 0)
 

@@ -20,16 +20,10 @@ import pytest
 import torch
 from hypothesis import example, given, settings
 
-from harness.backends.flex import (
-    CPU_SUITE_ENV,
-    SHAPES_ENV,
-    FlexBase,
-    FlexCompiled,
-    FlexEager,
-    _flex_api,
-    _unpack_lse,
-    bucket,
-)
+from harness.backends.flex import CPU_SUITE_ENV, SHAPES_ENV, FlexBase, _flex_api, _unpack_lse
+from harness.backends.flex_compiled import FlexCompiled
+from harness.backends.flex_eager import FlexEager
+from harness.backends.flex_launch import bucket
 from harness.checks.invariance import check_invariance
 from harness.checks.numeric import check_case
 from harness.core.case import Case
@@ -505,7 +499,7 @@ def test_compiled_call_takes_one_layout_per_shape_with_gradients_off():
 
 
 def test_canonical_layout_keeps_the_values():
-    from harness.backends.flex import canonical_layout, contiguous_strides
+    from harness.backends.flex_compiled import canonical_layout, contiguous_strides
 
     assert contiguous_strides((1, 8, 1, 64)) == (512, 64, 64, 1)
     one_row = torch.randn(1, 1, 8, 64).transpose(1, 2)

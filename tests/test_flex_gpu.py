@@ -12,7 +12,8 @@ import time
 
 import pytest
 
-from harness.backends.flex import FlexCompiled, FlexEager
+from harness.backends.flex_compiled import FlexCompiled
+from harness.backends.flex_eager import FlexEager
 from harness.checks.invariance import check_invariance
 from harness.checks.numeric import check_case
 from harness.checks.replay import replay_result

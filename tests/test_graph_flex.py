@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from harness.backends.flex import FlexCompiled
+from harness.backends.flex_compiled import FlexCompiled
 from harness.checks.numeric import check_case
 from harness.checks.replay import GraphRunner, limits_of, replay_result
 from harness.core.batch import build_batch, make_inputs

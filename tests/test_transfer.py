@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from harness.backends.flex import FlexEager
+from harness.backends.flex_eager import FlexEager
 from harness.backends.torch_native import TorchNative
 from harness.core.batch import build_batch, make_inputs
 from harness.core.case import Case, Request
@@ -111,7 +111,7 @@ def test_a_fault_the_device_reports_late_is_the_backends_crash_in_a_case(monkeyp
 
 
 def test_a_fault_the_device_reports_late_is_the_replays_crash(monkeypatch):
-    from harness.backends.flex import FlexCompiled
+    from harness.backends.flex_compiled import FlexCompiled
     from harness.checks import replay
     from harness.core.graph_case import GraphCase
 

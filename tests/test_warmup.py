@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from harness import cli
-from harness.backends.flex import FlexCompiled
+from harness.backends.flex_compiled import FlexCompiled
 from harness.run.speed import variant_shards, warmup
 from harness.run.speed.warmup import libraries, ninja, stamp
 from harness.run.speed.warmup.libraries import FA4, FLASHINFER, FLEX, LIBRARIES

@@ -20,6 +20,7 @@ from __future__ import annotations
 import functools
 import time
 import traceback
+from dataclasses import dataclass, field
 
 import torch
 
@@ -28,7 +29,7 @@ from harness.backends.graph_glue import GraphGlue, GraphLimits, StaticInputs, ca
 from harness.backends.graphs import GraphFactory
 from harness.checks.known_issues import expected_failure
 from harness.checks.numeric import REFERENCES
-from harness.core.batch import Batch, build_batch, make_inputs
+from harness.core.batch import Batch, Inputs, build_batch, make_inputs
 from harness.core.compare import compare
 from harness.core.graph_case import GraphCase
 from harness.core.pool import POISON, empty_pool, storage_dtype, stored
@@ -154,26 +155,7 @@ def replay_result(backend: Backend, g: GraphCase, device: str = "cpu") -> CaseRe
             status="skip", backend=backend.name, device=device, case=g.layer, reason=why, extra=extra
         )
     assert isinstance(backend, GraphGlue)
-    start = time.perf_counter()
-    sizes = capture_sizes(g.max_batch)
-    seq = sequence_text(g, sizes)
-    at = -1  # the replay under way (-1: capture)
-
-    def result(status: str, reason: str, **more: object) -> CaseResult:
-        where = "capture" if at < 0 else f"replay {at}"
-        case = g.batches[max(at, 0)]
-        text = f"{where}: {reason}; {seq}" if status != "pass" else f"{reason}; {seq}"
-        known = expected_failure(backend.name, g, text) if status in ("fail", "crash") else None
-        return CaseResult(
-            status="xfail" if known else status,
-            backend=backend.name,
-            device=device,
-            case=case,
-            reason=known or text,
-            seconds=time.perf_counter() - start,
-            extra={**extra, "replay": at, **more},
-        )
-
+    report = _Report(backend=backend, g=g, device=device, extra=extra)
     inputs = [make_inputs(c, device) for c in g.batches]
     whole = backend.capabilities.whole_page_loads
     batches = [build_batch(c, i, device, whole) for c, i in zip(g.batches, inputs)]
@@ -182,34 +164,70 @@ def replay_result(backend: Backend, g: GraphCase, device: str = "cpu") -> CaseRe
         runner.capture()
         settle(device)
     except Exception as e:
-        return result("crash", _raised(e), traceback=traceback.format_exc())
+        return report.result(-1, "crash", _raised(e), traceback=traceback.format_exc())
     worst = 0.0
     for at in range(len(g.batches)):
-        case, batch = g.batches[at], batches[at]
-        try:
-            bs, out = runner.replay(batch)
-            eager = None
-            if case.deterministic:
-                eager = backend.run(build_batch(case, inputs[at], device, whole)).out
-            settle(device)
-        except Exception as e:
-            return result("crash", _raised(e), traceback=traceback.format_exc())
-        exact, native, *rounded = references(case, inputs[at], REFERENCES[case.kv_dtype is not None], device)
-        more = {"ref_rounded_kv": rounded[0].out} if rounded else {}
-        verdict = compare(case, out, exact.out, native.out, None, None, None, **more)
-        if not verdict.passed:
-            res = result("fail", f"at captured size {bs}: {verdict.reason}")
-            res.verdict = verdict
-            return res
-        worst = max(worst, verdict.ratio)
-        if eager is not None and not torch.equal(eager, out):
-            diff = float((eager.float() - out.float()).abs().nan_to_num(float("inf")).max())
-            return result(
-                "fail",
-                f"deterministic: the replay at captured size {bs} differs from the eager run "
-                f"(max diff {diff:.3g}): not bitwise equal",
-                max_diff=diff,
-            )
-    at = -1
-    n = len(g.batches)
-    return result("pass", f"{n} replays within budget (worst err/budget {worst:.3g})")
+        failed, ratio = _replay_one(report, runner, at, inputs[at], batches[at])
+        if failed is not None:
+            return failed
+        worst = max(worst, ratio)
+    return report.result(-1, "pass", f"{len(g.batches)} replays within budget (worst err/budget {worst:.3g})")
+
+
+@dataclass(kw_only=True)
+class _Report:
+    """How a replay check's outcome becomes its CaseResult: where it stopped (capture, or replay
+    `at`), the sequence's sizes, a known library bug turned into an xfail."""
+
+    backend: Backend
+    g: GraphCase
+    device: str
+    extra: dict
+    start: float = field(default_factory=time.perf_counter)
+
+    def result(self, at: int, status: str, reason: str, **more: object) -> CaseResult:
+        seq = sequence_text(self.g, capture_sizes(self.g.max_batch))
+        where = "capture" if at < 0 else f"replay {at}"
+        text = f"{where}: {reason}; {seq}" if status != "pass" else f"{reason}; {seq}"
+        known = expected_failure(self.backend.name, self.g, text) if status in ("fail", "crash") else None
+        return CaseResult(
+            status="xfail" if known else status,
+            backend=self.backend.name,
+            device=self.device,
+            case=self.g.batches[max(at, 0)],
+            reason=known or text,
+            seconds=time.perf_counter() - self.start,
+            extra={**self.extra, "replay": at, **more},
+        )
+
+
+def _replay_one(
+    report: _Report, runner: GraphRunner, at: int, inputs: Inputs, batch: Batch
+) -> tuple[CaseResult | None, float]:
+    """Replay batch `at` and judge it against the references (and, in deterministic mode, against
+    its eager run, bit for bit): (the failure, or None; its err/budget)."""
+    backend, device = report.backend, report.device
+    case = report.g.batches[at]
+    try:
+        bs, out = runner.replay(batch)
+        eager = None
+        if case.deterministic:
+            eager = backend.run(build_batch(case, inputs, device, backend.capabilities.whole_page_loads)).out
+        settle(device)
+    except Exception as e:
+        return report.result(at, "crash", _raised(e), traceback=traceback.format_exc()), 0.0
+    exact, native, *rounded = references(case, inputs, REFERENCES[case.kv_dtype is not None], device)
+    more = {"ref_rounded_kv": rounded[0].out} if rounded else {}
+    verdict = compare(case, out, exact.out, native.out, None, None, None, **more)
+    if not verdict.passed:
+        res = report.result(at, "fail", f"at captured size {bs}: {verdict.reason}")
+        res.verdict = verdict
+        return res, verdict.ratio
+    if eager is not None and not torch.equal(eager, out):
+        diff = float((eager.float() - out.float()).abs().nan_to_num(float("inf")).max())
+        reason = (
+            f"deterministic: the replay at captured size {bs} differs from the eager run "
+            f"(max diff {diff:.3g}): not bitwise equal"
+        )
+        return report.result(at, "fail", reason, max_diff=diff), verdict.ratio
+    return None, verdict.ratio

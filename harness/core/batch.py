@@ -168,6 +168,131 @@ def _first_kept_position(case: Case, r: int) -> int:
     return max(0, req.prefix_len - case.window_left)
 
 
+@dataclass(frozen=True, kw_only=True)
+class _Layout:
+    """Where a case's tokens live in the pool: every request's positions over its whole pages in one
+    [B, max pages * page size] table (`grid`, full-pool slots), and the hybrid pool's full-to-SWA map.
+    Host integers are numpy arrays: a torch operation on the CPU costs several microseconds of
+    dispatch, numpy's one."""
+
+    grid: np.ndarray
+    rows: list[int]  # positions in each request's req_to_token row
+    new_start: list[int]  # position of each request's first new token in its row
+    full_to_swa: np.ndarray | None
+    storage_pages: int  # pages of this layer's pool
+
+    def span(self, lo: list[int], hi: list[int]) -> np.ndarray:
+        """[B, positions] bool: lo[r] <= position < hi[r]."""
+        at = np.arange(self.grid.shape[1])
+        return (at >= np.array(lo)[:, None]) & (at < np.array(hi)[:, None])
+
+    def layer_slots(self, full: np.ndarray) -> np.ndarray:
+        """Full-pool slots -> this layer's pool (pool.translate_slots, on the host)."""
+        return self.full_to_swa[full] if self.full_to_swa is not None else full
+
+
+def _lay_out(case: Case, gen: torch.Generator) -> _Layout:
+    """Allocate every request's pages (after the SWA pool's, on a hybrid pool) as an engine would."""
+    ps, bsz = case.page_size, case.batch_size
+    rows = [_row_len(case, r) for r in range(bsz)]
+    pages_per = [-(-n // ps) for n in rows]
+    cross = case.mode == Mode.CROSS
+    new_start = [(r.encoder_len if cross else 0) + r.prefix_len for r in case.requests]
+    owned = sum(pages_per)
+    swa_plan = None
+    first_id = 1
+    if case.hybrid_swa_pool:
+        first_kept = [_first_kept_position(case, r) // ps for r in range(bsz)]
+        swa_plan = pool.plan_swa_pool(first_kept, pages_per, gen)
+        first_id = swa_plan.num_owned + 1
+    full_total = first_id + owned + pool.spare_pages(owned)
+    page_ids = pool.allocate_pages(
+        pages_per, [s // ps for s in new_start], case.page_layout, first_id, full_total, gen
+    )
+    full_to_swa, storage_pages = None, full_total
+    if swa_plan is not None:
+        full_to_swa = _full_to_swa(case, swa_plan, page_ids, full_total)
+        storage_pages = swa_plan.num_owned + 1 if case.swa_pool_exact else full_total
+    return _Layout(
+        grid=pool.slot_grid(page_ids, ps),
+        rows=rows,
+        new_start=new_start,
+        full_to_swa=full_to_swa,
+        storage_pages=storage_pages,
+    )
+
+
+def _full_to_swa(case: Case, plan: pool.SwaPlan, page_ids: list[list[int]], full_total: int) -> np.ndarray:
+    """[full slots] -> SWA slot: every slot of a kept full page maps to the same offset in its SWA
+    page; every other slot (freed tokens) to 0."""
+    ps = case.page_size
+    full_to_swa = np.zeros(full_total * ps, dtype=np.int64)
+    kept = [(page_ids[r][i], swa) for r in range(case.batch_size) for i, swa in plan.swa_pages[r].items()]
+    if kept:
+        full_page, swa_page = np.array(kept, dtype=np.int64).T
+        offset = np.arange(ps)
+        full_to_swa[(full_page[:, None] * ps + offset).ravel()] = (swa_page[:, None] * ps + offset).ravel()
+    return full_to_swa
+
+
+def _cached(case: Case, lay: _Layout) -> np.ndarray:
+    """[B, positions] bool: the K/V already in the pool (the prefix, or the encoder's output in
+    CROSS); a hybrid pool holds only the pages inside the window. ENCODER_ONLY caches nothing: all
+    its K/V are new tokens, which the adapter writes to the pool as an engine does."""
+    reqs, bsz = case.requests, case.batch_size
+    if case.mode == Mode.CROSS:
+        return lay.span([0] * bsz, [r.encoder_len for r in reqs])
+    ps = case.page_size
+    hybrid = lay.full_to_swa is not None
+    kept_from = [_first_kept_position(case, r) // ps * ps if hybrid else 0 for r in range(bsz)]
+    return lay.span(kept_from, [r.prefix_len for r in reqs])
+
+
+def _canary_slots(case: Case, lay: _Layout) -> np.ndarray:
+    """The tail rows of each request's last KV page (in this layer's pool), then the reserved page."""
+    ps = case.page_size
+    cross = case.mode == Mode.CROSS
+    kv_end = [r.encoder_len if cross else n for r, n in zip(case.requests, lay.rows)]
+    tails = lay.grid[lay.span(kv_end, [-(-n // ps) * ps for n in kv_end])]
+    return np.concatenate([lay.layer_slots(tails), np.arange(ps)])  # the reserved page untranslated
+
+
+def _filled_pool(
+    case: Case, lay: _Layout, kv_all: torch.Tensor, dev: dict[str, torch.Tensor], device: torch.device
+) -> pool.PagedPool:
+    """The layer's pool with the cached K/V written in one indexed copy (and the canary, if asked)."""
+    layer_pool = pool.empty_pool(
+        lay.storage_pages,
+        case.page_size,
+        case.num_kv_heads,
+        case.head_dim,
+        cache_dtype(case),
+        case.kv_layout,
+        device,
+        (case.k_scale, case.v_scale),
+    )
+    if len(dev["cached_slots"]):
+        cached_kv = kv_all.index_select(1, dev["cached_rows"])
+        layer_pool.write(dev["cached_slots"], cached_kv[0], cached_kv[1])
+    if "canary_slots" in dev:
+        layer_pool.fill_slots(dev["canary_slots"], pool.CANARY)
+    return layer_pool
+
+
+def _new_kv(
+    case: Case, kv_all: torch.Tensor, dev: dict[str, torch.Tensor]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The model's K/V of this forward, in its dtype (an FP8 case's are the values its codes stand
+    for, rounded to it): what the engine writes to the cache and a ragged pass attends over. CROSS
+    has none."""
+    dt = TORCH_DTYPES[case.dtype]
+    if case.mode == Mode.CROSS:
+        k_new = torch.empty(0, case.num_kv_heads, case.head_dim, dtype=dt, device=kv_all.device)
+        return k_new, k_new.clone()
+    k_new, v_new = kv_all.index_select(1, dev["new_rows"]).to(dt).unbind()
+    return k_new, v_new
+
+
 def build_batch(
     case: Case,
     inputs: Inputs,
@@ -177,115 +302,32 @@ def build_batch(
     """Lay the case out as an engine would. `whole_page_loads`: the kernel declares it loads the
     tail rows of each request's last page and the reserved page; those rows get a finite canary."""
     device = torch.device(device)
-    gen = torch.Generator().manual_seed(case.seed ^ 0x5EED)
-    ps = case.page_size
-    dt = TORCH_DTYPES[case.dtype]
-    bsz = case.batch_size
-    reqs = case.requests
+    lay = _lay_out(case, torch.Generator().manual_seed(case.seed ^ 0x5EED))
+    bsz, reqs = case.batch_size, case.requests
+    # A selection of positions (a range per request) read row-major comes out in request order, then
+    # position order: the slots, and the rows of their keys in the packed inputs.
+    kv_rows = np.array(modes.offsets(inputs.kv_lens)[:-1])[:, None] + np.arange(lay.grid.shape[1])
+    max_row = max(lay.rows)
+    req_to_token = lay.grid[:, :max_row] * lay.span([0] * bsz, lay.rows)[:, :max_row]  # padding: slot 0
+    cached = _cached(case, lay)
+    new = lay.span(lay.new_start, [s + r.extend_len for s, r in zip(lay.new_start, reqs)])
     cross = case.mode == Mode.CROSS
-
-    rows = [_row_len(case, r) for r in range(bsz)]
-    pages_per = [-(-n // ps) for n in rows]
-    new_start = [(r.encoder_len if cross else 0) + r.prefix_len for r in reqs]
-    owned = sum(pages_per)
-
-    swa_plan = None
-    first_id = 1
-    if case.hybrid_swa_pool:
-        first_kept = [_first_kept_position(case, r) // ps for r in range(bsz)]
-        swa_plan = pool.plan_swa_pool(first_kept, pages_per, gen)
-        first_id = swa_plan.num_owned + 1
-    full_total = first_id + owned + pool.spare_pages(owned)
-
-    page_ids = pool.allocate_pages(
-        pages_per, [s // ps for s in new_start], case.page_layout, first_id, full_total, gen
-    )
-    # Every request's positions over its whole pages, in one [B, max pages * page size] table: slot of
-    # each position, and the row of its key in the packed inputs. A selection of positions (a range
-    # per request) read row-major comes out in request order, then position order. Host integers are
-    # numpy arrays: a torch operation on the CPU costs several microseconds of dispatch, numpy's one.
-    grid = pool.slot_grid(page_ids, ps)
-    at = np.arange(grid.shape[1])
-    kv_rows = np.array(modes.offsets(inputs.kv_lens)[:-1])[:, None] + at
-
-    def span(lo: list[int], hi: list[int]) -> np.ndarray:
-        """[B, positions] bool: lo[r] <= position < hi[r]."""
-        return (at >= np.array(lo)[:, None]) & (at < np.array(hi)[:, None])
-
-    max_row = max(rows)
-    req_to_token = grid[:, :max_row] * span([0] * bsz, rows)[:, :max_row]  # padding: slot 0
-
-    full_to_swa = None
-    storage_pages = full_total
-    if swa_plan is not None:
-        full_to_swa = np.zeros(full_total * ps, dtype=np.int64)
-        kept = [(page_ids[r][i], swa) for r in range(bsz) for i, swa in swa_plan.swa_pages[r].items()]
-        if kept:  # every slot of a kept full page maps to the same offset in its SWA page
-            full_page, swa_page = np.array(kept, dtype=np.int64).T
-            offset = np.arange(ps)
-            dst = (swa_page[:, None] * ps + offset).ravel()
-            full_to_swa[(full_page[:, None] * ps + offset).ravel()] = dst
-        storage_pages = swa_plan.num_owned + 1 if case.swa_pool_exact else full_total
-
-    def layer_slots(full: np.ndarray) -> np.ndarray:
-        """Full-pool slots -> this layer's pool (pool.translate_slots, on the host)."""
-        return full_to_swa[full] if full_to_swa is not None else full
-
-    # Cached K/V (prefix, or the encoder's output in CROSS) is already in the pool: its slots and its
-    # rows in the inputs, so that the pool is written in one indexed copy. ENCODER_ONLY caches nothing:
-    # all its K/V are new tokens, which the adapter writes to the pool as an engine does.
-    if cross:
-        cached = span([0] * bsz, [r.encoder_len for r in reqs])
-    else:
-        hybrid = full_to_swa is not None  # a hybrid pool holds only the pages inside the window
-        kept_from = [_first_kept_position(case, r) // ps * ps if hybrid else 0 for r in range(bsz)]
-        cached = span(kept_from, [r.prefix_len for r in reqs])
-    new = span(new_start, [s + r.extend_len for s, r in zip(new_start, reqs)])
-    canary_slots = None
-    if whole_page_loads:  # the tail rows of each request's last KV page, then the reserved page
-        kv_end = [r.encoder_len if cross else n for r, n in zip(reqs, rows)]
-        tails = grid[span(kv_end, [-(-n // ps) * ps for n in kv_end])]
-        canary_slots = np.concatenate([layer_slots(tails), np.arange(ps)])  # the reserved page untranslated
-
     meta, dev = upload_metadata(
         case.mode,
         reqs,
         req_to_token,
-        grid[new],
+        lay.grid[new],
         device,
         extra={
-            "full_to_swa": full_to_swa,
-            "cached_slots": layer_slots(grid[cached]),
+            "full_to_swa": lay.full_to_swa,
+            "cached_slots": lay.layer_slots(lay.grid[cached]),
             "cached_rows": kv_rows[cached],
             "new_rows": None if cross else kv_rows[new],
-            "canary_slots": canary_slots,
+            "canary_slots": _canary_slots(case, lay) if whole_page_loads else None,
         },
     )
-
-    layer_pool = pool.empty_pool(
-        storage_pages,
-        ps,
-        case.num_kv_heads,
-        case.head_dim,
-        cache_dtype(case),
-        case.kv_layout,
-        device,
-        (case.k_scale, case.v_scale),
-    )
     kv_all = inputs.kv_all.to(device)
-    if len(dev["cached_slots"]):
-        cached_kv = kv_all.index_select(1, dev["cached_rows"])
-        layer_pool.write(dev["cached_slots"], cached_kv[0], cached_kv[1])
-    if whole_page_loads:
-        layer_pool.fill_slots(dev["canary_slots"], pool.CANARY)
-
-    if cross:
-        k_new = torch.empty(0, case.num_kv_heads, case.head_dim, dtype=dt, device=device)
-        v_new = k_new.clone()
-    else:
-        # The model's K/V of this forward, in its dtype (an FP8 case's are the values its codes stand
-        # for, rounded to it): what the engine writes to the cache and a ragged pass attends over.
-        k_new, v_new = kv_all.index_select(1, dev["new_rows"]).to(dt).unbind()
+    k_new, v_new = _new_kv(case, kv_all, dev)
     return Batch(
         case=case,
         device=device,
@@ -293,7 +335,7 @@ def build_batch(
         k_new=k_new,
         v_new=v_new,
         sinks=inputs.sinks.to(device, copy=True) if inputs.sinks is not None else None,
-        pool=layer_pool,
+        pool=_filled_pool(case, lay, kv_all, dev, device),
         full_to_swa=dev.get("full_to_swa"),
         **meta,
     )

@@ -101,17 +101,10 @@ def compare(
     """Judge one backend output against the exact reference with the case's budget. `ref_rounded_kv`,
     `lse_rounded_kv` (an FP8 KV cache): the exact reference over K/V rounded to the case dtype, whose
     distance from exact joins the native one in the budget."""
-    qo = modes.offsets([r.extend_len for r in case.requests])
-    heads, dim = case.num_q_heads, case.head_dim
     if tuple(out.shape) != tuple(ref_exact.shape):
-        return Verdict(
-            passed=False,
+        return _failed(
             err=float("inf"),
             budget=0.0,
-            ratio=float("inf"),
-            worst=None,
-            frac_over=1.0,
-            nonfinite=0,
             reason=f"output shape {tuple(out.shape)} != expected {tuple(ref_exact.shape)}",
         )
     ref = ref_exact.to(out.device)
@@ -120,80 +113,26 @@ def compare(
     # below (as .to() would convert it), without a converted copy of the whole output.
     outd = out if torch.promote_types(out.dtype, ref.dtype) == ref.dtype else out.to(ref.dtype)
     diff = (outd - ref).abs_().flatten()
-    # Every number the verdict needs is computed where the tensors are and read back at once: on a
-    # GPU each separate read waits for the device (one wait instead of about ten).
-    # The stack promotes every scalar to float64 (the worst element's index is made float64 first:
-    # exact up to 2^53). The reference is finite, so a NaN or Inf in the output shows in `err`.
-    err_t, at_t = torch.max(diff, 0) if diff.numel() else [_max_abs(diff)] * 2  # no rows: 0, at 0
-    native_err = _max_abs(ref_native.to(ref) - ref)
-    if ref_rounded_kv is not None:
-        native_err = native_err + _max_abs(ref_rounded_kv.to(ref) - ref)
-    scalars = [at_t.double(), err_t, native_err, _rounding(ref, case.dtype), _range(ref)]
     with_lse = lse is not None and lse_exact is not None and lse_native is not None and not case.sinks
-    if with_lse:
-        le = lse_exact.to(lse.device, torch.float64)
-        finite = torch.isfinite(le)  # a row with no visible key (-inf) is judged by nothing below
-        rows = [lse, lse_native] + ([lse_rounded_kv] if lse_rounded_kv is not None else [])
-        both = torch.stack([x.to(lse.device) for x in rows]).double()  # the backend's, native's(, rounded)
-        over = torch.where(finite, both - le, 0.0)
-        no_rows = le.new_zeros(len(rows))
-        norms = torch.linalg.vector_norm(over, float("inf"), dim=(1, 2)) if le.numel() else no_rows
-        scalars += [norms[0], norms[1:].sum(), _rounding(torch.where(finite, le, 0.0), "float32")]
-    values = torch.stack(scalars).tolist()
+    lse_rows = (lse, lse_exact, lse_native, lse_rounded_kv) if with_lse else None
+    values = _read_back(case, diff, ref, ref_native, ref_rounded_kv, lse_rows)
     flat_at, err, native_err, rounding, spread = values[:5]
     rule = mult * native_err + 2.0 * rounding
-    cap = RANGE_CAP * spread
-    budget = rule if rule <= cap else cap  # a NaN rule (a non-finite native reference) is capped too
+    budget = rule if rule <= RANGE_CAP * spread else RANGE_CAP * spread  # a NaN rule is capped too
     if not math.isfinite(err):
-        bad = ~torch.isfinite(outd)
-        nonfinite = int(bad.sum())
-        if not nonfinite:
-            return Verdict(
-                passed=False,
-                err=err,
-                budget=budget,
-                ratio=float("inf"),
-                worst=None,
-                frac_over=1.0,
-                nonfinite=0,
-                reason=f"the reference is not finite (err {err})",
-            )
-        first = locate(int(bad.flatten().nonzero()[0]), qo, heads, dim)
-        return Verdict(
-            passed=False,
-            err=float("nan"),
-            budget=budget,
-            ratio=float("inf"),
-            worst=first,
-            frac_over=nonfinite / out.numel(),
-            nonfinite=nonfinite,
-            reason=f"output has {nonfinite} NaN/Inf values, first at {where(case, first)}",
-        )
+        return _nonfinite(case, outd, err, budget)
     ratio = err / budget if budget > 0 else (0.0 if err == 0 else float("inf"))
     passed = err <= budget
     # Within budget, no element is over it: the fraction is counted only for a failure.
     frac = float((diff > budget).float().mean()) if diff.numel() and not passed else 0.0
-    worst = locate(int(flat_at), qo, heads, dim) if diff.numel() else None
-    reason = (
-        f"err {err:.3g} {'<=' if passed else '>'} budget {budget:.3g} (ratio {ratio:.2f}); "
-        f"worst at {where(case, worst) if worst else '-'}"
-    )
-    if not passed:
-        reason += f"; {frac:.1%} of elements over budget"
-    if budget != rule:
-        reason += f"; budget capped at {RANGE_CAP:g} x the reference's range (the rule gave {rule:.3g})"
+    worst = _locate(case, int(flat_at)) if diff.numel() else None
+    reason = _err_reason(case, err, budget, rule, worst, frac)
     lse_err = lse_budget = None
     if with_lse:
         lse_err, lse_native_err, lse_rounding = values[5:]
         lse_budget = mult * lse_native_err + 2.0 * lse_rounding + LSE_FLOOR
-        if not math.isfinite(lse_err):
-            passed, reason = False, reason + "; LSE has NaN/Inf where keys are visible"
-        elif not math.isfinite(lse_budget):  # it would pass any LSE: judged by nothing is not a pass
-            passed = False
-            reason += f"; LSE budget {lse_budget} (the same-precision LSE is not finite where keys are seen)"
-        elif lse_err > lse_budget:
-            passed = False
-            reason += f"; LSE err {lse_err:.3g} > budget {lse_budget:.3g} (natural log expected)"
+        why = _lse_failure(lse_err, lse_budget)
+        passed, reason = passed and not why, reason + why
     return Verdict(
         passed=passed,
         err=err,
@@ -206,3 +145,108 @@ def compare(
         lse_err=lse_err,
         lse_budget=lse_budget,
     )
+
+
+def _err_reason(
+    case: Case, err: float, budget: float, rule: float, worst: tuple[int, int, int] | None, frac: float
+) -> str:
+    """The verdict's reason on the output: err against budget, where the worst element is, how much
+    is over, and whether the budget was capped below its rule."""
+    ratio = err / budget if budget > 0 else (0.0 if err == 0 else float("inf"))
+    passed = err <= budget
+    reason = (
+        f"err {err:.3g} {'<=' if passed else '>'} budget {budget:.3g} (ratio {ratio:.2f}); "
+        f"worst at {where(case, worst) if worst else '-'}"
+    )
+    if not passed:
+        reason += f"; {frac:.1%} of elements over budget"
+    if budget != rule:
+        reason += f"; budget capped at {RANGE_CAP:g} x the reference's range (the rule gave {rule:.3g})"
+    return reason
+
+
+def _read_back(
+    case: Case,
+    diff: torch.Tensor,
+    ref: torch.Tensor,
+    ref_native: torch.Tensor,
+    ref_rounded_kv: torch.Tensor | None,
+    lse_rows: tuple[torch.Tensor | None, ...] | None,
+) -> list[float]:
+    """[worst element's flat index, err, native err, rounding, the reference's range] and, with the
+    LSE rows (lse, exact, native, rounded KV or None), [LSE err, native LSE err, LSE rounding].
+
+    Every number the verdict needs is computed where the tensors are and read back at once: on a GPU
+    each separate read waits for the device (one wait instead of about ten). The stack promotes every
+    scalar to float64 (the worst element's index is made float64 first: exact up to 2^53). The
+    reference is finite, so a NaN or Inf in the output shows in `err`."""
+    err_t, at_t = torch.max(diff, 0) if diff.numel() else [_max_abs(diff)] * 2  # no rows: 0, at 0
+    native_err = _max_abs(ref_native.to(ref) - ref)
+    if ref_rounded_kv is not None:
+        native_err = native_err + _max_abs(ref_rounded_kv.to(ref) - ref)
+    scalars = [at_t.double(), err_t, native_err, _rounding(ref, case.dtype), _range(ref)]
+    if lse_rows is not None:
+        lse, lse_exact, lse_native, lse_rounded_kv = lse_rows
+        le = lse_exact.to(lse.device, torch.float64)
+        finite = torch.isfinite(le)  # a row with no visible key (-inf) is judged by nothing below
+        rows = [lse, lse_native] + ([lse_rounded_kv] if lse_rounded_kv is not None else [])
+        both = torch.stack([x.to(lse.device) for x in rows]).double()  # the backend's, native's(, rounded)
+        over = torch.where(finite, both - le, 0.0)
+        no_rows = le.new_zeros(len(rows))
+        norms = torch.linalg.vector_norm(over, float("inf"), dim=(1, 2)) if le.numel() else no_rows
+        scalars += [norms[0], norms[1:].sum(), _rounding(torch.where(finite, le, 0.0), "float32")]
+    return torch.stack(scalars).tolist()
+
+
+def _locate(case: Case, flat_index: int) -> tuple[int, int, int]:
+    qo = modes.offsets([r.extend_len for r in case.requests])
+    return locate(flat_index, qo, case.num_q_heads, case.head_dim)
+
+
+def _failed(
+    *,
+    err: float,
+    budget: float,
+    reason: str,
+    worst: tuple[int, int, int] | None = None,
+    frac_over: float = 1.0,
+    nonfinite: int = 0,
+) -> Verdict:
+    return Verdict(
+        passed=False,
+        err=err,
+        budget=budget,
+        ratio=float("inf"),
+        worst=worst,
+        frac_over=frac_over,
+        nonfinite=nonfinite,
+        reason=reason,
+    )
+
+
+def _nonfinite(case: Case, outd: torch.Tensor, err: float, budget: float) -> Verdict:
+    """The verdict on an output with NaN or Inf (or, if it has none, on a reference without a finite err)."""
+    bad = ~torch.isfinite(outd)
+    nonfinite = int(bad.sum())
+    if not nonfinite:
+        return _failed(err=err, budget=budget, reason=f"the reference is not finite (err {err})")
+    first = _locate(case, int(bad.flatten().nonzero()[0]))
+    return _failed(
+        err=float("nan"),
+        budget=budget,
+        worst=first,
+        frac_over=nonfinite / outd.numel(),
+        nonfinite=nonfinite,
+        reason=f"output has {nonfinite} NaN/Inf values, first at {where(case, first)}",
+    )
+
+
+def _lse_failure(lse_err: float, lse_budget: float) -> str:
+    """Why the LSE fails ("; ..."), or "" when it is within its budget."""
+    if not math.isfinite(lse_err):
+        return "; LSE has NaN/Inf where keys are visible"
+    if not math.isfinite(lse_budget):  # it would pass any LSE: judged by nothing is not a pass
+        return f"; LSE budget {lse_budget} (the same-precision LSE is not finite where keys are seen)"
+    if lse_err > lse_budget:
+        return f"; LSE err {lse_err:.3g} > budget {lse_budget:.3g} (natural log expected)"
+    return ""

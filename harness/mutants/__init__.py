@@ -19,13 +19,15 @@ from typing import Any
 
 from hypothesis import find, settings
 from hypothesis.errors import NoSuchExample, Unsatisfiable
+from hypothesis.strategies import SearchStrategy
 
-from harness.backends.base import Backend
+from harness.backends.base import Backend, Capabilities
 from harness.checks.invariance import neighbour_sizes
 from harness.core.case import Case
 from harness.core.graph_case import GraphCase
 from harness.run import isolation
 from harness.search import profiles
+from harness.search.profiles import Sizes
 from harness.search.strategies import cases, graph_cases
 
 CHECKS = ("numeric", "invariance", "graph")
@@ -114,6 +116,45 @@ class Detection:
     skipped: str | None = None  # why the hunt could not run here (then caught is False)
 
 
+def _strategy(mutant: Mutant, family: str, caps: Capabilities, sizes: Sizes) -> SearchStrategy:
+    """The suite's strategy for the family (a replay's for a graph mutant), with the mutant's forced
+    fields (deterministic mode for an invariance mutant)."""
+    force = dict(mutant.force or {})
+    if mutant.check == "invariance":
+        force["deterministic"] = True
+    if mutant.check == "graph":
+        strategy = graph_cases(family, mutant.windowed, caps, sizes)
+        return strategy.map(lambda g: g.replace_layer(**force)) if force else strategy
+    strategy = cases(family, mutant.windowed, caps, sizes)
+    return strategy.map(lambda c: c.replace(**force)) if force else strategy
+
+
+def _failure_test(
+    mutant: Mutant, search: isolation.Search, state: dict, start: float, shrink_runs: int | None
+) -> Callable[[Case | GraphCase], bool]:
+    """What `find` asks of each case: whether the mutant fails it (with the status it expects).
+    Counts the cases run in `state` (and when the first failure came); past the shrink budget, a
+    new case is not run."""
+
+    def fails(case: Case | GraphCase) -> bool:
+        shrinking = state["first"] is not None
+        spent = shrink_runs is not None and state["shrinks"] >= shrink_runs
+        if shrinking and spent and not search.known(case):
+            return False  # shrink budget spent: keep the smallest failure found so far
+        res = search(case)
+        if res is None or res.status == "skip":
+            return False
+        if search.ran_last:
+            state["n"] += 1
+            state["shrinks"] += shrinking
+        bad = res.status != "pass" and (mutant.expect is None or res.status == mutant.expect)
+        if bad and state["first"] is None:
+            state["first"] = (state["n"], time.perf_counter() - start)
+        return bad
+
+    return fails
+
+
 def hunt(
     mutant: Mutant,
     family: str,
@@ -139,37 +180,11 @@ def hunt(
             skipped=why,
         )
     sizes = profiles.sizes()
-    force = dict(mutant.force or {})
-    if mutant.check == "invariance":
-        force["deterministic"] = True
-    if mutant.check == "graph":
-        strategy = graph_cases(family, mutant.windowed, backend.capabilities, sizes)
-        if force:
-            strategy = strategy.map(lambda g: g.replace_layer(**force))
-    else:
-        strategy = cases(family, mutant.windowed, backend.capabilities, sizes)
-        if force:
-            strategy = strategy.map(lambda c: c.replace(**force))
+    strategy = _strategy(mutant, family, backend.capabilities, sizes)
     search = isolation.Search(backend, device, mutant.check, neighbour_sizes(sizes))
     state: dict = {"n": 0, "first": None, "shrinks": 0}
     start = time.perf_counter()
-
-    def fails(case: Case | GraphCase) -> bool:
-        shrinking = state["first"] is not None
-        spent = shrink_runs is not None and state["shrinks"] >= shrink_runs
-        if shrinking and spent and not search.known(case):
-            return False  # shrink budget spent: keep the smallest failure found so far
-        res = search(case)
-        if res is None or res.status == "skip":
-            return False
-        if search.ran_last:
-            state["n"] += 1
-            state["shrinks"] += shrinking
-        bad = res.status != "pass" and (mutant.expect is None or res.status == mutant.expect)
-        if bad and state["first"] is None:
-            state["first"] = (state["n"], time.perf_counter() - start)
-        return bad
-
+    fails = _failure_test(mutant, search, state, start, shrink_runs)
     try:
         shrunk = find(
             strategy, fails, settings=settings(settings.get_profile("mutant"), max_examples=max_examples)

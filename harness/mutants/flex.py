@@ -20,7 +20,9 @@ from __future__ import annotations
 
 import torch
 
-from harness.backends.flex import FlexCompiled, FlexEager, MaskMod
+from harness.backends.flex_compiled import FlexCompiled
+from harness.backends.flex_eager import FlexEager
+from harness.backends.flex_launch import MaskMod
 from harness.backends.graph_glue import GraphState
 from harness.core.batch import Batch
 from harness.core.modes import Mode

@@ -53,36 +53,47 @@ def render(data: dict) -> str:
             time=f"{sum(float(r.get('seconds') or 0.0) for r in recs):.3f}",
         )
         for i, rec in enumerate(recs):
-            feats = ",".join(rec.get("features") or []) or "none"
-            model = (rec.get("extra") or {}).get("model")
-            case = ET.SubElement(
-                suite,
-                "testcase",
-                classname=f"attn_harness.{_safe(backend)}.{device}",
-                name=f"{family}[{model or feats}] #{i}",
-                time=f"{float(rec.get('seconds') or 0.0):.3f}",
-            )
-            reason = rec.get("reason") or ""
-            if rec["status"] == "skip":
-                ET.SubElement(case, "skipped", message=reason)
-            elif rec["status"] == "refused":
-                ET.SubElement(case, "skipped", message=f"refused by the backend: {reason}")
-            elif rec["status"] == "xfail":
-                ET.SubElement(case, "skipped", type="xfail", message=f"expected failure: {reason}")
-            elif rec["status"] in PROBLEMS:
-                tag = "failure" if rec["status"] == "fail" else "error"
-                detail = ET.SubElement(case, tag, message=reason, type=rec["status"])
-                body = [reason]
-                if rec.get("case") is not None:
-                    body.append("Case:\n" + json.dumps(rec["case"], indent=1))
-                if rec.get("repro"):
-                    body.append("Replay:\n  " + rec["repro"])
-                probe = rec.get("probe") or {}
-                if probe.get("lines"):
-                    body.append("Mask probe:\n  " + "\n  ".join(probe["lines"]))
-                traceback = (rec.get("extra") or {}).get("traceback")
-                if traceback:
-                    body.append("Traceback:\n" + traceback)
-                detail.text = "\n".join(body)
+            _testcase(suite, rec, i)
     ET.indent(root)
     return '<?xml version="1.0" encoding="utf-8"?>\n' + ET.tostring(root, encoding="unicode") + "\n"
+
+
+def _testcase(suite: ET.Element, rec: dict, i: int) -> None:
+    """One record as a testcase: skipped (a skip, a refusal, an expected failure), a failure or an
+    error with the case, its repro command, the mask probe and any traceback, or a plain pass."""
+    backend, device, family = rec["backend"], rec["device"], rec["family"]
+    feats = ",".join(rec.get("features") or []) or "none"
+    model = (rec.get("extra") or {}).get("model")
+    case = ET.SubElement(
+        suite,
+        "testcase",
+        classname=f"attn_harness.{_safe(backend)}.{device}",
+        name=f"{family}[{model or feats}] #{i}",
+        time=f"{float(rec.get('seconds') or 0.0):.3f}",
+    )
+    reason = rec.get("reason") or ""
+    if rec["status"] == "skip":
+        ET.SubElement(case, "skipped", message=reason)
+    elif rec["status"] == "refused":
+        ET.SubElement(case, "skipped", message=f"refused by the backend: {reason}")
+    elif rec["status"] == "xfail":
+        ET.SubElement(case, "skipped", type="xfail", message=f"expected failure: {reason}")
+    elif rec["status"] in PROBLEMS:
+        tag = "failure" if rec["status"] == "fail" else "error"
+        detail = ET.SubElement(case, tag, message=reason, type=rec["status"])
+        detail.text = "\n".join(_failure_body(rec, reason))
+
+
+def _failure_body(rec: dict, reason: str) -> list[str]:
+    body = [reason]
+    if rec.get("case") is not None:
+        body.append("Case:\n" + json.dumps(rec["case"], indent=1))
+    if rec.get("repro"):
+        body.append("Replay:\n  " + rec["repro"])
+    probe = rec.get("probe") or {}
+    if probe.get("lines"):
+        body.append("Mask probe:\n  " + "\n  ".join(probe["lines"]))
+    traceback = (rec.get("extra") or {}).get("traceback")
+    if traceback:
+        body.append("Traceback:\n" + traceback)
+    return body

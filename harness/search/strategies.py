@@ -86,10 +86,25 @@ def random_tree(draw: st.DrawFn, n: int, branching: bool) -> tuple[int, ...]:
 
 @st.composite
 def cases(draw: st.DrawFn, family: str, windowed: bool, caps: Capabilities, sizes: Sizes) -> Case:
-    """A Case of one suite family that `caps` supports, sized by the profile."""
+    """A Case of one suite family that `caps` supports, sized by the profile: the layer's shape, then
+    the requests, then the layer's features, then the seed (so shrinking keeps the structure)."""
     if family not in FAMILIES:
         raise ValueError(f"unknown family {family!r}; known: {', '.join(FAMILIES)}")
     mode = FAMILY_MODE[family]
+    shape = draw(_layer_shape(caps, sizes))
+    window = draw(st.integers(0, sizes.max_window)) if windowed else -1
+    reqs = draw(_requests(family, caps, sizes, _anchors(window, shape["page_size"])))
+    if windowed and draw(st.integers(0, 4)) == 4:  # a window at least as long as the context
+        longest = max(r.prefix_len + r.extend_len for r in reqs)
+        window = longest + draw(st.sampled_from((0, -1, 1, longest)))  # -1: W + 1 keys, exactly all
+    features = draw(_features(mode, windowed, window, caps, sizes))
+    seed = draw(st.integers(0, 2**31 - 1))
+    return Case(mode=mode, requests=tuple(reqs), window_left=window, seed=seed, **shape, **features)
+
+
+@st.composite
+def _layer_shape(draw: st.DrawFn, caps: Capabilities, sizes: Sizes) -> dict:
+    """dtype, heads, head_dim, page size and layouts: the profile's, narrowed to what `caps` takes."""
     dtypes = [d for d in sizes.dtypes if d in caps.dtypes] or sorted(caps.dtypes)
     dtype = draw(st.sampled_from(dtypes))
     heads = draw(st.sampled_from(sizes.heads))
@@ -98,18 +113,32 @@ def cases(draw: st.DrawFn, family: str, windowed: bool, caps: Capabilities, size
     page_size = draw(st.sampled_from(sorted(caps.page_sizes, key=lambda p: (p != 16, p))))
     page_layout = draw(st.sampled_from(("shuffled",) + tuple(x for x in PAGE_LAYOUTS if x != "shuffled")))
     kv_layout = draw(st.sampled_from(sorted(caps.kv_layouts, key=lambda x: x != "NHD")))
-    window = draw(st.integers(0, sizes.max_window)) if windowed else -1
-    anchors = _anchors(window, page_size)
+    return dict(
+        num_q_heads=heads[0],
+        num_kv_heads=heads[1],
+        head_dim=head_dim,
+        dtype=dtype,
+        page_size=page_size,
+        page_layout=page_layout,
+        kv_layout=kv_layout,
+    )
 
+
+@st.composite
+def _requests(
+    draw: st.DrawFn, family: str, caps: Capabilities, sizes: Sizes, anchors: list[int]
+) -> list[Request]:
+    """The batch's requests: lengths biased to the anchors; now and then one as long as its neighbour."""
+    mode = FAMILY_MODE[family]
     bsz = draw(st.integers(1, sizes.max_batch))
     num_draft = draw(st.integers(1, sizes.max_draft))
     branching = mode == Mode.TARGET_VERIFY and caps.tree and draw(st.booleans())
     long_prefix = sizes.long_kv > 0 and draw(st.integers(0, 9)) == 9
     max_prefix = sizes.long_kv if long_prefix else sizes.max_prefix
     cross_prefill = mode == Mode.CROSS and draw(st.booleans())  # else one decoder step each
-    encoder_only = mode == Mode.ENCODER_ONLY
     reqs: list[Request] = []
     for i in range(bsz):
+        tree = None
         if i and draw(st.integers(0, 3)) == 3:  # as long as its neighbour (its own tree, if any)
             prev = reqs[-1]
             tree = random_tree(draw, num_draft, branching) if mode == Mode.TARGET_VERIFY else None
@@ -120,15 +149,7 @@ def cases(draw: st.DrawFn, family: str, windowed: bool, caps: Capabilities, size
             extend = 1 if prefix else _length(draw, 1, sizes.max_extend, anchors)
             encoder = _length(draw, 1, sizes.max_encoder, anchors, equal=(extend,), keys_offset=0)
         else:  # keys are prefix + extend
-            if mode == Mode.DECODE:
-                extend = 1
-            elif encoder_only:  # a whole input per request, of mixed lengths: as long as a prefix
-                extend = _length(draw, 1, max_prefix, anchors, keys_offset=0)
-            elif mode in (Mode.DRAFT_EXTEND_V2, Mode.TARGET_VERIFY):
-                extend = num_draft
-            else:
-                fresh = family == "prefill"
-                extend = _length(draw, 1, sizes.max_extend, anchors, keys_offset=0 if fresh else None)
+            extend = _extend_len(draw, family, sizes, anchors, max_prefix, num_draft)
             prefix = 0
             if family not in ("prefill", "encoder"):
                 lo = 1 if family == "prefix" and i == 0 else 0
@@ -136,19 +157,39 @@ def cases(draw: st.DrawFn, family: str, windowed: bool, caps: Capabilities, size
             encoder = 0
         tree = random_tree(draw, num_draft, branching) if mode == Mode.TARGET_VERIFY else None
         reqs.append(Request(prefix_len=prefix, extend_len=extend, encoder_len=encoder, tree=tree))
-    if windowed and draw(st.integers(0, 4)) == 4:  # a window at least as long as the context
-        longest = max(r.prefix_len + r.extend_len for r in reqs)
-        window = longest + draw(st.sampled_from((0, -1, 1, longest)))  # -1: W + 1 keys, exactly all
+    return reqs
 
+
+def _extend_len(
+    draw: st.DrawFn, family: str, sizes: Sizes, anchors: list[int], max_prefix: int, num_draft: int
+) -> int:
+    """New tokens of a self-attention request: one (DECODE), the drafts (DRAFT_EXTEND_V2, verify), a
+    whole input as long as a prefix (ENCODER_ONLY), else a drawn extend."""
+    mode = FAMILY_MODE[family]
+    if mode == Mode.DECODE:
+        return 1
+    if mode == Mode.ENCODER_ONLY:  # a whole input per request, of mixed lengths: as long as a prefix
+        return _length(draw, 1, max_prefix, anchors, keys_offset=0)
+    if mode in (Mode.DRAFT_EXTEND_V2, Mode.TARGET_VERIFY):
+        return num_draft
+    fresh = family == "prefill"
+    return _length(draw, 1, sizes.max_extend, anchors, keys_offset=0 if fresh else None)
+
+
+@st.composite
+def _features(
+    draw: st.DrawFn, mode: Mode, windowed: bool, window: int, caps: Capabilities, sizes: Sizes
+) -> dict:
+    """The layer's features `caps` declares, each drawn as "one in n" with the minimal draw meaning
+    off, so shrinking turns them off."""
     window_right = -1
-    if encoder_only and windowed and caps.window_right:
+    if mode == Mode.ENCODER_ONLY and windowed and caps.window_right:
         side = draw(st.integers(0, 2))  # 0: left only (the minimal draw); 1: symmetric (HF's); 2: any
         if side == 1:
             window_right = window
         elif side == 2:
             window_right = draw(st.integers(0, sizes.max_window))
     soft_cap = draw(st.sampled_from((0.0, 0.0, 30.0, 5.0))) if caps.soft_cap else 0.0
-    # Flags are drawn as "one in n" with the minimal draw meaning off, so shrinking turns them off.
     sinks = caps.sinks and draw(st.integers(0, 3)) == 3
     hybrid = windowed and caps.hybrid_pool and draw(st.integers(0, 2)) == 2
     deterministic = caps.deterministic and draw(st.integers(0, 4)) == 4
@@ -156,31 +197,17 @@ def cases(draw: st.DrawFn, family: str, windowed: bool, caps: Capabilities, size
     if caps.kv_dtypes and draw(st.integers(0, 3)) == 3:
         kv_dtype = draw(st.sampled_from(sorted(caps.kv_dtypes)))
         k_scale, v_scale = draw(st.sampled_from(KV_SCALES)), draw(st.sampled_from(KV_SCALES))
-    sm_scale = draw(st.sampled_from((None, None, None, 0.05, 0.3)))
-    q_amplitude = draw(st.sampled_from((1.0, 1.0, 1.0, 8.0, 30.0)))
-    seed = draw(st.integers(0, 2**31 - 1))
-    return Case(
-        mode=mode,
-        requests=tuple(reqs),
-        num_q_heads=heads[0],
-        num_kv_heads=heads[1],
-        head_dim=head_dim,
-        dtype=dtype,
-        window_left=window,
+    return dict(
         window_right=window_right,
         soft_cap=soft_cap,
         sinks=sinks,
-        sm_scale=sm_scale,
-        page_size=page_size,
-        page_layout=page_layout,
-        kv_layout=kv_layout,
+        sm_scale=draw(st.sampled_from((None, None, None, 0.05, 0.3))),
         hybrid_swa_pool=hybrid,
         deterministic=deterministic,
-        q_amplitude=q_amplitude,
+        q_amplitude=draw(st.sampled_from((1.0, 1.0, 1.0, 8.0, 30.0))),
         kv_dtype=kv_dtype,
         k_scale=k_scale,
         v_scale=v_scale,
-        seed=seed,
     )
 
 

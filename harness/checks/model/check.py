@@ -209,6 +209,18 @@ TREE = (-1, 0, 0, 1, 1, 2)
 NUM_DRAFT = 3
 
 
+def tree_paths(ctx: tuple[int, ...], nodes: list[int], tree: tuple[int, ...]) -> tuple[tuple[int, ...], ...]:
+    """Each draft's sequence: the context, then the draft tokens from the root down to it."""
+    paths = []
+    for j in range(len(tree)):
+        path, a = [], j
+        while a >= 0:
+            path.append(nodes[a])
+            a = tree[a]
+        paths.append(ctx + tuple(reversed(path)))
+    return tuple(paths)
+
+
 def scenario(page_size: int, window: int, vocab: int, seed: int = 0, neighbour: bool = False) -> list[Phase]:
     """Requests A and B (and, with `neighbour`, a longer unrelated C) through every engine step.
 
@@ -249,15 +261,8 @@ def scenario(page_size: int, window: int, vocab: int, seed: int = 0, neighbour: 
 
     def drafts(rid: str, tree: tuple[int, ...]) -> Item:
         nodes = toks(rid, len(tree))
-        ctx = tuple(seqs[rid][: length[rid]])
-        paths = []
-        for j in range(len(tree)):
-            path, a = [], j
-            while a >= 0:
-                path.append(nodes[a])
-                a = tree[a]
-            paths.append(ctx + tuple(reversed(path)))
-        return Item(Work(rid=rid, tokens=tuple(nodes), tree=tree), tuple(toks(rid, len(tree))), tuple(paths))
+        paths = tree_paths(tuple(seqs[rid][: length[rid]]), nodes, tree)
+        return Item(Work(rid=rid, tokens=tuple(nodes), tree=tree), tuple(toks(rid, len(tree))), paths)
 
     others = [r for r in seqs if r != "B"]
     phases = [Phase("prefill", Mode.EXTEND, tuple(linear(r, first[r][1]) for r in others))]
@@ -454,6 +459,61 @@ def check_model(
         return _check_model(backend, model_name, device, attn, model_dtype, determinism)
 
 
+def _why_not(backend: Backend, device: str, attn: torch.dtype) -> str | None:
+    """Why the model check cannot run here: the backend, the attention dtype, no step mode, no
+    transformers; None when it can."""
+    why = backend.available(device)
+    if why is None and DTYPE_NAMES[attn] not in backend.capabilities.dtypes:
+        why = f"{backend.name} does not support dtype {DTYPE_NAMES[attn]}"
+    if why is None:
+        why = no_step_mode(backend)
+    if why is None:
+        try:
+            import transformers  # noqa: F401
+        except ImportError:
+            why = "transformers is not installed (the `hf` extra)"
+    return why
+
+
+def _determinism(
+    served: torch.nn.Module,
+    backend: Backend,
+    both: tuple[list[Phase], list[Phase]],
+    device: str,
+    page: int,
+    layout: str,
+    attn: torch.dtype,
+) -> str:
+    """check_determinism's verdict, a crash in it read as a failure."""
+    try:
+        return check_determinism(served, backend, both, device, page, layout, attn)
+    except ServeError as e:
+        return f"FAIL: crashed in {e}"
+
+
+def _three_models(
+    spec: TinyModel, dense: torch.dtype, attn: torch.dtype, device: str
+) -> tuple[torch.nn.Module, torch.nn.Module, torch.nn.Module]:
+    """One random model as the exact reference (upcast), the same-precision one (native), and the
+    copy whose attention the backend serves."""
+    register()
+    eager = spec.build(dense, device)
+    upcast = exact_model(eager, torch.float64 if device == "cpu" else torch.float32)
+    native = native_model(eager, attn)
+    served = copy.deepcopy(eager)
+    served.set_attn_implementation(ATTN_NAME)
+    return upcast, native, served
+
+
+def _mark_known_bug(res: ModelResult, backend_name: str, served: list) -> None:
+    """A failure that a known library bug explains, reached by a layer call of this model: xfail."""
+    if res.status != "fail":
+        return
+    known = next((k for c in served if (k := expected_failure(backend_name, c, res.reason))), None)
+    if known:
+        res.status, res.reason = "xfail", known
+
+
 def _check_model(
     backend: Backend,
     model_name: str,
@@ -472,25 +532,11 @@ def _check_model(
         reason="",
         dtype=f"{DTYPE_NAMES[attn]}/{DTYPE_NAMES[dense]}",
     )
-    why = backend.available(device)
-    if why is None and DTYPE_NAMES[attn] not in backend.capabilities.dtypes:
-        why = f"{backend.name} does not support dtype {DTYPE_NAMES[attn]}"
-    if why is None:
-        why = no_step_mode(backend)
-    if why is None:
-        try:
-            import transformers  # noqa: F401
-        except ImportError:
-            why = "transformers is not installed (the `hf` extra)"
+    why = _why_not(backend, device, attn)
     if why:
         res.reason = why
         return res
-    register()
-    eager = spec.build(dense, device)
-    upcast = exact_model(eager, torch.float64 if device == "cpu" else torch.float32)
-    native = native_model(eager, attn)
-    served = copy.deepcopy(eager)
-    served.set_attn_implementation(ATTN_NAME)
+    upcast, native, served = _three_models(spec, dense, attn, device)
     page, layout = choose_layout(backend)
     window = served.config.sliding_window
     phases = scenario(page, window, served.config.vocab_size)
@@ -517,18 +563,12 @@ def _check_model(
         res.deterministic = "not requested"
     elif backend.capabilities.deterministic:
         both = (phases, scenario(page, window, served.config.vocab_size, neighbour=True))
-        try:
-            res.deterministic = check_determinism(served, backend, both, device, page, layout, attn)
-        except ServeError as e:
-            res.deterministic = f"FAIL: crashed in {e}"
+        res.deterministic = _determinism(served, backend, both, device, page, layout, attn)
         if res.deterministic.startswith("FAIL"):
             res.status = "fail"
             res.reason += "; deterministic mode: " + res.deterministic
     else:
         res.deterministic = backend.capabilities.reason("deterministic", "no deterministic mode")
-    if res.status == "fail":  # a known library bug that a layer call of this model reaches: xfail
-        known = next((k for c in run.served if (k := expected_failure(backend.name, c, res.reason))), None)
-        if known:
-            res.status, res.reason = "xfail", known
+    _mark_known_bug(res, backend.name, run.served)
     res.seconds = time.perf_counter() - start
     return res
