@@ -227,7 +227,8 @@ def _probe_dict(backend: Backend, case: Case, device: str) -> dict:
     try:
         return probe(backend, case, device).to_dict()
     except Exception as e:  # noqa: BLE001 - said in the probe's record
-        return ProbeResult(backend=backend.name, device=device, runs=0, lines=[], error=f"{type(e).__name__}: {e}").to_dict()
+        error = f"{type(e).__name__}: {e}"
+        return ProbeResult(backend=backend.name, device=device, runs=0, lines=[], error=error).to_dict()
 
 
 def probe_failure(backend: Backend, case: Case, device: str) -> dict:
@@ -240,7 +241,8 @@ def probe_failure(backend: Backend, case: Case, device: str) -> dict:
     if out.kind == "ok":
         return out.value
     runner._replace()  # it raised, died or hung: its next process starts now
-    return ProbeResult(backend=backend.name, device=device, runs=0, lines=[], error=out.error or out.kind).to_dict()
+    error = out.error or out.kind
+    return ProbeResult(backend=backend.name, device=device, runs=0, lines=[], error=error).to_dict()
 
 
 CHECK_KINDS = ("numeric", "invariance", "graph")
