@@ -6,6 +6,7 @@ suite under the same profile as a checkout; the plugin itself comes from the `py
 still wins: hypothesis applies it after this file is loaded.
 """
 
+from harness.run.speed import settings
 from harness.search import profiles
 
-profiles.load()
+profiles.load(settings.current().profile)

@@ -3,7 +3,7 @@ different lengths, and in batches of 1 to 64, for every backend that declares de
 
 import pytest
 
-from harness.search.determinism import params, run
+from harness.run.determinism import params, run
 
 
 @pytest.mark.parametrize("target", params())

@@ -3,7 +3,7 @@ models); no window, a left window, or a two-sided one (window_right)."""
 
 import pytest
 
-from harness.search.suite import family_params, run_family
+from harness.run.suite import family_params, run_family
 
 
 @pytest.mark.parametrize("target", family_params("encoder"))

@@ -2,7 +2,7 @@
 
 import pytest
 
-from harness.search.suite import family_params, run_family
+from harness.run.suite import family_params, run_family
 
 
 @pytest.mark.parametrize("target", family_params("prefill"))

@@ -4,7 +4,7 @@ the eager run in deterministic mode). Non-capturable backends skip with their re
 
 import pytest
 
-from harness.search.graph_suite import params, run
+from harness.run.graph_suite import params, run
 
 
 @pytest.mark.parametrize("target", params())

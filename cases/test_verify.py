@@ -5,7 +5,7 @@ The window applies by tree depth, not by flattened index.
 
 import pytest
 
-from harness.search.suite import family_params, run_family
+from harness.run.suite import family_params, run_family
 
 
 @pytest.mark.parametrize("target", family_params("verify"))

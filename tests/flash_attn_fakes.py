@@ -19,7 +19,7 @@ the adapters and of references/:
 - FA4's mask_mod is the verify-tree mask of harness/backends/flash_attn_fa4.py: the fake reads
   the same two tables (first visible prefix key; per (query, draft) visibility). The CuTe DSL
   function itself only runs on a GPU.
-- Each library entry is a kernel (harness/run/graphs.py `kernel`): under the CPU graph emulator a
+- Each library entry is a kernel (harness/backends/graphs.py `kernel`): under the CPU graph emulator a
   call is one opaque node, replayed on its recorded arguments, so it reads cache_seqlens, page_table
   and the tree tables as they are at the replay, and every Python argument as it was at capture.
 """
@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from harness.run import graphs
+from harness.backends import graphs
 from tests.fake_attention import attend
 
 TILE_N = 128  # FA4's key tile at head_dim 128 on sm90 (interface._tile_size_fwd_sm90)

@@ -38,7 +38,7 @@ import sys
 import torch
 from packaging.version import Version
 
-from harness.run import graphs
+from harness.backends import graphs
 from tests.fake_attention import attend
 
 __version__ = "0.7.2.post1"

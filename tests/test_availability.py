@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness import backends, cli
+from harness import backends
 from harness.backends import BackendBroken
 from harness.backends.flash_attn_fa2 import FA2
 from harness.backends.flash_attn_fa3 import FA3
@@ -25,6 +25,8 @@ from harness.backends.flash_attn_fa4 import FA4
 from harness.backends.library import import_library
 from harness.backends.versions import SupportedRange
 from harness.cli import main
+from harness.run import check, repro
+from harness.run.speed import settings
 from tests import flashinfer_fake
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -185,7 +187,7 @@ def suite_run(monkeypatch):
         started.append(cmd)
         return subprocess.CompletedProcess(cmd, 0)
 
-    monkeypatch.setattr(cli.subprocess, "run", fake_run)
+    monkeypatch.setattr(check.subprocess, "run", fake_run)
     monkeypatch.delenv(REQUIRE_ENV, raising=False)
     return started
 
@@ -213,12 +215,13 @@ def test_check_require_from_the_environment(suite_run, capsys, monkeypatch, tmp_
     )
     assert not suite_run
     monkeypatch.setenv(REQUIRE_ENV, "nope")
+    settings.reset()  # a process reads its settings once
     assert main(["check", "--device", "cpu", "--reports", str(tmp_path)]) == 2
     assert "unknown backend 'nope'" in capsys.readouterr().err
 
 
 def test_check_device_cuda_without_cuda_is_one_line_exit_2(suite_run, capsys, monkeypatch, tmp_path):
-    monkeypatch.setattr(cli, "_default_device", lambda: "cpu")
+    monkeypatch.setattr(check, "default_device", lambda: "cpu")
     assert main(["check", "--device", "cuda", "--reports", str(tmp_path)]) == 2
     (line,) = capsys.readouterr().err.splitlines()
     assert line == "error: --device cuda: no CUDA device here (torch.cuda.is_available() is False)"
@@ -230,7 +233,7 @@ def test_repro_that_checked_nothing_exits_3_with_the_reason(capsys, monkeypatch)
     assert main(["repro", head_dim_8, "--backend", "flex_eager", "--device", "cpu"]) == 3
     assert "flex_eager on cpu: SKIP: flex_eager does not support head_dim 8" in capsys.readouterr().out
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert main(["repro", GOOD, "--device", "cuda"]) == cli.NOTHING_CHECKED == 3
+    assert main(["repro", GOOD, "--device", "cuda"]) == repro.NOTHING_CHECKED == 3
     assert "torch_native on cuda: SKIP: no CUDA device" in capsys.readouterr().out
 
 

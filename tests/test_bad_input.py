@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from harness import cli
+from harness import hunts
 from harness.checks import footprint
 from harness.cli import main
 from harness.core.case import MAX_REQUESTS, Case, CaseError, Request
 from harness.report import results_json
-from harness.run import mutation
+from harness.run import check
 from tests.report_helpers import sample_document
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -228,8 +228,8 @@ def no_run(monkeypatch):
     def started(*args, **kwargs):
         raise AssertionError("a run started")
 
-    monkeypatch.setattr(cli.subprocess, "run", started)
-    monkeypatch.setattr(mutation, "run", started)
+    monkeypatch.setattr(check.subprocess, "run", started)
+    monkeypatch.setattr(hunts, "run", started)
 
 
 @pytest.fixture
@@ -262,7 +262,7 @@ def test_check_with_a_bad_expression_keeps_latest(capsys, no_run, reports, optio
 
 def test_check_that_pytest_refuses_keeps_latest(capsys, monkeypatch, reports):
     """Whatever else pytest refuses (exit 4): its empty report does not become `latest`."""
-    monkeypatch.setattr(cli.subprocess, "run", lambda cmd, cwd, env: subprocess.CompletedProcess(cmd, 4))
+    monkeypatch.setattr(check.subprocess, "run", lambda cmd, cwd, env: subprocess.CompletedProcess(cmd, 4))
     assert main(["check", "--device", "cpu", "--reports", str(reports), "--no-progress"]) == 2
     assert "latest" in capsys.readouterr().err
     assert (reports / "latest").resolve() == reports / "earlier"

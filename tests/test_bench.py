@@ -9,12 +9,12 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from harness import hunts
 from harness.backends import load
 from harness.cli import main
 from harness.core import timing
 from harness.core.modes import Mode
 from harness.mutants import by_name
-from harness.run import mutation
 from harness.run.workers import Outcome
 from harness.tools import bench
 from harness.tools.bench import opcount, processes, throughput
@@ -90,7 +90,7 @@ FAST_MUTANT = "torch_native~window_ignored"
 
 
 def test_the_json_has_every_section_with_its_documented_fields(tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(mutation, "every_mutant", lambda exact_pool=False: [by_name(FAST_MUTANT)])
+    monkeypatch.setattr(hunts, "every_mutant", lambda exact_pool=False: [by_name(FAST_MUTANT)])
     out = tmp_path / "bench.json"
     argv = ["bench", "--device", "cpu", "--backend", "torch_native", "--cases", "3", "--scale-tokens", "64"]
     assert main(argv + ["--max-examples", "50", "--json", str(out)]) == 0

@@ -11,7 +11,7 @@ import pytest
 
 from harness import cli
 from harness.report import environment
-from harness.run import cache_dir, workers
+from harness.run import cache_dir, check, workers
 from tests import warmup_fake
 
 VARS = tuple(var for _, var, _ in cache_dir.LIBRARIES)
@@ -126,7 +126,7 @@ def test_the_checks_pytest_process_inherits_it(clean_env, monkeypatch):
         seen.update(env)
         return subprocess.CompletedProcess(cmd, 5)
 
-    monkeypatch.setattr(cli.subprocess, "run", fake_run)
+    monkeypatch.setattr(check.subprocess, "run", fake_run)
     argv = ["check", "--cache-dir", str(clean_env / "p"), "--reports", str(clean_env / "r"), "--jobs", "1"]
     assert cli.main(argv) == 2  # the fake pytest "collected nothing"
     assert {v: seen[v] for v in VARS} == derived(clean_env / "p")

@@ -1,6 +1,7 @@
 """The command line: exit codes and one-line errors for bad input."""
 
 import html
+import importlib.metadata
 import json
 import os
 import shlex
@@ -9,9 +10,11 @@ import sys
 
 import pytest
 
+import harness
 from harness.cli import main
 from harness.report import results_json
-from harness.run import warm_gate
+from harness.run import check
+from harness.run.speed import warm_gate
 from tests.helpers import IdleGate
 from tests.report_helpers import PINNED_QUERY_LINE, ROOT, WINDOW_IGNORED, mutant_run
 
@@ -168,7 +171,6 @@ def test_check_on_a_cuda_machine_runs_the_cuda_backends_unless_told(
     monkeypatch, tmp_path, device, mark, profile
 ):
     """The CPU backends at the gpu profile's sizes would take hours: on CUDA, check selects the GPU ones."""
-    from harness import cli
 
     seen = {}
 
@@ -176,9 +178,9 @@ def test_check_on_a_cuda_machine_runs_the_cuda_backends_unless_told(
         seen.update(cmd=cmd, profile=env["ATTN_HARNESS_PROFILE"])
         return subprocess.CompletedProcess(cmd, 0)
 
-    monkeypatch.setattr(cli, "_default_device", lambda: "cuda")
-    monkeypatch.setattr(cli.os, "cpu_count", lambda: 2)  # one pytest process (--jobs: test_parallel.py)
-    monkeypatch.setattr(cli.subprocess, "run", fake_run)
+    monkeypatch.setattr(check, "default_device", lambda: "cuda")
+    monkeypatch.setattr(check.os, "cpu_count", lambda: 2)  # one pytest process (--jobs: test_parallel.py)
+    monkeypatch.setattr(check.subprocess, "run", fake_run)
     monkeypatch.setattr(warm_gate, "WarmGate", IdleGate)
     args = ["check", "--reports", str(tmp_path)] + (["--device", device] if device else [])
     assert main(args) == 0
@@ -236,3 +238,11 @@ def test_every_subcommand_help_has_examples_that_parse():
             argv = shlex.split(line, comments=True)
             assert argv[:3] == ["python", "-m", "harness"] and (name is None or argv[3] == name), line
             top.parse_args(argv[3:])  # a usage error would raise
+
+
+def test_version_prints_the_package_version(capsys):
+    with pytest.raises(SystemExit) as ended:
+        main(["--version"])
+    assert ended.value.code == 0
+    assert capsys.readouterr().out.strip() == f"attn-harness {harness.__version__}"
+    assert harness.__version__ == importlib.metadata.version("attn-harness")

@@ -66,7 +66,7 @@ def test_every_python_m_module_a_doc_names_imports(doc: Path) -> None:
 
 def test_the_checks_catch_what_the_old_readme_got_wrong() -> None:
     old = (
-        "harness/search/suite.py how cases/ is generated; harness/mutants.py the injected bugs\n"
+        "harness/run/suite.py how cases/ is generated; harness/mutants.py the injected bugs\n"
         "Conventions (DESIGN.md has the full text); see [docs/bench.md](docs/bench.md)\n"
         "after `bash .device/core/setup.sh && . /root/gpu-env`"
     )

@@ -20,8 +20,7 @@ from harness import backends
 from harness.backends import flashinfer_glue as glue
 from harness.backends.flashinfer_glue import paged_kv_table
 from harness.core.batch import build_batch, make_inputs
-from harness.core.case import Case, Request
-from harness.core.vocab import case_traits
+from harness.core.case import Case, Request, case_traits
 from harness.mutants import by_name
 from tests import flashinfer_fake as fake
 

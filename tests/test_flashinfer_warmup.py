@@ -1,6 +1,6 @@
 """The warm-up's probes: every JIT variant the gpu profile and the pinned cases need, one module each.
 
-Phase 1 of `python -m harness.tools.flashinfer_warmup` learns which module a probe needs by stopping it
+Phase 1 of `python -m harness.run.speed.warmup.flashinfer` learns which module a probe needs by stopping it
 at its first module load, so each probe must need exactly one module and must be a case its
 adapter runs. Checked here on the recording fake; the device run builds them.
 """
@@ -15,9 +15,9 @@ import torch
 
 from harness import backends
 from harness.core.batch import build_batch, make_inputs
-from harness.tools import flashinfer_warmup
-from harness.tools.flashinfer_warmup import GPU_VARIANT, coverage_cases, module_probes, pinned_cases
-from harness.tools.warmup.ninja import Module
+from harness.run.speed.warmup import flashinfer as flashinfer_warmup
+from harness.run.speed.warmup.flashinfer import GPU_VARIANT, coverage_cases, module_probes, pinned_cases
+from harness.run.speed.warmup.ninja import Module
 from tests import flashinfer_fake as fake
 
 PROBES = [p for p in module_probes() if p.backend]

@@ -34,9 +34,9 @@ from harness.checks.invariance import check_invariance
 from harness.checks.numeric import check_case
 from harness.core.case import Case
 from harness.core.modes import FAMILIES, FAMILY_MODE, Mode
+from harness.run.suite import pinned_examples
 from harness.search import profiles
 from harness.search.strategies import cases
-from harness.search.suite import pinned_examples
 from tests.helpers import AtenOps, batch_of, case
 
 SHAPE = {"dtype": "bfloat16", "num_q_heads": 8, "num_kv_heads": 2, "head_dim": 64}

@@ -8,9 +8,9 @@ import sys
 
 import pytest
 
-from harness import cli
 from harness.cli import main
-from harness.run import isolation, parallel, prestart, schedule, warm_gate
+from harness.run import check, isolation, parallel, pytest_command
+from harness.run.speed import schedule, settings, warm_gate
 from tests.helpers import IdleGate
 
 CHILD = """
@@ -26,7 +26,7 @@ open(path, "w").write(json.dumps(doc))
 def test_each_part_sees_only_its_slots_gpu_and_the_longest_start_first_round_the_gpus(tmp_path):
     (tmp_path / "child.py").write_text(CHILD)
     plan = schedule.plan({"e": 5, "a": 40, "b": 39, "c": 38, "d": 37}, 4, ["3", "5"])
-    env = {**os.environ, "PYTHONPATH": str(cli.ROOT), "CUDA_VISIBLE_DEVICES": "3,5"}
+    env = {**os.environ, "PYTHONPATH": str(pytest_command.ROOT), "CUDA_VISIBLE_DEVICES": "3,5"}
     out = io.StringIO()
     child = [sys.executable, str(tmp_path / "child.py")]
     parts = parallel.run(child, env, "B", plan, tmp_path / "parts", tmp_path, out=out)
@@ -52,7 +52,7 @@ def test_without_gpus_the_parts_keep_the_environment_they_were_given(tmp_path):
     (tmp_path / "child.py").write_text(CHILD)
     plan = schedule.plan({"a": 1, "b": 1}, 2, [])
     env = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
-    env["PYTHONPATH"] = str(cli.ROOT)
+    env["PYTHONPATH"] = str(pytest_command.ROOT)
     child = [sys.executable, str(tmp_path / "child.py")]
     parts = parallel.run(child, env, "B", plan, tmp_path / "parts", tmp_path, out=io.StringIO())
     assert [(p.gpu, p.records[0]["reason"]) for p in parts] == [(None, "unset"), (None, "unset")]
@@ -65,23 +65,24 @@ def early_worker(cmd: list[str], env: dict[str, str]) -> bool:
     """Whether the pytest command spawns its isolation worker as it starts: prestart's module loaded
     ahead of the harness's plugin (which imports torch), and asked to."""
     plugins = [cmd[i + 1] for i, arg in enumerate(cmd) if arg == "-p"]
-    loaded = "harness.run.prestart" in plugins
+    loaded = "harness.run.speed.prestart" in plugins
     if loaded:
-        assert plugins.index("harness.run.prestart") < plugins.index("harness.run.pytest_plugin")
-    assert loaded == (env.get(prestart.ENV) == "1")
+        assert plugins.index("harness.run.speed.prestart") < plugins.index("harness.run.pytest_plugin")
+    assert loaded == (env.get(settings.PRESTART_ENV) == "1")
     return loaded
 
 
 @pytest.fixture
 def two_gpus(monkeypatch):
     """A CUDA machine with GPUs 0 and 1 visible and 32 cores, as far as `check` can tell."""
-    monkeypatch.setattr(cli, "_default_device", lambda: "cuda")
+    monkeypatch.setattr(check, "default_device", lambda: "cuda")
     monkeypatch.setattr(isolation, "visible_gpus", lambda: ["0", "1"])
-    monkeypatch.setattr(cli.os, "cpu_count", lambda: 32)
+    monkeypatch.setattr(check.os, "cpu_count", lambda: 32)
     seen = {}
 
-    def fake_parallel(cmd, env, names, jobs, gpus, *rest):  # noqa: ANN001, ANN002, ANN202
-        seen.update(jobs=jobs, gpus=gpus, visible=env.get("CUDA_VISIBLE_DEVICES"))
+    def fake_parallel(job, gate=None, say=print):  # noqa: ANN001, ANN202
+        cmd, env = job.cmd, job.env
+        seen.update(jobs=job.jobs, gpus=job.gpus, visible=env.get("CUDA_VISIBLE_DEVICES"))
         seen.update(threads=env.get("OMP_NUM_THREADS"), early=early_worker(cmd, env))
         seen.update(compile_threads=env.get(parallel.COMPILE_THREADS))
         seen.update(quick="--harness-quick-exit" in cmd)
@@ -92,8 +93,8 @@ def two_gpus(monkeypatch):
         seen.update(early=early_worker(cmd, env), quick="--harness-quick-exit" in cmd)
         return subprocess.CompletedProcess(cmd, 0)
 
-    monkeypatch.setattr(cli, "_check_parallel", fake_parallel)
-    monkeypatch.setattr(cli.subprocess, "run", fake_run)
+    monkeypatch.setattr(check, "run_parallel", fake_parallel)
+    monkeypatch.setattr(check.subprocess, "run", fake_run)
     monkeypatch.setattr(warm_gate, "WarmGate", IdleGate)
     return seen
 
@@ -143,9 +144,9 @@ def test_the_processes_of_an_isolated_cuda_check_spawn_their_workers_as_they_sta
     two_gpus, tmp_path, monkeypatch, args, isolate, early
 ):
     if isolate is None:
-        monkeypatch.delenv(isolation.ISOLATE_ENV, raising=False)
+        monkeypatch.delenv(settings.ISOLATE_ENV, raising=False)
     else:
-        monkeypatch.setenv(isolation.ISOLATE_ENV, isolate)
+        monkeypatch.setenv(settings.ISOLATE_ENV, isolate)
     assert main(["check", "--reports", str(tmp_path), *args]) == 0
     assert two_gpus["early"] is early
 

@@ -18,8 +18,8 @@ from harness.core.case import Case, CaseError, Request
 from harness.core.graph_case import GraphCase
 from harness.mutants import hunt
 from harness.mutants.graph import MUTANTS
+from harness.run.graph_suite import GraphTarget, run
 from harness.search import profiles
-from harness.search.graph_suite import GraphTarget, run
 from tests import flashinfer_fake as fake
 
 H = dict(head_dim=64)
@@ -274,8 +274,9 @@ def test_each_replay_gets_its_own_pool_and_poison_in_the_static_pool():
 def test_a_replay_record_is_its_own_check_with_the_graph_case_as_repro(monkeypatch, capsys):
     import json
 
-    from harness.cli import NOTHING_CHECKED, main
+    from harness.cli import main
     from harness.core.results import summary_table
+    from harness.run.repro import NOTHING_CHECKED
 
     g = GraphCase((decode(40, 3, seed=1), decode(70, seed=2)), 2, 80)
     res = replay_result(backend(), g, "cpu")
@@ -399,7 +400,7 @@ def test_the_plans_flashinfer_gets_wrong_are_a_short_replay_after_a_split_captur
 def test_the_pinned_graphs_are_checked_first_in_their_family(monkeypatch):
     """harness/search/pinned.py's GraphCases (the split capture then unsplit replay that FlashInfer
     gets wrong) run in every search of their family, not only when hypothesis draws them."""
-    from harness.search.graph_suite import pinned_graphs
+    from harness.run.graph_suite import pinned_graphs
 
     load = backends.load
     monkeypatch.setattr(backends, "load", lambda name: fake.on_cpu(load(name)))

@@ -1,4 +1,4 @@
-"""The CPU graph emulator (harness/run/graphs.py) keeps CUDA graph semantics: Python values frozen at
+"""The CPU graph emulator (harness/backends/graphs.py) keeps CUDA graph semantics: Python values frozen at
 capture, buffers read anew at every replay, host syncs refused during capture, library kernels
 replayed as opaque nodes on their recorded arguments."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from harness.run.graphs import EmulatedGraph, GraphCaptureError, kernel
+from harness.backends.graphs import EmulatedGraph, GraphCaptureError, kernel
 
 
 def test_a_python_value_is_frozen_at_capture():

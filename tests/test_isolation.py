@@ -13,7 +13,8 @@ from harness.backends.torch_native import TorchNative
 from harness.checks.numeric import check_case
 from harness.mutants import by_name, hunt
 from harness.run import isolation
-from harness.search.suite import Target, run_family
+from harness.run.speed import settings
+from harness.run.suite import Target, run_family
 from tests.helpers import case
 
 GOOD = case("EXTEND", ((5, 3),), window_left=2)
@@ -178,7 +179,7 @@ def test_pool_spreads_cases_over_workers_and_isolates_each():
 
 
 def test_the_suite_reports_a_crash_as_a_failed_test(monkeypatch):
-    monkeypatch.setenv(isolation.ISOLATE_ENV, "1")
+    monkeypatch.setenv(settings.ISOLATE_ENV, "1")
     records = []
     t = Target("tests.test_isolation:Aborts", "cpu", "prefill", "full")
     with pytest.raises(AssertionError, match="CRASH: the worker process died"):
@@ -188,7 +189,7 @@ def test_the_suite_reports_a_crash_as_a_failed_test(monkeypatch):
 
 
 def test_an_exact_pool_untranslated_read_crashes_and_the_hunt_reports_it(monkeypatch):
-    monkeypatch.setenv(isolation.ISOLATE_ENV, "1")
+    monkeypatch.setenv(settings.ISOLATE_ENV, "1")
     d = hunt(by_name("torch_native~swa_untranslated_exact"), "decode", max_examples=5)
     assert d.caught and d.status == "crash" and d.examples == 1
     assert "IndexError" in d.reason and "out of bounds" in d.reason
@@ -201,11 +202,14 @@ def test_in_process_a_backend_exception_is_a_crash_result():
 
 
 def test_isolation_is_on_for_cuda_and_by_request(monkeypatch):
-    monkeypatch.delenv(isolation.ISOLATE_ENV, raising=False)
+    monkeypatch.delenv(settings.ISOLATE_ENV, raising=False)
     assert isolation.enabled("cuda") and not isolation.enabled("cpu")
-    monkeypatch.setenv(isolation.ISOLATE_ENV, "1")
+    monkeypatch.setenv(settings.ISOLATE_ENV, "1")
+    assert not isolation.enabled("cpu")  # read once, where the process started
+    settings.reset()
     assert isolation.enabled("cpu")
-    monkeypatch.setenv(isolation.ISOLATE_ENV, "0")
+    monkeypatch.setenv(settings.ISOLATE_ENV, "0")
+    settings.reset()
     assert not isolation.enabled("cuda")
 
 

@@ -9,10 +9,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from harness import cli
 from harness.cli import main
 from harness.report import results_json
-from harness.run import parallel, schedule
+from harness.run import check, parallel, pytest_command
+from harness.run.speed import schedule
 from tests.report_helpers import WINDOW_IGNORED
 
 
@@ -25,13 +25,13 @@ def test_one_exit_status_for_the_run(codes, expected):
 
 
 def test_default_jobs_one_on_the_cpu_and_per_two_cores_on_cuda_up_to_eight_per_gpu(monkeypatch):
-    monkeypatch.setattr(cli.os, "cpu_count", lambda: 16)
-    assert cli._jobs(None, cuda=False) == 1 and cli._jobs(None, cuda=True) == 8
-    assert cli._jobs(None, cuda=True, gpus=2) == 8  # 16 cores: still 8
-    monkeypatch.setattr(cli.os, "cpu_count", lambda: 32)
-    assert cli._jobs(None, cuda=True, gpus=1) == 8 and cli._jobs(None, cuda=True, gpus=2) == 16
-    monkeypatch.setattr(cli.os, "cpu_count", lambda: 2)
-    assert cli._jobs(None, cuda=True) == 1 and cli._jobs(3, cuda=False) == 3
+    monkeypatch.setattr(check.os, "cpu_count", lambda: 16)
+    assert check.jobs(None, cuda=False) == 1 and check.jobs(None, cuda=True) == 8
+    assert check.jobs(None, cuda=True, gpus=2) == 8  # 16 cores: still 8
+    monkeypatch.setattr(check.os, "cpu_count", lambda: 32)
+    assert check.jobs(None, cuda=True, gpus=1) == 8 and check.jobs(None, cuda=True, gpus=2) == 16
+    monkeypatch.setattr(check.os, "cpu_count", lambda: 2)
+    assert check.jobs(None, cuda=True) == 1 and check.jobs(3, cuda=False) == 3
 
 
 def test_jobs_below_one_is_a_one_line_error(capsys, tmp_path):
@@ -55,7 +55,7 @@ def test_a_parallel_run_merges_every_backend_and_a_failure_fails_it(tmp_path):
     ]
     argv += ["--no-probe"]
     env = {**os.environ, "ATTN_HARNESS_CACHE": str(tmp_path / "cache")}
-    proc = subprocess.run(argv, capture_output=True, text=True, cwd=cli.ROOT, env=env, timeout=600)
+    proc = subprocess.run(argv, capture_output=True, text=True, cwd=pytest_command.ROOT, env=env, timeout=600)
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "2 processes, 2 at once" in proc.stdout and "[2/2]" in proc.stdout
     run = (tmp_path / "latest").resolve()
@@ -123,7 +123,7 @@ def _check(tmp_path, jobs: int) -> tuple[subprocess.CompletedProcess, list[dict]
     argv += ["--backend", "torch_native", "--no-probe", "--jobs", str(jobs)]
     argv += ["--reports", str(tmp_path / "reports"), "--results", str(tmp_path / "results.json")]
     env = {**os.environ, "ATTN_HARNESS_CACHE": str(tmp_path / "cache")}
-    proc = subprocess.run(argv, capture_output=True, text=True, cwd=cli.ROOT, env=env, timeout=600)
+    proc = subprocess.run(argv, capture_output=True, text=True, cwd=pytest_command.ROOT, env=env, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc, results_json.load(tmp_path / "results.json")["results"]
 
@@ -168,7 +168,8 @@ DRIVER = """
 import json, os, sys
 from pathlib import Path
 from types import SimpleNamespace
-from harness.run import parallel, schedule
+from harness.run import parallel
+from harness.run.speed import schedule
 d = Path(sys.argv[1])
 cmd = [sys.executable, str(d / "child.py")]
 plan = schedule.plan({"a": 1, "b": 1, "c": 1}, 2, [])
@@ -186,7 +187,7 @@ def test_an_interrupt_keeps_what_the_running_parts_checked(tmp_path):
 
     (tmp_path / "child.py").write_text(CHILD)
     (tmp_path / "driver.py").write_text(DRIVER)
-    env = {**os.environ, "PYTHONPATH": str(cli.ROOT)}
+    env = {**os.environ, "PYTHONPATH": str(pytest_command.ROOT)}
     proc = subprocess.Popen(
         [sys.executable, str(tmp_path / "driver.py"), str(tmp_path)],
         stdout=subprocess.PIPE,
@@ -212,7 +213,7 @@ def test_each_part_collects_only_its_own_backend():
 
     env = {**os.environ, "ATTN_HARNESS_BACKENDS": "torch_split"}
     argv = [sys.executable, "-m", "pytest", "cases", "--collect-only", "-q", "-p", "no:cacheprovider"]
-    proc = subprocess.run(argv, capture_output=True, text=True, cwd=cli.ROOT, env=env, timeout=300)
+    proc = subprocess.run(argv, capture_output=True, text=True, cwd=pytest_command.ROOT, env=env, timeout=300)
     ids = [line for line in proc.stdout.splitlines() if "::" in line]
     assert ids and all("[torch_split-" in i for i in ids), [i for i in ids if "[torch_split-" not in i][:5]
     assert any("test_model_logprobs" in i for i in ids) and any("test_deterministic" in i for i in ids)
@@ -221,8 +222,8 @@ def test_each_part_collects_only_its_own_backend():
 def test_check_asks_each_unmeasured_backend_whether_it_runs_here(monkeypatch, tmp_path, capsys):
     """fa2 cannot run on the CPU (nor without its library): `check` plans its part as one that skips,
     at STARTUP_S, and says so; a plugin that can run, never measured, keeps UNKNOWN_SECONDS."""
-    from harness.run import costs
-    from harness.run.schedule import STARTUP_S
+    from harness.run.speed import costs
+    from harness.run.speed.schedule import STARTUP_S
     from tests.helpers import fresh_cache
 
     fresh_cache(monkeypatch, tmp_path).mkdir(parents=True)
@@ -236,8 +237,9 @@ def test_check_asks_each_unmeasured_backend_whether_it_runs_here(monkeypatch, tm
 
     monkeypatch.setattr(parallel, "run", fake_run)
     names = ["fa2", "tests.variant_keyed:native"]
-    args = (["pytest"], {}, names, 2, [], tmp_path / "run", "gpu", None, "sel", tmp_path)
-    assert cli._check_parallel(*args, "check") == 0
+    job = check.Prepared(cmd=["pytest"], env={}, names=names, jobs=2, gpus=[], run_dir=tmp_path / "run",
+                         profile="gpu", results=None, selection="sel", cwd=tmp_path, command_line="check")
+    assert check.run_parallel(job) == 0
     (plan,) = planned
     assert [p.seconds for p in plan.parts if p.backend == "fa2"] == [STARTUP_S]
     plugin = [p for p in plan.parts if p.backend != "fa2"]  # 60 s: split in two on two slots
@@ -249,7 +251,7 @@ def test_check_asks_each_unmeasured_backend_whether_it_runs_here(monkeypatch, tm
 def test_a_fitted_fixed_cost_plans_the_shards_and_is_subtracted_from_the_saved_cost(monkeypatch, tmp_path):
     """torch_native seen at 1, 2 and 4 shards (20 s fixed + 50 s of work; STARTUP_S is 10): `check`
     plans its shards with that fixed cost, and saves the parts' sum less the extra shards' fixed costs."""
-    from harness.run import costs
+    from harness.run.speed import costs
     from tests.helpers import fresh_cache
 
     cache = fresh_cache(monkeypatch, tmp_path)
@@ -267,8 +269,10 @@ def test_a_fitted_fixed_cost_plans_the_shards_and_is_subtracted_from_the_saved_c
         ]
 
     monkeypatch.setattr(parallel, "run", fake_run)
-    args = (["pytest"], {}, ["torch_native", "fa4"], 4, [], tmp_path / "run", "gpu", None, "sel", tmp_path)
-    assert cli._check_parallel(*args, "check") == 0
+    names = ["torch_native", "fa4"]
+    job = check.Prepared(cmd=["pytest"], env={}, names=names, jobs=4, gpus=[], run_dir=tmp_path / "run",
+                         profile="gpu", results=None, selection="sel", cwd=tmp_path, command_line="check")
+    assert check.run_parallel(job) == 0
     (plan,) = planned
     mine = [p for p in plan.parts if p.backend == "torch_native"]
     n = len(mine)

@@ -24,7 +24,7 @@ import pytest
 
 from harness.checks import numeric
 from harness.run import isolation
-from harness.search.suite import Target, run_family
+from harness.run.suite import Target, run_family
 
 REAL_BUILD = numeric.build_batch
 REAL_CHECK = isolation.check

@@ -1,4 +1,4 @@
-"""harness/run/prestart.py: a CUDA check's pytest process spawns its isolation worker as it starts,
+"""harness/run/speed/prestart.py: a CUDA check's pytest process spawns its isolation worker as it starts,
 without waiting for the worker's imports, and the isolation layer takes that worker for its GPU."""
 
 import os
@@ -13,7 +13,8 @@ import torch
 from harness.backends import BACKENDS_ENV
 from harness.backends.torch_native import TorchNative
 from harness.checks.numeric import check_case
-from harness.run import isolation, prestart, workers
+from harness.run import isolation, workers
+from harness.run.speed import prestart, settings
 from tests.helpers import case
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -75,14 +76,14 @@ def test_the_worker_is_spawned_only_when_asked_pinned_where_isolation_pins_it(
 ):
     spawned = []
     monkeypatch.setattr(workers.Worker, "spawn", lambda self: spawned.append(self.env))
-    given = {prestart.ENV: flag, "CUDA_VISIBLE_DEVICES": visible, "PYTEST_XDIST_WORKER": xdist}
+    given = {settings.PRESTART_ENV: flag, "CUDA_VISIBLE_DEVICES": visible, "PYTEST_XDIST_WORKER": xdist}
     for name, value in given.items():
         if value is None:
             monkeypatch.delenv(name, raising=False)
         else:
             monkeypatch.setenv(name, value)
     worker = prestart.start()
-    assert prestart.ENV not in os.environ  # read once: what this process starts later spawns nothing
+    assert settings.PRESTART_ENV not in os.environ  # read once: what this process starts later spawns nothing
     if pinned is None:
         assert worker is None and spawned == [] and no_early == []
     else:
@@ -127,27 +128,28 @@ def test_an_isolated_runner_checks_its_cases_in_the_worker_spawned_early(no_earl
 
 
 def test_a_pytest_process_loading_the_module_first_hands_its_worker_to_the_isolation_layer(tmp_path):
-    """The path `check` takes: `-p harness.run.prestart` with the variable set spawns the worker as
+    """The path `check` takes: `-p harness.run.speed.prestart` with the variable set spawns the worker as
     pytest loads its plugins; the suite's runner for the GPU takes that process (same pid), which
     loaded the part's backend before its first call (here the CUDA context it then creates fails, and
     only its log says so), and the worker itself neither sees the variable nor spawns another."""
     (tmp_path / "test_early.py").write_text(
         textwrap.dedent("""
         import os
-        from harness.run import isolation, prestart
+        from harness.run import isolation
+        from harness.run.speed import prestart
 
         def test_early_worker():
             (early,) = prestart._EARLY
             pid = early.proc.pid
             runner = isolation.runner_for("cuda")
             assert runner.worker is early and early.proc.pid == pid
-            assert runner.worker.call(os.getenv, (prestart.ENV,), 120).value is None
+            assert runner.worker.call(os.getenv, (settings.PRESTART_ENV,), 120).value is None
             assert runner.worker.call(os.getenv, ("CUDA_VISIBLE_DEVICES",), 120).value == "0"
             assert runner.worker.call(prestart.warmed, (), 120).value == ["torch_split"]
             assert runner.worker.started == 1
     """)
     )
-    env = {**os.environ, prestart.ENV: "1", "CUDA_VISIBLE_DEVICES": "0", "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, settings.PRESTART_ENV: "1", "CUDA_VISIBLE_DEVICES": "0", "PYTHONPATH": str(ROOT)}
     env[BACKENDS_ENV] = "torch_split"
     env.pop("PYTEST_XDIST_WORKER", None)
     cmd = [sys.executable, "-m", "pytest", "-q", *prestart.OPTIONS, "-p", "no:cacheprovider", "test_early.py"]

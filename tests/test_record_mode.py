@@ -13,8 +13,9 @@ from pathlib import Path
 from hypothesis import Phase, settings
 
 from harness.run import isolation, record_mode
+from harness.run.speed.settings import ISOLATE_ENV, RECORD_ENV
+from harness.run.suite import Target, run_family
 from harness.search import profiles
-from harness.search.suite import Target, run_family
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -33,8 +34,8 @@ def settings_profile(chosen: settings):  # noqa: ANN201
 def _checked_and_recorded(monkeypatch, tmp_path) -> tuple[list, list, list]:
     """torch_native's decode family on the CPU, once checked (the cases its check ran) and once in
     record mode (the cases recorded; the results the search saw)."""
-    monkeypatch.delenv(record_mode.RECORD_ENV, raising=False)
-    monkeypatch.setenv(isolation.ISOLATE_ENV, "0")
+    monkeypatch.delenv(RECORD_ENV, raising=False)
+    monkeypatch.setenv(ISOLATE_ENV, "0")
     checked, real_check = [], isolation.check
 
     def logging_check(backend, case, device):  # noqa: ANN001, ANN202
@@ -48,7 +49,7 @@ def _checked_and_recorded(monkeypatch, tmp_path) -> tuple[list, list, list]:
     run_family(target)
     really_checked = list(checked)
     file = tmp_path / "drawn.jsonl"
-    monkeypatch.setenv(record_mode.RECORD_ENV, str(file))
+    monkeypatch.setenv(RECORD_ENV, str(file))
     results = []
     run_family(target, results.append)
     assert checked == really_checked  # nothing was checked in record mode
@@ -86,7 +87,7 @@ def test_a_pytest_run_in_record_mode_says_so_and_writes_no_results(tmp_path):
     file, results = tmp_path / "drawn.jsonl", tmp_path / "results.json"
     cmd = [sys.executable, "-m", "pytest", "cases/test_decode.py", "-q", "-p", "harness.run.pytest_plugin"]
     cmd += ["-k", "torch_native and full", "--harness-results", str(results), "-p", "no:cacheprovider"]
-    env = {**os.environ, record_mode.RECORD_ENV: str(file), "ATTN_HARNESS_BACKENDS": "torch_native"}
+    env = {**os.environ, RECORD_ENV: str(file), "ATTN_HARNESS_BACKENDS": "torch_native"}
     out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     assert "RECORD MODE" in out.stdout and "no results or report written" in out.stdout
@@ -100,7 +101,7 @@ def test_a_graph_replay_search_records_its_graph_cases(monkeypatch, tmp_path):
     from harness import backends
     from harness.checks import replay
     from harness.core.graph_case import GraphCase
-    from harness.search.graph_suite import GraphTarget, run
+    from harness.run.graph_suite import GraphTarget, run
     from tests import flashinfer_fake as fake
 
     fake.install(monkeypatch)
@@ -113,8 +114,8 @@ def test_a_graph_replay_search_records_its_graph_cases(monkeypatch, tmp_path):
     monkeypatch.setattr(isolation, "check_replay", replayed)
     monkeypatch.setattr(replay, "replay_result", replayed)
     file = tmp_path / "drawn.jsonl"
-    monkeypatch.setenv(record_mode.RECORD_ENV, str(file))
-    monkeypatch.setenv(isolation.ISOLATE_ENV, "0")
+    monkeypatch.setenv(RECORD_ENV, str(file))
+    monkeypatch.setenv(ISOLATE_ENV, "0")
     profiles.load("ci")
     results = []
     run(GraphTarget("flashinfer_dec_tc", "cpu", "graph", "full", "decode"), results.append)

@@ -8,10 +8,10 @@ from harness import backends
 from harness.backends.torch_native import TorchNative
 from harness.core.case import Case
 from harness.core.results import CaseResult, summary_table
-from harness.run import isolation
-from harness.search import suite
+from harness.run import isolation, suite
+from harness.run.speed import settings
+from harness.run.suite import Target, run_family
 from harness.search.refusals import MAX_REFUSED, Tally, TooManyRefusals
-from harness.search.suite import Target, run_family
 from tests.helpers import case
 
 
@@ -121,7 +121,7 @@ def test_a_case_drawn_again_is_recorded_once_if_it_passed_and_each_time_if_it_fa
     """hypothesis may draw a case again; its memoised result was not checked again, so a pass is one
     record (before: one per draw, 13 of the gpu profile's 40 records of torch_native's cross test on
     the CPU); a failure is recorded each time, and the plugin keeps the last (the minimal one)."""
-    monkeypatch.setenv(isolation.ISOLATE_ENV, "0")
+    monkeypatch.setenv(settings.ISOLATE_ENV, "0")
     monkeypatch.setattr(suite, "assume", lambda ok: None)  # hypothesis's, outside a search
     monkeypatch.setattr(suite, "target", lambda value, label: None)
     backend = FailsWideWindows()

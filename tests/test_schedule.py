@@ -1,4 +1,5 @@
-"""The check's schedule (harness/run/schedule.py) and its costs (harness/run/costs.py): pure functions."""
+"""The check's schedule (harness/run/speed/schedule.py) and its costs (harness/run/speed/costs.py):
+pure functions."""
 
 import itertools
 import json
@@ -7,8 +8,8 @@ import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from harness.run import costs, schedule
-from harness.run.schedule import STARTUP_S
+from harness.run.speed import costs, schedule
+from harness.run.speed.schedule import STARTUP_S
 
 
 def test_the_longest_backends_start_first_and_ties_keep_their_order():

@@ -65,7 +65,7 @@ def test_a_malformed_shard_is_a_usage_error_naming_it(pytester, bad):
 
 def test_a_run_inside_this_one_leaves_no_shard_set(pytester):
     """pytester runs pytest in this process: the variant shard the inner run set must not outlive it."""
-    from harness.run import variant_shards
+    from harness.run.speed import variant_shards
 
     _ids(_collect(pytester, "--harness-shard", "1/2"))
     assert variant_shards.current() == (0, 1)

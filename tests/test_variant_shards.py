@@ -1,4 +1,4 @@
-"""Variant shards (harness/run/variant_shards.py): the shards of a backend with variant keys run every
+"""Variant shards (harness/run/speed/variant_shards.py): the shards of a backend with variant keys run every
 search test, draw the same cases, and between them check each case exactly once; in a profile whose
 draws depend on what was measured they split the tests instead."""
 
@@ -16,10 +16,12 @@ from hypothesis import settings
 from harness import backends
 from harness.backends.torch_native import TorchNative
 from harness.core.results import CaseResult
-from harness.run import cache_dir, isolation, parallel, variant_shards
-from harness.search import profiles, suite
+from harness.run import cache_dir, check, isolation, parallel, suite
+from harness.run.speed import variant_shards
+from harness.run.speed.settings import ISOLATE_ENV
+from harness.run.suite import Target, judge, run_family
+from harness.search import profiles
 from harness.search.refusals import TooManyRefusals
-from harness.search.suite import Target, judge, run_family
 from tests.helpers import case
 from tests.variant_keyed import KeyedNative
 
@@ -54,7 +56,7 @@ def test_a_variants_owner_is_the_same_in_every_process_and_the_keys_spread():
     here = [variant_shards.owner(k, 4) for k in keys]
     code = (
         "import sys\n"
-        "from harness.run.variant_shards import owner\n"
+        "from harness.run.speed.variant_shards import owner\n"
         "print([owner(k, 4) for k in eval(sys.argv[1])])"
     )
     for seed in ("0", "12345"):  # Python salts str hashes per process: an owner must not use them
@@ -265,7 +267,7 @@ def test_another_shards_case_is_neither_recorded_nor_checked_and_its_refusal_is_
 def test_every_shard_judges_refusals_over_the_whole_draw(shard, gpu_draws, monkeypatch):
     """A backend refusing most draws fails the search in each shard with the same counts (the merged
     run keeps that record once), though each shard checked only its own share."""
-    monkeypatch.setenv(isolation.ISOLATE_ENV, "0")
+    monkeypatch.setenv(ISOLATE_ENV, "0")
     texts = []
     for index in range(2):
         shard(index, 2)
@@ -325,7 +327,7 @@ def test_a_check_measures_each_variants_seconds_and_keeps_the_unmeasured_weights
 
 
 class _CompiledGate:
-    """A warm-up that compiled beside the check (harness/run/warm_gate.py's interface)."""
+    """A warm-up that compiled beside the check (harness/run/speed/warm_gate.py's interface)."""
 
     seconds = 1.0
 
@@ -346,7 +348,6 @@ class _CompiledGate:
 def test_check_saves_the_measured_weights_unless_the_warm_up_compiled_beside_it(
     monkeypatch, tmp_path, compiled
 ):
-    from harness import cli
     from tests.helpers import fresh_cache
 
     cache = fresh_cache(monkeypatch, tmp_path)
@@ -364,8 +365,9 @@ def test_check_saves_the_measured_weights_unless_the_warm_up_compiled_beside_it(
         return out
 
     monkeypatch.setattr(parallel, "run", fake_run)
-    args = (["pytest"], {}, [KEYED], 1, [], tmp_path / "run", "gpu", None, "sel", tmp_path, "check")
+    job = check.Prepared(cmd=["pytest"], env={}, names=[KEYED], jobs=1, gpus=[], run_dir=tmp_path / "run",
+                         profile="gpu", results=None, selection="sel", cwd=tmp_path, command_line="check")
     gate = _CompiledGate() if compiled else None
-    assert cli._check_parallel(*args, gate=gate) == 0
+    assert check.run_parallel(job, gate) == 0
     weights = variant_shards.read_weights(variant_shards.weights_path(KEYED, "gpu", cache))
     assert weights == ({} if compiled else {variant_shards.name(KeyedNative().variant_key(c)): 4.0})

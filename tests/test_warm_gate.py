@@ -1,4 +1,4 @@
-"""The warm-up beside the check (harness/run/warm_gate.py): a backend's parts wait for its JIT
+"""The warm-up beside the check (harness/run/speed/warm_gate.py): a backend's parts wait for its JIT
 libraries, the others start at once, and `check` on CUDA starts it unless told not to. Order of
 events only (an events log shared by the processes), never durations."""
 
@@ -12,9 +12,9 @@ import threading
 
 import pytest
 
-from harness import cli
 from harness.cli import main
-from harness.run import parallel, schedule, warm_gate
+from harness.run import check, parallel, pytest_command
+from harness.run.speed import schedule, warm_gate
 from tests import warmup_fake
 from tests.helpers import IdleGate, fresh_cache
 
@@ -53,7 +53,7 @@ def test_a_backend_starts_after_its_library_and_the_others_while_it_builds(cache
     assert [p.backend for p in plan.parts] == backends  # the plan would start the gated one first
     assert not gate.ready("fake_ninja_backend") and gate.ready("plain")
     assert gate.nice() == warm_gate.warmup.BESIDE_NINJA_NICE  # a ninja build is pending
-    env = {**os.environ, "PYTHONPATH": str(cli.ROOT), "EVENTS_ROOT": str(cache)}
+    env = {**os.environ, "PYTHONPATH": str(pytest_command.ROOT), "EVENTS_ROOT": str(cache)}
     gate.start()
     child = [sys.executable, str(tmp_path / "child.py")]
     out = io.StringIO()
@@ -125,15 +125,15 @@ def cuda_check(monkeypatch):
     """`check` on a faked CUDA machine: the gates it made, and whether the parallel run got one."""
     seen: dict = {}
 
-    def fake_parallel(cmd, env, names, jobs, gpus, *rest):  # noqa: ANN001, ANN002, ANN202
-        seen["gate_given"] = rest[-1] is not None
+    def fake_parallel(job, gate=None, say=print):  # noqa: ANN001, ANN202
+        seen["gate_given"] = gate is not None
         return 0
 
-    monkeypatch.setattr(cli, "_default_device", lambda: "cuda")
-    monkeypatch.setattr(cli.os, "cpu_count", lambda: 16)
+    monkeypatch.setattr(check, "default_device", lambda: "cuda")
+    monkeypatch.setattr(check.os, "cpu_count", lambda: 16)
     monkeypatch.setattr(IdleGate, "made", [])
     monkeypatch.setattr(warm_gate, "WarmGate", IdleGate)
-    monkeypatch.setattr(cli, "_check_parallel", fake_parallel)
+    monkeypatch.setattr(check, "run_parallel", fake_parallel)
     return seen
 
 
@@ -157,8 +157,8 @@ def test_part_times_are_kept_for_the_schedule_only_when_nothing_compiled_beside_
     monkeypatch, tmp_path, cache, gate, saved
 ):
     """Parts that shared the cores with the warm-up's compiles ran slower than the check costs: their
-    times would mislead the next run's schedule (harness/run/costs.py), so they are not saved."""
-    from harness.run import costs
+    times would mislead the next run's schedule (harness/run/speed/costs.py), so they are not saved."""
+    from harness.run.speed import costs
 
     def fake_run(cmd, env, backends_env, plan, parts_dir, cwd, **kwargs):  # noqa: ANN001, ANN003, ANN202
         part = parallel.Part("torch_native", parts_dir / "t.json", parts_dir / "t.log", code=0, seconds=42.0)
@@ -167,8 +167,9 @@ def test_part_times_are_kept_for_the_schedule_only_when_nothing_compiled_beside_
     monkeypatch.setattr(parallel, "run", fake_run)
     given = None if gate is None else gate(None, "gpu", 1, ["torch_native"], print)
     run_dir, names = tmp_path / "run", ["torch_native"]
-    args = (["pytest"], {}, names, 1, [], run_dir, "gpu", None, "sel", tmp_path, "check", given)
-    assert cli._check_parallel(*args) == 0
+    job = check.Prepared(cmd=["pytest"], env={}, names=names, jobs=1, gpus=[], run_dir=run_dir,
+                         profile="gpu", results=None, selection="sel", cwd=tmp_path, command_line="check")
+    assert check.run_parallel(job, given) == 0
     timings = cache / costs.TIMINGS
     assert timings.is_file() is saved
     if saved:

@@ -1,4 +1,4 @@
-"""The warm-up (harness/tools/warmup/): which variants each profile plans per library, that a second
+"""The warm-up (harness/run/speed/warmup/): which variants each profile plans per library, that a second
 run with a warm cache compiles nothing (a fake library in real worker processes), the one-ninja
 build (fake modules built by the real ninja: progress, compiled vs cached, failures, and each
 module's own ninja finding it up to date), that the libraries run at once (the order of events),
@@ -21,11 +21,10 @@ import pytest
 
 from harness import cli
 from harness.backends.flex import FlexCompiled
-from harness.run import variant_shards
+from harness.run.speed import variant_shards, warmup
+from harness.run.speed.warmup import libraries, ninja, stamp
+from harness.run.speed.warmup.libraries import FA4, FLASHINFER, FLEX, LIBRARIES
 from harness.search.profiles import SIZES
-from harness.tools import warmup
-from harness.tools.warmup import libraries, ninja, stamp
-from harness.tools.warmup.libraries import FA4, FLASHINFER, FLEX, LIBRARIES
 from tests import warmup_fake
 from tests.helpers import fresh_cache
 
@@ -69,7 +68,7 @@ def _fa4_cases(profile: str) -> list:
 
 
 def test_fa4_falls_back_to_every_reachable_variant_when_the_recording_run_fails(monkeypatch, cache):
-    from harness.tools.fa4_precompile import variant_cases
+    from harness.run.speed.warmup.fa4 import variant_cases
 
     _no_recording(monkeypatch)
     fa4 = libraries._backend("fa4")
@@ -571,7 +570,7 @@ def make_n(*args: str) -> list[str]:
 
 @pytest.mark.skipif(shutil.which("make") is None, reason="no make here")
 def test_make_check_is_one_command_that_warms_up_beside_the_check():
-    """The warm-up runs inside `check` (harness/run/warm_gate.py), with the check's profile and
+    """The warm-up runs inside `check` (harness/run/speed/warm_gate.py), with the check's profile and
     backends; WARMUP=no turns it off; `make warmup` still runs it alone."""
     assert [line.split() for line in make_n("check")] == [["py", "-m", "harness", "check"]]
     assert [line.split() for line in make_n("check", "PROFILE=dev", "ARGS=--jobs 3")] == [

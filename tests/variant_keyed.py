@@ -1,6 +1,6 @@
 """A CPU backend with variant keys, for `module:factory` specs (`tests.variant_keyed:native`): the
 torch_native adapter keyed by dtype and batch size (both vary in every profile), so its shards split by
-variant (harness/run/variant_shards.py) as flex_compiled's do on a GPU."""
+variant (harness/run/speed/variant_shards.py) as flex_compiled's do on a GPU."""
 
 from __future__ import annotations
 

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 from harness.run import cache_dir
-from harness.tools.warmup import CACHED, COMPILED, Library, Variant, ninja
+from harness.run.speed.warmup import CACHED, COMPILED, Library, Variant, ninja
 
 SUBDIR = "fake"
 NINJA_SUBDIR = "fakeninja"

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from harness.core.batch import Batch
-from harness.core.case import KV_LAYOUTS, Case
+from harness.core.case import KV_LAYOUTS, Case, case_features, case_traits
 from harness.core.graph_case import GraphCase
 from harness.core.modes import Mode
 from harness.core.vocab import (
@@ -24,8 +24,6 @@ from harness.core.vocab import (
     FEATURES,
     KV_DTYPES,
     SHAPE_TRAITS,
-    case_features,
-    case_traits,
 )
 
 
@@ -169,7 +167,7 @@ class Backend:
     def variant_key(self, case: Case | GraphCase) -> Hashable:
         """What a process compiles for this case, as a key: cases with equal keys share what was
         compiled for the first. By default each case is a variant of its own (nothing is compiled per
-        case). A check's processes split a backend's cases by this key (harness/run/variant_shards.py),
+        case). A check's processes split a backend's cases by this key (harness/run/speed/variant_shards.py),
         so a backend that compiles per case (flex_compiled) compiles only its share in each."""
         return case.to_json()
 

@@ -2,7 +2,7 @@
 
 Found by diffing the Python sources of the wheels (0.6.13 to 0.6.18.post1, 0.7.0 to 0.7.2.post1): the
 wrappers, their plan() / run() keywords, merge_state, segment_packbits and the JIT spec API that
-harness/tools/flashinfer_warmup.py uses. Each `Difference` says where it is (file:line in each
+harness/run/speed/warmup/flashinfer.py uses. Each `Difference` says where it is (file:line in each
 wheel) and what the glue does about it (docs/flashinfer.md has them as a table). Every adapter asks
 RANGE before it runs (`why_unavailable` in flashinfer_glue.py); `list` and the report show the
 installed release against it. The keywords the adapters pass are the same in every supported

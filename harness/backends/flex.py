@@ -27,6 +27,7 @@ from harness.backends.base import ALL_CAPABILITIES, BackendOutput
 from harness.backends.flex_blocks import BLOCK, block_mask_from_grid
 from harness.backends.glue import EngineGlue
 from harness.backends.graph_glue import GraphGlue, GraphLimits, GraphState, StaticInputs
+from harness.backends.graphs import kernel as opaque_kernel
 from harness.backends.library import import_library
 from harness.core.batch import Batch
 from harness.core.case import Case
@@ -35,7 +36,6 @@ from harness.core.modes import Mode
 from harness.core.pool import translate_slots
 from harness.core.timing import phase
 from harness.core.transfer import copy_into, to_device
-from harness.run.graphs import kernel as opaque_kernel
 
 FLEX_MODULE = "torch.nn.attention.flex_attention"
 # A window bound that admits every key: what "no window" (-1) becomes inside the mask.
@@ -915,7 +915,7 @@ class FlexCompiled(FlexBase, GraphGlue):
         )
 
     def graph_call_flex(self, *args: object) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """call_flex as one opaque node of the CPU emulator's capture (harness/run/graphs.py), run
+        """call_flex as one opaque node of the CPU emulator's capture (harness/backends/graphs.py), run
         outside its dispatch mode: under one, dynamo does not compile and flex's eager operator has no
         rule for the mode. On CUDA no mode is active and this is call_flex."""
         with _disable_current_modes():

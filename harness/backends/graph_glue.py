@@ -20,7 +20,7 @@ forward reads only those buffers: every Python value it used is frozen at captur
 - `graph_forward(state, static) -> Tensor`: the captured part: writes this step's K/V at the
   out_cache_loc buffer and runs the kernel reading only buffers and the static inputs.
 
-The graph runner and the replay check (harness/checks/replay.py) drive these; harness/run/graphs.py
+The graph runner and the replay check (harness/checks/replay.py) drive these; harness/backends/graphs.py
 captures and replays (torch.cuda.CUDAGraph on a GPU, an emulator with the same semantics on the CPU).
 """
 

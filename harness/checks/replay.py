@@ -25,6 +25,7 @@ import torch
 
 from harness.backends.base import Backend
 from harness.backends.graph_glue import GraphGlue, GraphLimits, StaticInputs, capture_sizes, padded_size
+from harness.backends.graphs import GraphFactory
 from harness.checks.known_issues import expected_failure
 from harness.checks.numeric import REFERENCES
 from harness.core.batch import Batch, build_batch, make_inputs
@@ -33,7 +34,6 @@ from harness.core.graph_case import GraphCase
 from harness.core.pool import POISON, empty_pool, storage_dtype, stored
 from harness.core.results import GRAPH_CHECK, CaseResult
 from harness.core.transfer import settle
-from harness.run.graphs import GraphFactory
 from references.torch_ref import references
 
 

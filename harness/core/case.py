@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from harness.core.modes import Mode, tree_depths
-from harness.core.vocab import DTYPES, KV_DTYPES
+from harness.core.vocab import CASE_FEATURES, DTYPES, KV_DTYPES, SHAPE_TRAITS
 
 PAGE_SIZES = (1, 16, 32, 64, 128)
 PAGE_LAYOUTS = ("contiguous", "shuffled", "interleaved", "nonmonotonic")
@@ -297,3 +297,26 @@ def validate(case: Case) -> None:
         raise CaseError("swa_pool_exact=true needs hybrid_swa_pool=true")
     for i, r in enumerate(case.requests):
         _validate_request(case, i, r)
+
+
+def case_traits(case: Case) -> set[str]:
+    """The case's features, its mode's name and its SHAPE_TRAITS: what an `exclusive` pair can name."""
+    tree = case.mode == Mode.TARGET_VERIFY and any(
+        p != j - 1 for r in case.requests for j, p in enumerate(r.tree or ())
+    )
+    cross_prefill = case.mode == Mode.CROSS and any(r.extend_len != 1 for r in case.requests)
+    shape = {"tree": tree, "cross_prefill": cross_prefill}
+    return {*case_features(case), str(case.mode), *(t for t in SHAPE_TRAITS if shape[t])}
+
+
+def case_features(case: Case) -> list[str]:
+    """The features this case uses, in CASE_FEATURES order."""
+    used = {
+        "window": case.window_left >= 0,
+        "window_right": case.window_right >= 0,
+        "soft_cap": case.soft_cap > 0,
+        "sinks": case.sinks,
+        "hybrid_pool": case.hybrid_swa_pool,
+        "deterministic": case.deterministic,
+    }
+    return [f for f in CASE_FEATURES if used[f]]

@@ -6,11 +6,11 @@ import shlex
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
-from harness.core.case import Case
+from harness.core.case import Case, case_features
 from harness.core.compare import Verdict
 from harness.core.graph_case import GraphCase
 from harness.core.modes import family_of
-from harness.core.vocab import CHECKED, STATUSES, case_features
+from harness.core.vocab import CHECKED, STATUSES
 
 
 def repro_command(case: Case | GraphCase, backend: str, device: str) -> str:

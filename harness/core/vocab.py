@@ -7,14 +7,7 @@ dtype, status or feature cannot be known to one part of the harness and missing 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
-
-from harness.core.modes import Mode
-
-if TYPE_CHECKING:
-    from harness.core.case import Case
 
 # A Case's dtype names and the torch dtypes they stand for.
 TORCH_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
@@ -50,26 +43,3 @@ FEATURES = (*CASE_FEATURES, "returns_lse", "tree")
 # What one side of a Capabilities `exclusive` pair may name: a case feature, a mode, `tree` (a verify
 # tree with topk > 1) or `cross_prefill` (a CROSS batch in which some request has more than one query).
 SHAPE_TRAITS = ("tree", "cross_prefill")
-
-
-def case_traits(case: Case) -> set[str]:
-    """The case's features, its mode's name and its SHAPE_TRAITS: what an `exclusive` pair can name."""
-    tree = case.mode == Mode.TARGET_VERIFY and any(
-        p != j - 1 for r in case.requests for j, p in enumerate(r.tree or ())
-    )
-    cross_prefill = case.mode == Mode.CROSS and any(r.extend_len != 1 for r in case.requests)
-    shape = {"tree": tree, "cross_prefill": cross_prefill}
-    return {*case_features(case), str(case.mode), *(t for t in SHAPE_TRAITS if shape[t])}
-
-
-def case_features(case: Case) -> list[str]:
-    """The features this case uses, in CASE_FEATURES order."""
-    used = {
-        "window": case.window_left >= 0,
-        "window_right": case.window_right >= 0,
-        "soft_cap": case.soft_cap > 0,
-        "sinks": case.sinks,
-        "hybrid_pool": case.hybrid_swa_pool,
-        "deterministic": case.deterministic,
-    }
-    return [f for f in CASE_FEATURES if used[f]]

@@ -3,7 +3,7 @@ decision broken the way engines have shipped it. Each overrides one replay-path 
 eager suite (which never replays) passes it; only the replay check (check "graph") can catch it.
 
 They run on the GPU (device "cuda"); tests/test_graph_replay.py hunts them on the CPU against the
-FlashInfer fake, replayed by the graph emulator (harness/run/graphs.py), and shows the eager suite
+FlashInfer fake, replayed by the graph emulator (harness/backends/graphs.py), and shows the eager suite
 passes each. The page-table mutant of the issue (rows of an earlier, larger batch left while the
 maximum comes from capture) needs a dense page table and a max_seqlen argument: FlashInfer takes a
 CSR table bounded by indptr, so it belongs to the flash-attn graph path.

@@ -10,7 +10,7 @@ harness set, so a child given another root (the bench's cold start) re-derives t
 Python's own bytecode joins them where nothing else keeps it: when torch's sources have no .pyc
 beside them and none will be written there ($PYTHONDONTWRITEBYTECODE, as container images often set,
 or a read-only install), every process the harness starts compiles torch's and transformers' sources
-anew: importing both took 9.5-11 s on the H100 machine, 5.3-5.8 s with their bytecode kept. There the
+anew, nearly doubling the time every process spends importing them. There the
 processes share `pycache/` under the root ($PYTHONPYCACHEPREFIX); a restored cache brings it back.
 """
 

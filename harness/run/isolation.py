@@ -11,8 +11,8 @@ After a CRASH or HANG the worker is replaced (a CUDA context that saw an illegal
 the run goes on with the next case; from then on a spare process is kept starting beside the worker,
 so a later fault's replacement has imported already. With several GPUs, `WorkerPool` keeps one worker per GPU.
 
-Isolation is on for CUDA and off for the CPU unless ATTN_HARNESS_ISOLATE=1 (0 turns it off
-everywhere); ATTN_HARNESS_CASE_TIMEOUT sets the time limit per case in seconds.
+Isolation is on for CUDA and off for the CPU unless the settings say otherwise (`isolate`,
+ATTN_HARNESS_ISOLATE; harness/run/speed/settings.py), which also give the time limit per case.
 """
 
 from __future__ import annotations
@@ -25,32 +25,22 @@ from collections.abc import Callable
 from harness.backends.base import Backend
 from harness.checks.invariance import invariance_result
 from harness.checks.numeric import check_case
+from harness.checks.probe import ProbeResult, probe
 from harness.checks.replay import replay_result
 from harness.core.case import Case
 from harness.core.graph_case import GraphCase
 from harness.core.results import CaseResult
-from harness.run import prestart, record_mode, variant_shards
-from harness.run.prestart import PRELOAD
+from harness.run import record_mode
+from harness.run.speed import prestart, settings, variant_shards
+from harness.run.speed.prestart import PRELOAD
 from harness.run.workers import Outcome, Worker, WorkerError, describe_exit, spread
 
-ISOLATE_ENV = "ATTN_HARNESS_ISOLATE"
-TIMEOUT_ENV = "ATTN_HARNESS_CASE_TIMEOUT"
-DEFAULT_TIMEOUT = 120.0  # seconds per case
 FIRST_CASE_TIMEOUT = 600.0  # a backend's first case in a worker may compile kernels (JIT)
 
 
 def enabled(device: str) -> bool:
-    """Whether cases on `device` run isolated: CUDA yes, CPU no, unless ATTN_HARNESS_ISOLATE says."""
-    value = os.environ.get(ISOLATE_ENV, "").strip().lower()
-    if value in ("1", "true", "yes", "on"):
-        return True
-    if value in ("0", "false", "no", "off"):
-        return False
-    return device == "cuda"
-
-
-def case_timeout() -> float:
-    return float(os.environ.get(TIMEOUT_ENV) or DEFAULT_TIMEOUT)
+    """Whether cases on `device` run isolated: CUDA yes, CPU no, unless the settings say."""
+    return settings.current().isolated(device)
 
 
 def backend_key(backend: Backend) -> str:
@@ -71,7 +61,7 @@ def _run_in_worker(key: str, blob: bytes | None, fn: Callable, args: tuple) -> C
 class IsolatedRunner:
     """Runs checks in one worker (pinned to one GPU when given); replaces it after a CRASH or HANG,
     from the second fault on with a process started beside it at the first (Worker's `standby`).
-    Its first worker is the one harness/run/prestart.py spawned as the process started, if any.
+    Its first worker is the one harness/run/speed/prestart.py spawned as the process started, if any.
 
     A backend is pickled to a worker once; its first case in a worker gets `first_timeout` (it may
     compile kernels), the later ones `timeout`."""
@@ -79,7 +69,7 @@ class IsolatedRunner:
     def __init__(
         self, gpu: str | None = None, timeout: float | None = None, first_timeout: float | None = None
     ) -> None:
-        self.timeout = timeout if timeout is not None else case_timeout()
+        self.timeout = timeout if timeout is not None else settings.current().case_timeout
         first = first_timeout if first_timeout is not None else max(self.timeout, FIRST_CASE_TIMEOUT)
         self.first_timeout = first
         env = prestart.worker_env(gpu)
@@ -226,6 +216,28 @@ def check_invariant(backend: Backend, case: Case, device: str, long_kv: int, lon
     return invariance_result(backend, case, device, long_kv, long_q)
 
 
+def _probe_dict(backend: Backend, case: Case, device: str) -> dict:
+    """The mask probe of a case as its results.json dict; its error, not an exception, if the probe
+    cannot run (a probe that breaks must not hide the failure it was asked to explain)."""
+    try:
+        return probe(backend, case, device).to_dict()
+    except Exception as e:  # noqa: BLE001 - said in the probe's record
+        return ProbeResult(backend.name, device, 0, [], error=f"{type(e).__name__}: {e}").to_dict()
+
+
+def probe_failure(backend: Backend, case: Case, device: str) -> dict:
+    """The mask probe of a failing case (harness/checks/probe.py), run where its check ran: in the
+    isolation worker when cases are isolated, so the backend runs in no other process."""
+    if not enabled(device):
+        return _probe_dict(backend, case, device)
+    runner = runner_for(device)
+    out = runner._call(backend, _probe_dict, (case, device))
+    if out.kind == "ok":
+        return out.value
+    runner._replace()  # it raised, died or hung: its next process starts now
+    return ProbeResult(backend.name, device, 0, [], error=out.error or out.kind).to_dict()
+
+
 CHECK_KINDS = ("numeric", "invariance", "graph")
 
 
@@ -236,7 +248,7 @@ class Search:
     it. When cases are isolated, the first CRASH or HANG ends the search: later new cases return None
     (the caller rejects them), so a crash is reported as found, not shrunk (each would cost a fresh
     worker); `python -m harness repro --sanitize` is the tool for digging into it. In a variant
-    shard (harness/run/variant_shards.py) a case of another shard's variant is answered unchecked.
+    shard (harness/run/speed/variant_shards.py) a case of another shard's variant is answered unchecked.
     """
 
     def __init__(

@@ -3,7 +3,7 @@
 On a GPU a check is bound by the host (Python, kernel launches, compiling), not by the device: one
 pytest process leaves the GPU idle most of the time. Here each backend's suite is its own pytest
 process (with its own isolation worker), or several (pytest's `--harness-shard I/N`) when it alone
-would bound the wall time, at most N at once, the longest first: the plan is harness/run/schedule.py's.
+would bound the wall time, at most N at once, the longest first: the plan is harness/run/speed/schedule.py's.
 Each of the N slots is pinned to one GPU, and a process started in it sees only that GPU
 (CUDA_VISIBLE_DEVICES), so the isolation layer inside it uses that one. Their results files are
 merged into the run's results.json, from which the report is rendered as usual.
@@ -24,7 +24,7 @@ from typing import IO
 
 from harness.core.vocab import STATUSES
 from harness.report import results_json
-from harness.run.schedule import Plan
+from harness.run.speed.schedule import Plan
 from harness.run.workers import Child
 
 STATUS_EVERY_S = 30.0  # a line naming the running backends, between completions
@@ -36,8 +36,8 @@ OUTSIDE_TOP = 3  # tests named per part in run.parts' `outside`
 TIME_SPLIT_KEYS = ("startup_s", "launch_s", "collect_s", "cases_s", "tests_s", "outside")
 # torch's CPU threads (OMP_NUM_THREADS) in each process of a CUDA check run several at once. A CUDA
 # case's host work is Python and launches; torch's default pool (a thread per core) in every part's
-# worker oversubscribed the cores: on 2 x H200 (32 cores), three backends checked in 16 parts took 56 %
-# more case seconds than in 8 parts on one GPU with the default, 16 % with one thread (docs/bench.md).
+# worker oversubscribes the cores when many parts share a host, and every case pays for it in its
+# own seconds; one thread a process leaves the cores to the processes.
 CUDA_PART_THREADS = 1
 # Inductor starts min(32, cores) compile processes, a torch import each, in every process at its first
 # compiled call (torch/_dynamo/backends/inductor.py, maybe_warm_pool), even when each graph is in the
@@ -137,6 +137,71 @@ def _finish(part: Part, code: int) -> None:
                 log.write(f"\nattn-harness: cannot read {part.results}: {e}\n")
 
 
+@dataclass
+class _Slots:
+    """What `run` tracks while its parts run: those waiting, running and started, the free slots."""
+
+    waiting: list[Part]
+    free: list[int]
+    running: list[Part] = field(default_factory=list)
+    started: list[Part] = field(default_factory=list)
+    done: int = 0
+
+
+def _start_ready(
+    slots: _Slots, plan: Plan, begun: float, start: Callable[[Part], None], ready: Callable[[str], bool]
+) -> None:
+    """Give each free slot the first waiting part whose backend is ready, with that slot's GPU."""
+    while slots.free:
+        part = next((p for p in slots.waiting if ready(p.backend)), None)
+        if part is None:
+            return
+        slots.waiting.remove(part)
+        slots.started.append(part)
+        part.slot = slots.free.pop(0)
+        part.gpu = plan.slot_gpus[part.slot]
+        part.start_s = time.monotonic() - begun
+        start(part)
+        slots.running.append(part)
+
+
+def _collect_ended(slots: _Slots, total: int, out: IO[str]) -> None:
+    """Finish every running part that has ended, free its slot, and say a line for it."""
+    for part in list(slots.running):
+        code = part.child.poll()
+        if code is None:
+            continue
+        slots.running.remove(part)
+        slots.free = sorted([*slots.free, part.slot])
+        _finish(part, code)
+        slots.done += 1
+        note = "" if code in (0, NO_TESTS) else f"  exit {code}, log: {part.log}"
+        took = f"{part.seconds:.0f} s" + ("" if part.gpu is None else f", GPU {part.gpu}")
+        line = f"[{slots.done}/{total}] {part.name}: {counts(part.records)} ({took})"
+        print(line + note, file=out, flush=True)
+
+
+def _status(slots: _Slots, ready: Callable[[str], bool], out: IO[str]) -> None:
+    """The line naming the running parts and how many wait (and how many of those for the warm-up)."""
+    now = time.monotonic()
+    busy = ", ".join(f"{p.name} {now - p.child.started:.0f} s" for p in slots.running) or "nothing"
+    gated = sum(not ready(p.backend) for p in slots.waiting)
+    warming = f" ({gated} for the warm-up)" if gated else ""
+    print(f"running: {busy}; {len(slots.waiting)} waiting{warming}", file=out, flush=True)
+
+
+def _interrupt(slots: _Slots, out: IO[str]) -> None:
+    """Ask the running parts to stop and write what they checked; mark the rest interrupted."""
+    print(f"interrupted: stopping {', '.join(p.name for p in slots.running)}", file=out, flush=True)
+    for part in slots.running:
+        part.child.interrupt()  # pytest writes its results on an interrupt
+    for part in slots.running:
+        part.child.stop(INTERRUPT_GRACE_S)
+        _finish(part, INTERRUPTED)
+    for part in slots.waiting:
+        part.code = INTERRUPTED
+
+
 def run(
     cmd: list[str],
     env: dict[str, str],
@@ -151,58 +216,26 @@ def run(
 ) -> list[Part]:
     """Run `cmd` (a pytest command line) once per part of the plan (a backend, or a shard of one),
     in the plan's order, at most plan.jobs at once: a free slot takes the first waiting part whose
-    backend is `ready` (its warm-up has ended, harness/run/warm_gate.py), the lowest free slot and
-    that slot's GPU, at the priority `nice()` gives when it starts (lower beside a ninja build).
+    backend is `ready` (its warm-up has ended, harness/run/speed/warm_gate.py), the lowest free slot
+    and that slot's GPU, at the priority `nice()` gives when it starts (lower beside a ninja build).
     Returns the parts in start order, each with its exit code, seconds, slot, GPU and records. Prints
     a line as each ends. On an interrupt (Ctrl-C, a time limit's SIGINT) the running parts are asked
     to stop and write what they checked; parts not started are marked interrupted."""
     todo = parts(plan, parts_dir)
-    waiting, running, started, done = list(todo), [], [], 0
-    free = list(range(plan.jobs))
+    slots = _Slots(waiting=list(todo), free=list(range(plan.jobs)))
     begun = last_status = time.monotonic()
+    start = lambda part: _start(part, cmd, env, backends_env, cwd, nice())  # noqa: E731
     try:
-        while waiting or running:
-            while free:
-                part = next((p for p in waiting if ready(p.backend)), None)
-                if part is None:
-                    break
-                waiting.remove(part)
-                started.append(part)
-                part.slot = free.pop(0)
-                part.gpu = plan.slot_gpus[part.slot]
-                part.start_s = time.monotonic() - begun
-                _start(part, cmd, env, backends_env, cwd, nice())
-                running.append(part)
-            for part in list(running):
-                code = part.child.poll()
-                if code is None:
-                    continue
-                running.remove(part)
-                free = sorted([*free, part.slot])
-                _finish(part, code)
-                done += 1
-                note = "" if code in (0, NO_TESTS) else f"  exit {code}, log: {part.log}"
-                took = f"{part.seconds:.0f} s" + ("" if part.gpu is None else f", GPU {part.gpu}")
-                line = f"[{done}/{len(todo)}] {part.name}: {counts(part.records)} ({took})"
-                print(line + note, file=out, flush=True)
-            if (running or waiting) and time.monotonic() - last_status >= status_every:
+        while slots.waiting or slots.running:
+            _start_ready(slots, plan, begun, start, ready)
+            _collect_ended(slots, len(todo), out)
+            if (slots.running or slots.waiting) and time.monotonic() - last_status >= status_every:
                 last_status = time.monotonic()
-                now = time.monotonic()
-                busy = ", ".join(f"{p.name} {now - p.child.started:.0f} s" for p in running) or "nothing"
-                gated = sum(not ready(p.backend) for p in waiting)
-                warming = f" ({gated} for the warm-up)" if gated else ""
-                print(f"running: {busy}; {len(waiting)} waiting{warming}", file=out, flush=True)
+                _status(slots, ready, out)
             time.sleep(0.2)
     except KeyboardInterrupt:  # stopped: what the running parts checked so far still makes the report
-        print(f"interrupted: stopping {', '.join(p.name for p in running)}", file=out, flush=True)
-        for part in running:
-            part.child.interrupt()  # pytest writes its results on an interrupt
-        for part in running:
-            part.child.stop(INTERRUPT_GRACE_S)
-            _finish(part, INTERRUPTED)
-        for part in waiting:
-            part.code = INTERRUPTED
-    return started + waiting
+        _interrupt(slots, out)
+    return slots.started + slots.waiting
 
 
 def gpu_lines(parts: list[Part], wall: float) -> list[str]:
@@ -227,7 +260,7 @@ def gpu_lines(parts: list[Part], wall: float) -> list[str]:
 def merged_records(parts: list[Part]) -> list[dict]:
     """Every part's records, in part order, with each record of a whole test (no case) once: the
     shards of a backend split by variant all run its search tests, so a test skipped as a whole, or
-    failed on its refusals over the same draw, says so in each (harness/run/variant_shards.py)."""
+    failed on its refusals over the same draw, says so in each (harness/run/speed/variant_shards.py)."""
     out, seen = [], set()
     for r in (r for p in parts for r in p.records):
         if r.get("case") is None:

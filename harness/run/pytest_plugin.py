@@ -5,7 +5,7 @@ DIR` writes results.json, index.html and junit.xml into DIR (docs/reports.md); `
 prints a progress line while the suite runs; `--harness-shard I/N` keeps every Nth test from the
 Ith, so N processes can split one backend's suite (harness/run/parallel.py); where the shards draw
 alike (the `gpu` profile) each keeps every search test and checks its Ith share of the cases in
-each, by variant (harness/run/variant_shards.py). The summary table is printed at the end of any
+each, by variant (harness/run/speed/variant_shards.py). The summary table is printed at the end of any
 run that checked cases. Examples hypothesis tried while shrinking a failure (or crash, or hang) are
 dropped except the final (minimal) one, so a failure counts once; a failing one is rerun through
 the mask probe.
@@ -23,14 +23,16 @@ import time
 import pytest
 from hypothesis import settings
 
-from harness.checks.probe import ProbeResult, probe
 from harness.core.results import REFUSALS_CHECK, CaseResult, summary_table, test_record
 from harness.report import environment, results_json, write_run
 from harness.report.progress import Progress
-from harness.run import record_mode, variant_shards, workers
+from harness.run import isolation, record_mode, workers
+from harness.run.run_info import RunInfo, default_id, started_now
+from harness.run.speed import variant_shards
+from harness.run.speed.settings import RECORD_ENV
+from harness.run.suite import Target
 from harness.search import profiles
 from harness.search.refusals import TooManyRefusals
-from harness.search.suite import Target
 
 _RESULTS_KEY = pytest.StashKey[list]()
 _ITEM_KEY = pytest.StashKey[list]()
@@ -84,14 +86,14 @@ def parse_shard(text: str) -> tuple[int, int]:
 
 def pytest_report_header(config: pytest.Config) -> str | None:
     if record_mode.path():
-        return f"{RECORD_LINE} {record_mode.path()} (${record_mode.RECORD_ENV}): nothing is checked"
+        return f"{RECORD_LINE} {record_mode.path()} (${RECORD_ENV}): nothing is checked"
     return None
 
 
 def pytest_configure(config: pytest.Config) -> None:
     config.stash[_RESULTS_KEY] = []
     config.stash[_PROGRESS_KEY] = Progress()
-    config.stash[_STARTED_KEY] = (time.time(), time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+    config.stash[_STARTED_KEY] = started_now()
     config.stash[_TIMES_KEY] = {}
     shard = config.getoption("--harness-shard")
     config.stash[_SHARD_KEY] = parse_shard(shard) if shard else (0, 1)
@@ -134,8 +136,8 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 def quick_exit(code: int) -> None:
     """End a part's pytest process once every plugin has unconfigured: its results and output are
     written; its worker is stopped first (it ends at once too). Python's finalisation of a process
-    with torch, hypothesis and the harness loaded kept each part of a CPU check 1.01-1.07 s after its
-    session on a 2-core runner, against 0.21-0.31 s without it."""
+    with torch, hypothesis and the harness loaded would keep every part running about a second
+    after its results are written."""
     workers.stop_all()
     workers.quick_exit(code)
 
@@ -232,14 +234,6 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     session.config.stash[_TIMES_KEY]["collect"] = time.time() - session.config.stash[_STARTED_KEY][0]
 
 
-def probe_failure(result: CaseResult, target: Target) -> dict:
-    """The mask probe of a failing case (its error, not an exception, if the probe cannot run)."""
-    try:
-        return probe(target.backend(), result.case, target.device).to_dict()
-    except Exception as e:  # a probe that breaks must not hide the failure it was asked to explain
-        return ProbeResult(result.backend, target.device, 0, [], error=f"{type(e).__name__}: {e}").to_dict()
-
-
 def _identity(item: pytest.Item) -> dict:
     """backend, device, family, features (and a model-level test's model, in `extra`) of a suite
     test, from its Target or its parameters: the fields of its test_record."""
@@ -329,7 +323,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):  # noqa
         _case_failure_only(report, call)
         probing = isinstance(t, Target) and not item.config.getoption("--harness-no-probe")
         if probing and fails[-1].status == "fail":
-            fails[-1].probe = probe_failure(fails[-1], t)
+            fails[-1].probe = isolation.probe_failure(t.backend(), fails[-1].case, t.device)
     out = item.config.stash[_RESULTS_KEY]
     for r in kept:
         d = r.to_dict()
@@ -343,22 +337,22 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):  # noqa
         _print_progress(item.config, progress)
 
 
-def run_info(config: pytest.Config, exitstatus: int) -> dict:
-    """The `run` object of results.json; its command is the user's (`check` passes it), else pytest's."""
+def run_info(config: pytest.Config, exitstatus: int) -> RunInfo:
+    """This process's `run` object; its command is the user's (`check` passes it), else pytest's."""
     start, started = config.stash[_STARTED_KEY]
     command = config.getoption("--harness-command") or " ".join(["pytest", *config.invocation_params.args])
     times = config.stash[_TIMES_KEY]
-    return {
-        "id": config.getoption("--harness-run-id") or time.strftime("%Y%m%d-%H%M%S", time.localtime(start)),
-        "started": started,
-        "configured_at": round(start, 3),
-        "elapsed_s": round(time.time() - start, 3),
-        "profile": profiles.current(),
-        "command": command,
-        "exit_status": int(exitstatus),
-        "collect_s": round(times.get("collect", 0.0), 3),
-        "test_s": {k: round(v, 3) for k, v in times.get("tests", {}).items()},
-    }
+    return RunInfo(
+        id=config.getoption("--harness-run-id") or default_id(start),
+        started=started,
+        configured_at=start,
+        elapsed_s=time.time() - start,
+        profile=profiles.current(),
+        command=command,
+        exit_status=exitstatus,
+        collect_s=times.get("collect", 0.0),
+        test_s=times.get("tests", {}),
+    )
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config) -> None:  # noqa: ANN001
@@ -374,7 +368,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config)
         return
     if not (path or report_dir):
         return
-    data = results_json.build(results, run_info(config, exitstatus), environment.collect())
+    data = results_json.build(results, run_info(config, exitstatus).to_dict(), environment.collect())
     if path:
         results_json.dump(path, data)
         terminalreporter.write_line(f"results: {path}")

@@ -1,32 +1,32 @@
 """Record mode: the suite's searches draw their cases as usual but check none of them.
 
-With ATTN_HARNESS_RECORD=FILE set, every case a search hands to its check (isolation.Search) is
-appended to FILE as one JSON line (backend, family, check kind, device, the Case) and answered with
-a pass, without building a batch, running the backend or computing a reference; a case the backend
-refuses gets the check's own skip, so hypothesis sees what a passing run shows it. A graph replay
-search records its GraphCases the same way (kind `graph`), refused as the replay check refuses them.
-The warm-up uses it to learn which kernels a check will launch (harness/tools/warmup/libraries.py).
-A run in record mode says so and writes no results.json or report (harness/run/pytest_plugin.py):
-its passes are not checks. Only the variable turns it on.
+With ATTN_HARNESS_RECORD=FILE set (the settings' `record`, harness/run/speed/settings.py), every
+case a search hands to its check (isolation.Search) is appended to FILE as one JSON line (backend,
+family, check kind, device, the Case) and answered with a pass, without building a batch, running
+the backend or computing a reference; a case the backend refuses gets the check's own skip, so
+hypothesis sees what a passing run shows it. A graph replay search records its GraphCases the same
+way (kind `graph`), refused as the replay check refuses them. The warm-up uses it to learn which
+kernels a check will launch (harness/run/speed/warmup/libraries.py). A run in record mode says so
+and writes no results.json or report (harness/run/pytest_plugin.py): its passes are not checks.
+Only the variable turns it on.
 """
 
 from __future__ import annotations
 
 import json
-import os
 
 from harness.backends.base import Backend
 from harness.core.case import Case
 from harness.core.graph_case import GraphCase
 from harness.core.results import CaseResult
+from harness.run.speed import settings
 
-RECORD_ENV = "ATTN_HARNESS_RECORD"
 REASON = "record mode: drawn, not checked"
 
 
 def path() -> str | None:
     """The file cases are recorded to, or None when record mode is off."""
-    return os.environ.get(RECORD_ENV) or None
+    return settings.current().record
 
 
 def unchecked(backend: Backend, case: Case | GraphCase, device: str, reason: str) -> CaseResult:

@@ -135,8 +135,8 @@ def quick_exit(code: int = 0) -> None:
     worker (its results are sent) and a check's part (its results written). The caches their calls
     fill (inductor, Triton, FA4's CuTe DSL, FlashInfer's modules) are written as each compile ends.
     The finalisation (atexit handlers, waiting for any thread a library left running, tearing down
-    modules) delayed the end of every pytest process of a check: a worker that had checked 16
-    flex_compiled cases on an H200 outlasted `stop`'s 2 s wait and was killed (0.18 s without it)."""
+    modules) delayed the end of every pytest process of a check: a worker with a compiled library
+    loaded could outlast `stop`'s wait and be killed."""
     for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
         stream.flush()
     os._exit(code)
@@ -243,7 +243,7 @@ class Worker:
         `standby`, a replacement takes the spare started beside the process it replaces, and from the
         first replacement on another spare starts beside it: a worker replaced after each fault of a
         backend (a CUDA context that saw an illegal access is dead) found its next process importing
-        torch and the library again, 4 to 5 s a fault on an H200."""
+        torch and the library again, seconds a fault."""
         if self.proc is not None and not self.proc.is_alive():
             self.stop()
         if self.proc is not None:

@@ -35,7 +35,7 @@ PINNED: dict[str, list[dict]] = {
 }
 
 
-# GraphCases pinned in the replay search, keyed by graph family (harness/search/graph_suite.py).
+# GraphCases pinned in the replay search, keyed by graph family (harness/run/graph_suite.py).
 # The layer every pinned graph shares: 8 q and 8 kv heads of 128, deterministic mode.
 _LAYER = {"num_kv_heads": 8, "head_dim": 128, "deterministic": True}
 _VERIFY_ROWS = {"extend_len": 3, "tree": [-1, 0, 1]}

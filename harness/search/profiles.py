@@ -3,12 +3,11 @@
 ci: CPU, small and fast, derandomized so CI replays exactly. dev: local bisection. gpu: the device
 runner (make check on a GPU): bf16, head_dim 128, few compile variants, no target phase (below).
 thorough: nightly.
-Select with `--hypothesis-profile NAME` or ATTN_HARNESS_PROFILE; default `ci`.
+Select with `--hypothesis-profile NAME` or `load(name)`; default `ci`.
 """
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 from hypothesis import HealthCheck, Phase, settings
@@ -61,8 +60,8 @@ _COMMON = dict(
 # The gpu profile searches without hypothesis's target phase. Targeting steers each search's second
 # half (past max_examples // 2 valid examples) by the measured err/budget, so which cases, and which
 # kernel variants, a GPU check drew depended on that machine's rounding, and the warm-up's recording
-# (record mode, which checks nothing and so measures nothing) drew fresh cases there instead: on the
-# H100 a check after a complete flex_compiled warm-up still compiled 40 graphs, and 4 without it.
+# (record mode, which checks nothing and so measures nothing) drew fresh cases there instead, so a
+# check after a complete flex_compiled warm-up still compiled graphs the warm-up never saw.
 # Without it a gpu check draws the same cases on every machine, and the warm-up compiles those.
 GPU_PHASES = tuple(p for p in SEARCH_PHASES if p != Phase.target)
 
@@ -84,19 +83,24 @@ settings.register_profile(
 PROFILES = tuple(SIZES)
 
 
+_LOADED = ["ci"]  # the profile `load` activated last
+
+
 def load(name: str | None = None) -> str:
-    """Activate a profile (argument, then ATTN_HARNESS_PROFILE, then 'ci'); returns its name."""
-    name = name or os.environ.get("ATTN_HARNESS_PROFILE") or "ci"
+    """Activate a profile (default 'ci'); returns its name. A suite process passes the one its
+    settings name (ATTN_HARNESS_PROFILE, harness/run/speed/settings.py)."""
+    name = name or "ci"
     if name not in SIZES:
         raise ValueError(f"unknown profile {name!r}; known: {', '.join(SIZES)}")
     settings.load_profile(name)
+    _LOADED[0] = name
     return name
 
 
 def current() -> str:
     """The active profile's name, if it is one of ours; 'ci' otherwise."""
     getter = getattr(settings, "get_current_profile_name", None)
-    name = getter() if getter else os.environ.get("ATTN_HARNESS_PROFILE", "ci")
+    name = getter() if getter else _LOADED[0]
     return name if name in SIZES else "ci"
 
 

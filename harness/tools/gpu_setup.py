@@ -55,7 +55,7 @@ def install(requirements: list[str], pip: list[str], run: Callable[[list[str]], 
 def cuda_summary() -> str:
     """One line: the CUDA backends available here, and why each other one is not."""
     from harness import backends
-    from harness.cli import availability
+    from harness.run.check import availability
 
     importlib.invalidate_caches()  # the packages pip just installed are importable in this process
     ready, other = [], []

@@ -61,3 +61,21 @@ def run(case: str, backend: str) -> int:
     cmd = command(tool, case, backend)
     print(f"compute-sanitizer: {' '.join(cmd)}", flush=True)
     return subprocess.run(cmd, env=env).returncode
+
+
+def repro(case: str, backend: str, device: str | None) -> int:
+    """`repro --sanitize`: the repro under memcheck; a RequestError where it cannot run (a GraphCase,
+    the CPU, no compute-sanitizer)."""
+    from harness.run.check import RequestError, load_backend
+    from harness.run.repro import read_case
+
+    if not hasattr(read_case(case), "seed"):
+        raise RequestError("--sanitize takes a Case, not a GraphCase")
+    load_backend(backend)
+    if device == "cpu":
+        raise RequestError("--sanitize checks CUDA memory accesses: use it with --device cuda")
+    if find() is None:
+        raise RequestError(not_installed())
+    code = run(case, backend)
+    print(f"compute-sanitizer memcheck: exit {code}" + (" (memory errors found)" if code == 86 else ""))
+    return code

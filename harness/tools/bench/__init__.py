@@ -9,7 +9,7 @@ and writes JSON (docs/bench.md documents every field). Sections:
 - phases: fractions of each check's wall time spent building, planning, in the kernel, in the
   references, comparing, and (CPU) in the Hugging Face cross-check (harness/core/timing.py);
 - scale: time and peak memory of the reference on one long request, in a subprocess per run;
-- detection: examples and seconds until each mutant of the catalogue first fails (harness/run/mutation.py);
+- detection: examples and seconds until each mutant of the catalogue first fails (harness/hunts.py);
 - coldstart (only when asked for: it runs the whole check twice): `check` (its warm-up beside it) in a
   fresh cache directory, then again with that cache warm (coldstart.py);
 - gpus (only when asked for: it runs the whole check three or four times): `check` on one GPU, then
@@ -19,6 +19,7 @@ One module per section (cases.py makes the mix; table.py prints the report); thi
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
 import time
@@ -28,8 +29,8 @@ from pathlib import Path
 
 import torch
 
+from harness import hunts
 from harness.backends.base import Backend
-from harness.run import mutation
 from harness.run.isolation import visible_gpus
 from harness.tools.bench import cases, coldstart, detection, gpus, scale, throughput
 
@@ -56,12 +57,12 @@ class Options:
     gpus_results: Path | None = None  # where the gpus section keeps each check's results.json
 
 
-def run(
-    opts: Options, say: Callable[[str], None] = print, save: Callable[[dict], None] | None = None
-) -> dict:
-    """Every selected section; returns the JSON document (docs/bench.md describes it). `save` gets
-    the document after every row, so a run stopped by a time limit keeps what it measured."""
-    doc: dict = {
+Keep = Callable[[str, dict], None]  # a section's row, added to the document (and saved)
+
+
+def _document(opts: Options) -> dict:
+    """The document's head: the machine, the mix, the shapes, and an empty list per section."""
+    return {
         "schema": 1,
         "meta": {
             "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
@@ -81,9 +82,70 @@ def run(
             **cases.MIX_SHAPE,
         },
         "scale_shape": {**scale.SCALE_SHAPE, "mode": "EXTEND", "window_left": scale.SCALE_WINDOW},
-        "detection_profile": mutation.DEVICE_PROFILE[opts.device],
+        "detection_profile": hunts.DEVICE_PROFILE[opts.device],
         **{section: [] for section in opts.sections},
     }
+
+
+def _throughput(opts: Options, keep: Keep, say: Callable[[str], None]) -> None:
+    for b in opts.backends:
+        say(f"  throughput/phases: {b.name} on {opts.device} ...")
+        mix = cases.mix(opts.seed, opts.cases, b.capabilities)
+        measured = throughput.measure_backend(b, opts.device, mix, opts.sections, opts.repeat, opts.workers)
+        row, phases = measured
+        if row:
+            keep("throughput", dataclasses.asdict(row))
+        if phases:
+            keep("phases", dataclasses.asdict(phases))
+
+
+def _scale(opts: Options, keep: Keep, say: Callable[[str], None]) -> None:
+    for tokens in opts.scale_tokens:
+        for window in (-1, scale.SCALE_WINDOW):
+            say(f"  scale: {tokens} tokens, window_left {window} ...")
+            row = scale.scale_row(opts.device, tokens, window, opts.scale_timeout)
+            keep("scale", dataclasses.asdict(row))
+
+
+def _detection(opts: Options, keep: Keep, say: Callable[[str], None]) -> None:
+    def progress(d: dict) -> None:
+        say(f"  detection: {d['outcome']:8} {d['mutant']} ({d['hunt_seconds']:.1f}s)")
+        keep("detection", d)
+
+    detection.detection(opts.device, opts.mutant_backends, opts.max_examples, opts.detection_budget, progress)
+
+
+def _coldstart(opts: Options, keep: Keep, say: Callable[[str], None]) -> None:
+    def ran(row: coldstart.ColdStartRow) -> None:
+        warm = "no warm-up" if row.warmup_seconds is None else f"warm-up {row.warmup_seconds:.0f} s of it"
+        floor = row.cpu_seconds / row.cores
+        cpu = f"CPU {row.cpu_seconds:.0f} s: {floor:.0f} s on {row.cores} cores if packed"
+        say(f"  coldstart: {row.run}: check {row.seconds:.0f} s ({warm}); {cpu}")
+        keep("coldstart", dataclasses.asdict(row))
+
+    coldstart.coldstart(opts.device, opts.mutant_backends, opts.coldstart_timeout, ran)
+
+
+def _gpus(opts: Options, keep: Keep, say: Callable[[str], None]) -> None:
+    def scaled(row: gpus.GpuRow) -> None:
+        if row.run == "skip":
+            say(f"  gpus: skipped: {row.reason}")
+        else:
+            plan = f"{row.processes} processes, {row.jobs} at once"
+            gain = "" if row.speedup is None else f"; speedup {row.speedup:.2f} ({row.verdict})"
+            say(f"  gpus: {row.run} on GPU {','.join(row.gpus)}: check {row.seconds:.0f} s, {plan}{gain}")
+        keep("gpus", dataclasses.asdict(row))
+
+    visible = visible_gpus() if opts.device == "cuda" else []
+    gpus.scaling(opts.device, visible, opts.mutant_backends, opts.gpus_timeout, scaled, opts.gpus_results)
+
+
+def run(
+    opts: Options, say: Callable[[str], None] = print, save: Callable[[dict], None] | None = None
+) -> dict:
+    """Every selected section; returns the JSON document (docs/bench.md describes it). `save` gets
+    the document after every row, so a run stopped by a time limit keeps what it measured."""
+    doc = _document(opts)
 
     def keep(section: str, row: dict) -> None:
         doc[section].append(row)
@@ -92,56 +154,11 @@ def run(
             save(doc)
 
     if "throughput" in opts.sections or "phases" in opts.sections:
-        for b in opts.backends:
-            say(f"  throughput/phases: {b.name} on {opts.device} ...")
-            mix = cases.mix(opts.seed, opts.cases, b.capabilities)
-            row, phases = throughput.measure_backend(
-                b, opts.device, mix, opts.sections, opts.repeat, opts.workers
-            )
-            if row:
-                keep("throughput", dataclasses.asdict(row))
-            if phases:
-                keep("phases", dataclasses.asdict(phases))
-    if "scale" in opts.sections:
-        for tokens in opts.scale_tokens:
-            for window in (-1, scale.SCALE_WINDOW):
-                say(f"  scale: {tokens} tokens, window_left {window} ...")
-                keep(
-                    "scale",
-                    dataclasses.asdict(scale.scale_row(opts.device, tokens, window, opts.scale_timeout)),
-                )
-    if "detection" in opts.sections:
-
-        def progress(d: dict) -> None:
-            say(f"  detection: {d['outcome']:8} {d['mutant']} ({d['hunt_seconds']:.1f}s)")
-            keep("detection", d)
-
-        detection.detection(
-            opts.device, opts.mutant_backends, opts.max_examples, opts.detection_budget, progress
-        )
-    if "coldstart" in opts.sections:
-
-        def ran(row: coldstart.ColdStartRow) -> None:
-            warm = "no warm-up" if row.warmup_seconds is None else f"warm-up {row.warmup_seconds:.0f} s of it"
-            floor = row.cpu_seconds / row.cores
-            cpu = f"CPU {row.cpu_seconds:.0f} s: {floor:.0f} s on {row.cores} cores if packed"
-            say(f"  coldstart: {row.run}: check {row.seconds:.0f} s ({warm}); {cpu}")
-            keep("coldstart", dataclasses.asdict(row))
-
-        coldstart.coldstart(opts.device, opts.mutant_backends, opts.coldstart_timeout, ran)
-    if "gpus" in opts.sections:
-
-        def scaled(row: gpus.GpuRow) -> None:
-            if row.run == "skip":
-                say(f"  gpus: skipped: {row.reason}")
-            else:
-                plan = f"{row.processes} processes, {row.jobs} at once"
-                gain = "" if row.speedup is None else f"; speedup {row.speedup:.2f} ({row.verdict})"
-                say(f"  gpus: {row.run} on GPU {','.join(row.gpus)}: check {row.seconds:.0f} s, {plan}{gain}")
-            keep("gpus", dataclasses.asdict(row))
-
-        visible = visible_gpus() if opts.device == "cuda" else []
-        gpus.scaling(opts.device, visible, opts.mutant_backends, opts.gpus_timeout, scaled, opts.gpus_results)
+        _throughput(opts, keep, say)
+    later = {"scale": _scale, "detection": _detection, "coldstart": _coldstart, "gpus": _gpus}
+    for section, measure in later.items():
+        if section in opts.sections:
+            measure(opts, keep, say)
     doc["passed"] = passed(doc)
     return doc
 
@@ -162,3 +179,64 @@ def write_json(path: str | Path, doc: dict) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(doc, indent=1))
+
+
+class OptionError(ValueError):
+    """A bench option out of range: one line."""
+
+
+def options(args: argparse.Namespace, device: str) -> Options:
+    """The bench's Options from `python -m harness bench`'s arguments (harness/cli.py)."""
+    from harness import backends
+
+    picked = args.section or ",".join(DEFAULT_SECTIONS)
+    sections = tuple(s.strip() for s in picked.split(",") if s.strip())
+    bad = [s for s in sections if s not in SECTIONS]
+    if bad or not sections:
+        raise OptionError(f"unknown section {bad[0] if bad else ''!r}; known: {', '.join(SECTIONS)}")
+    if min(args.cases, args.max_examples, args.repeat, args.workers) < 1:
+        raise OptionError("--cases, --repeat, --workers and --max-examples must be at least 1")
+    if args.backend:
+        chosen = [_load(n) for n in args.backend]
+    else:
+        chosen = [b for b in backends.all_backends() if b.available(device) is None]
+    return Options(
+        device=device,
+        backends=chosen,
+        sections=sections,
+        cases=args.cases,
+        seed=args.seed,
+        repeat=args.repeat,
+        workers=args.workers,
+        scale_tokens=args.scale_tokens or scale.SCALE_TOKENS,
+        scale_timeout=args.scale_timeout,
+        max_examples=args.max_examples,
+        detection_budget=args.detection_budget,
+        mutant_backends=args.backend,
+        coldstart_timeout=args.coldstart_timeout,
+        gpus_timeout=args.gpus_timeout,
+        gpus_results=Path(args.json).with_name(Path(args.json).stem + "-gpus"),
+    )
+
+
+def _load(name: str) -> Backend:
+    from harness import backends
+
+    try:
+        return backends.load(name)
+    except backends.BackendError as e:
+        raise OptionError(str(e)) from None
+
+
+def command(args: argparse.Namespace, device: str) -> int:
+    """`python -m harness bench`: the sections asked for, a line as each row ends, the table, and
+    the JSON document (rewritten after every row); 0 when every section passed."""
+    from harness.tools.bench.table import render
+
+    opts = options(args, device)
+    print(f"attn-harness bench on {device}: {', '.join(opts.sections)}", flush=True)
+    doc = run(opts, lambda line: print(line, flush=True), lambda d: write_json(args.json, d))
+    print(render(doc))
+    write_json(args.json, doc)
+    print(f"json: {args.json}")
+    return 0 if doc["passed"] else 1

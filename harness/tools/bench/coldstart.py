@@ -1,7 +1,7 @@
-"""The bench's coldstart section: `make check`'s cost on a fresh runner, kept measured (issue 24).
+"""The bench's coldstart section: `make check`'s cost on a fresh runner, kept measured.
 
 Runs `python -m harness check` (the profile and backends given; on CUDA it compiles its JIT variants
-beside the check, harness/run/warm_gate.py) twice as a child process: first in a fresh, empty cache
+beside the check, harness/run/speed/warm_gate.py) twice as a child process: first in a fresh, empty cache
 directory (every JIT variant compiles), then again with that directory as the first run left it, as a
 CI job restores its saved cache to the same path. Each run's row gives the command's wall time, how
 long the warm-up ran within it and what it compiled, the CPU time of the check and every process

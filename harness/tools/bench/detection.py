@@ -1,15 +1,15 @@
 """The bench's detection section: examples and seconds until each mutant of the catalogue first
-fails (harness/run/mutation.py), seed-class mutants (DESIGN.md's bug classes) first."""
+fails (harness/hunts.py), seed-class mutants (DESIGN.md's bug classes) first."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
 
-from harness.run import mutation
+from harness import hunts
 
 # DESIGN.md's table: the bug classes the harness exists for. A mutant is seed-class when its bug
-# (the name after "~") is one of them; the issue's target is each caught within 30 s on the GPU.
+# (the name after "~") is one of them; the target is each caught within 30 s on the GPU.
 SEED_CLASS_BUGS = frozenset(
     {
         "ragged_no_window",  # SWA extend with prefix: the ragged pass gets no window
@@ -43,20 +43,20 @@ def detection(
     progress: Callable[[dict], None] | None = None,
 ) -> list[dict]:
     """Hunt each mutant that runs on `device` in its first family (as CI does) with
-    harness.run.mutation, under the device's default profile, without shrinking past the first failure.
+    harness.hunts, under the device's default profile, without shrinking past the first failure.
     Seed-class mutants go first; once `budget` seconds are spent, the remaining hunts are reported
     as skipped, not dropped."""
-    pairs = mutation.select(mutation.every_mutant(), backends=backends, first_family=True)
+    pairs = hunts.select(hunts.every_mutant(), backends=backends, first_family=True)
     pairs = [(m, f) for m, f in pairs if device == "cuda" or m.device == "cpu"]
     pairs.sort(key=lambda pair: not seed_class(pair[0].name))  # a budget cuts the others first
     rows = []
     start = time.perf_counter()
     for m, family in pairs:
         if budget is not None and time.perf_counter() - start > budget:
-            row = mutation.Row(m.name, m.backend, device, family, m.check, m.method, m.bug, "skip")
+            row = hunts.Row(m.name, m.backend, device, family, m.check, m.method, m.bug, "skip")
             row.reason = f"detection budget of {budget:g}s spent"
         else:
-            (row,) = mutation.run([(m, family)], [device], max_examples, 0, invariance_shrink_runs=0)
+            (row,) = hunts.run([(m, family)], [device], max_examples, 0, invariance_shrink_runs=0)
         d = row.to_dict()
         d["seed_class"] = seed_class(m.name)
         d["within_target"] = row.outcome == "caught" and row.seconds <= DETECTION_TARGET_S

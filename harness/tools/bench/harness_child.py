@@ -14,7 +14,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[3]
 HARNESS = [sys.executable, "-m", "harness"]  # how the children start the harness
-# The warm-up's last line in a CUDA check's output (harness/run/warm_gate.py's `join`).
+# The warm-up's last line in a CUDA check's output (harness/run/speed/warm_gate.py's `join`).
 WARMUP_LINE = re.compile(
     r"^warmup: (\d+) variants compiled in (\d+) s beside the check(?:; (\d+) failed)?", re.MULTILINE
 )

@@ -7,7 +7,7 @@ flash-attn-4, CuTe DSL and Python minor version) loads instead of compiling. doc
 Needs Python 3.12, torch and flash-attn-4 importable; the disk cache defaults to the cache directory's
 fa4/ (harness/run/cache_dir.py; ATTN_HARNESS_CACHE=DIR moves it):
   FLASH_ATTENTION_ARCH=sm_90 CUTE_DSL_ARCH=sm_90a FLASH_ATTENTION_NUM_SMS=132 \
-  python -m harness.tools.fa4_precompile [--part I/N]
+  python -m harness.run.speed.warmup.fa4 [--part I/N]
 """
 
 from __future__ import annotations

@@ -3,8 +3,8 @@
 After a library's warm-up ends with nothing failed, `<cache root>/warmup/<library>.json` records its
 key (the profile, the harness's own source, the installed packages and the GPU) and the backends it
 served. A later warm-up of the same key for some of those backends skips the library: a CI job that
-restores its cache for the same commit pays no recording run and no variant runs (about 2 minutes
-of a restored check on the H100, docs/bench.md). Any change to the harness's source, a package or
+restores its cache for the same commit pays no recording run and no variant runs (minutes of a
+restored check). Any change to the harness's source, a package or
 the GPU re-runs it, and it then compiles only what the cache lacks. Deleting the file forces it.
 """
 

@@ -1,6 +1,6 @@
 """The JIT libraries the warm-up compiles for, and how each compiles one variant in a worker.
 
-- FlashInfer: one small probe per module (harness/tools/flashinfer_warmup.py's `module_probes`); one
+- FlashInfer: one small probe per module (harness/run/speed/warmup/flashinfer.py's `module_probes`); one
   worker runs them all up to their module's JitSpec (`ninja_plan`) and writes each module's
   build.ninja, then one ninja builds every module (ninja.py), and its logs are copied into each
   module's directory, so FlashInfer's own ninja there later finds the module up to date and only
@@ -23,9 +23,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
 
-from harness.run import cache_dir, variant_shards
-from harness.tools import flashinfer_warmup
-from harness.tools.warmup import CACHED, COMPILED, Library, Variant
+from harness.run import cache_dir
+from harness.run.speed import variant_shards
+from harness.run.speed.warmup import CACHED, COMPILED, Library, Variant
+from harness.run.speed.warmup import flashinfer as flashinfer_warmup
 
 # One request shape per mode for flex_compiled's variants (CROSS: 30 encoder keys).
 FLEX_REQUESTS = {
@@ -100,7 +101,7 @@ def _describe(case) -> str:  # noqa: ANN001 - a Case or a GraphCase
     )
 
 
-# What FA4's recording leaves out: graph replays (harness/search/graph_suite.py: fa4 captures DECODE,
+# What FA4's recording leaves out: graph replays (harness/run/graph_suite.py: fa4 captures DECODE,
 # TARGET_VERIFY and DRAFT_EXTEND_V2) and the model check (cases/test_model.py: soft cap 4). Their
 # variants still come from fa4_precompile's reachable list, the short-row and tree cases and the
 # model's soft cap, less those whose key a recorded group already has. flex_compiled records its
@@ -145,23 +146,20 @@ def record_cases(profile: str, backend: str, leave_out: str = UNRECORDED_TESTS) 
     the tests `leave_out` (a -k expression) deselects."""
     import os
     import subprocess
-    import sys
     import tempfile
 
     from harness.backends import BACKENDS_ENV
-    from harness.cli import suite
     from harness.run import record_mode
+    from harness.run.pytest_command import command
+    from harness.run.speed.settings import RECORD_ENV
 
-    where = suite()
     with tempfile.TemporaryDirectory(prefix="attn-harness-record-") as tmp:
         file = os.path.join(tmp, "drawn.jsonl")
-        cmd = [sys.executable, "-m", "pytest", str(where.path), "-q", *where.options]
-        cmd += ["-p", "no:cacheprovider", "-m", "gpu", "-k", leave_out]
-        env = {**os.environ, **where.env, "ATTN_HARNESS_PROFILE": profile, BACKENDS_ENV: backend}
-        env[record_mode.RECORD_ENV] = file
+        run = command(profile, marker="gpu", keyword=leave_out, options=["-p", "no:cacheprovider"])
+        env = {**run.env, BACKENDS_ENV: backend, RECORD_ENV: file}
         try:
             out = subprocess.run(
-                cmd, cwd=where.cwd, env=env, capture_output=True, text=True, timeout=RECORD_TIMEOUT
+                run.argv, cwd=run.cwd, env=env, capture_output=True, text=True, timeout=RECORD_TIMEOUT
             )
         except subprocess.TimeoutExpired:
             raise RecordFailed(f"the recording run took over {RECORD_TIMEOUT:g} s") from None
@@ -175,8 +173,8 @@ def record_cases(profile: str, backend: str, leave_out: str = UNRECORDED_TESTS) 
 
 def _unrecorded_cases(profile: str) -> list:
     """fa4_precompile's reachable cases for what record mode does not reach (see UNRECORDED_TESTS)."""
+    from harness.run.speed.warmup.fa4 import MODEL_SOFT_CAPS, variant_cases
     from harness.search.profiles import SIZES
-    from harness.tools.fa4_precompile import MODEL_SOFT_CAPS, variant_cases
 
     graph_modes = {str(m) for m in _backend("fa4").capabilities.graph_modes}
     return [
@@ -208,8 +206,8 @@ def fa4_variants(profile: str) -> list[Variant]:
     """The groups of the cases a check will draw (record mode), plus the graph replay and model
     check variants; the full reachable list when the recording run fails (one line says why)."""
     from harness.checks.invariance import neighbour_sizes
+    from harness.run.speed.warmup.fa4 import variant_cases
     from harness.search.profiles import SIZES
-    from harness.tools.fa4_precompile import variant_cases
 
     fa4 = _backend("fa4")
     _NOTES.pop("fa4", None)
@@ -310,8 +308,8 @@ def flex_shapes(profile: str) -> list[Variant]:
     """Without a recording: per dtype x head_dim x heads of the profile (and of the pinned cases,
     which run in every profile), one case per mode."""
     from harness.core.modes import FAMILIES
+    from harness.run.suite import pinned_examples
     from harness.search.profiles import SIZES
-    from harness.search.suite import pinned_examples
 
     flex = _backend("flex_compiled")
     caps, sizes = flex.capabilities, SIZES[profile]
@@ -335,7 +333,7 @@ def flex_shapes(profile: str) -> list[Variant]:
 def flex_variants(profile: str) -> list[Variant]:
     """The groups of the cases a check will draw (record mode), and each model check whole; one case
     per mode and shape (flex_shapes) when the recording run fails (one line says why). The recording
-    also gives the weights that balance the check's variant shards (harness/run/variant_shards.py)."""
+    also gives the weights that balance the check's variant shards (harness/run/speed/variant_shards.py)."""
     from harness.checks.invariance import neighbour_sizes
     from harness.checks.model.check import MODELS
     from harness.search.profiles import SIZES

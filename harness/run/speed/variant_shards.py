@@ -6,17 +6,15 @@ backend that compiles per case keys the cases that share a compile, as flex_comp
 traces each variant anew in every process). It answers another shard's case unchecked, as record
 mode does (the check's skip when refused, else a pass), and records nothing for it: hypothesis sees
 the same search in every shard, and one shard checks and records each case. Split by test instead,
-a shard is no shorter than its heaviest test (flex_compiled's graph family: about 60 replays of half
-a second each) and meets nearly every variant, since each family draws most of them: on two H100s
-3 flex_compiled shards took 106-114 s and 6 took 76-95 s. On one H100, flex_compiled alone in one
-process took 165 s, and 3 variant shards 69-72 s each (docs/bench.md).
+a shard is no shorter than its heaviest test (flex_compiled's graph family: many replays of a
+compiled graph) and meets nearly every variant, since each family draws most of them, so each
+shard would trace nearly every variant again.
 
 Draws are alike only in a derandomized profile without the target phase (`gpu`; `ci` has it): in
 another profile the shards split the tests, every Nth from the Ith. The tests without a search target
 (the backend's model checks) all run whole in one shard (harness/run/pytest_plugin.py): the first model
-check in a process pays transformers' import and the first model's construction (on an H200 a
-GPT-OSS check took 20 s first in a process, 5 s third: docs/bench.md). Dealt one each to three shards,
-all three paid it; the model checks were half of the CUDA check's case seconds.
+check in a process pays transformers' import and the first model's construction, several times
+what a later one costs: dealt one each to three shards, all three would pay it.
 
 Balance: each variant's weight, the seconds its cases take in the shard that owns it, is kept in
 the cache directory: modelled by the warm-up from what its recording drew (record mode, for the
@@ -46,9 +44,9 @@ from harness.run import cache_dir, record_mode
 from harness.run.parallel import file_name
 from harness.search import profiles
 
-# A case's mean seconds by check kind in flex_compiled's one-process check on an H100 (2026-11-27,
-# gpu profile, cache warm; each variant's first case, with its trace, included): the modelled
-# weights, until a check measures them.
+# A case's mean seconds by check kind in flex_compiled's one-process check on an H100 (gpu profile,
+# cache warm; each variant's first case, with its trace, included): the modelled weights, until a
+# check measures them.
 KIND_SECONDS = {"numeric": 0.142, "graph": 0.668, "invariance": 1.317}
 WEIGHTS_DIR = "variants"  # in the cache directory: <backend>.<profile>.json, keyed by `name`
 FORMAT = "attn-harness-variant-weights"
@@ -203,7 +201,7 @@ def elsewhere(backend: Backend, case: Case | GraphCase) -> bool:
 
 def answer(backend: Backend, case: Case | GraphCase, device: str) -> CaseResult:
     """Another shard's case, unchecked: what a checking run shows hypothesis (a refusal's skip, else a
-    pass), marked so the suite records nothing for it (harness/search/suite.py, `judge`)."""
+    pass), marked so the suite records nothing for it (harness/run/suite.py, `judge`)."""
     res = record_mode.unchecked(backend, case, device, "checked by the shard that owns its variant")
     res.extra[ELSEWHERE] = "{}/{}".format(*_shard)
     return res

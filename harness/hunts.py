@@ -235,3 +235,37 @@ def every_mutant(exact_pool: bool = False) -> list[Mutant]:
     compile kernels), plus the exact-pool variants when asked."""
     mutants = sorted(catalogue(), key=lambda m: m.device == "cuda")
     return mutants + (exact_pool_variants(mutants) if exact_pool else [])
+
+
+def hunt_all(
+    pairs: list,
+    devices: list[str],
+    max_examples: int,
+    shrink: tuple[int | None, int | None],
+    profile: str | None,
+    json_path: str | None,
+) -> list[Row]:
+    """`run` with a line said as each hunt ends; with `json_path`, the rows so far (with the
+    environment) rewritten there after every hunt, so a run stopped early keeps what it found.
+    `shrink`: the new cases a shrink may try, for the numeric and for the determinism mutants."""
+    import time
+
+    from harness.report.environment import collect
+
+    meta = {"time": time.strftime("%Y-%m-%dT%H:%M:%S"), **collect()}
+    done: list[Row] = []
+
+    def progress(row: Row) -> None:
+        where = f"{row.device}/{row.family}"
+        print(f"  {row.outcome:8} {row.mutant} on {where} ({row.hunt_seconds:.1f}s)", flush=True)
+        done.append(row)
+        if json_path:
+            write_json(json_path, done, meta)
+
+    return run(pairs, devices, max_examples, shrink[0], profile, progress, shrink[1])
+
+
+def listing(pairs: list) -> list[str]:
+    """`mutants --list`: each selected mutant once, with its check, method, families and bug."""
+    chosen = {m.name: m for m, _ in pairs}.values()
+    return [f"{m.name:44} {m.check:10} {m.method:24} {', '.join(m.families)}\n    {m.bug}" for m in chosen]

@@ -1,7 +1,7 @@
 """`python -m harness warmup`: compile every JIT variant a profile draws, before the check needs it.
 
 A fresh GPU runner otherwise compiles inside the check: FlashInfer's modules, FA4's kernels and
-flex_compiled's inductor graphs, one worker at a time, each paying its own (issue 24). Here each
+flex_compiled's inductor graphs, one worker at a time, each paying its own. Here each
 JIT library (libraries.py) lists its variants for the profile, and every library runs at once, so
 the machine's cores stay busy until the last compile:
 - a library with a `plan` (FlashInfer) finds its modules in one worker process and builds them all
@@ -24,12 +24,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from harness.run import cache_dir, workers
-from harness.tools.warmup import ninja, stamp
+from harness.run.speed.warmup import ninja, stamp
 
 COMPILED, CACHED = "compiled", "cached"
 VARIANT_TIMEOUT = 900.0  # seconds for one variant, or one plan, in a worker
 # How much lower the priority of work beside a ninja build is (pool workers here, the check's processes
-# in harness/run/warm_gate.py): the build is the longest chain of a cold run, the rest fills the gaps.
+# in harness/run/speed/warm_gate.py): the build is the longest chain of a cold run, the rest fills the gaps.
 BESIDE_NINJA_NICE = 10
 
 

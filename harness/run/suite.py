@@ -19,7 +19,8 @@ from harness.backends.base import Backend
 from harness.core.case import Case
 from harness.core.modes import FAMILY_MODE, Mode
 from harness.core.results import CaseResult
-from harness.run import isolation, variant_shards
+from harness.run import isolation
+from harness.run.speed import variant_shards
 from harness.search import profiles
 from harness.search.pinned import PINNED
 from harness.search.refusals import as_refused, search_with_refusals

@@ -1,18 +1,18 @@
-"""Each backend's expected cost for the check's schedule (harness/run/schedule.py), in seconds as one
+"""Each backend's expected cost for the check's schedule (harness/run/speed/schedule.py), in seconds as one
 pytest process, and what each of its processes pays whatever its share (its fixed cost): measured by
 the last `check --jobs` runs of the same selection, else a default.
 
 Every parallel check saves what each backend's parts took into `timings.json` in the cache
 directory (harness/run/cache_dir.py: a CI job that restores its compile caches restores these),
 under a key naming the selection (profile, markers, -k), so a `--family decode` run does not set
-the costs of a full one; a run whose warm-up compiled beside it saves none (harness/cli.py). A
-backend never measured for the selection gets DEFAULT_SECONDS (an H100 with its cache restored, gpu
-profile) or, when not in that table, UNKNOWN_SECONDS.
+the costs of a full one; a run whose warm-up compiled beside it saves none (harness/run/check.py). A
+backend never measured for the selection gets DEFAULT_SECONDS or, when not in that table,
+UNKNOWN_SECONDS.
 
 A process's fixed cost is DEFAULT_FIXED's (else STARTUP_S) until the backend has run at two shard
 counts: a part's mean seconds at N shards is then fitted to fixed + work / N (`fit`), and the backend
-costs fixed + work. It matters for flex_compiled, which pays about 22 s a process whatever its share
-(docs/bench.md).
+costs fixed + work. It matters for flex_compiled, which traces its compiled variants again in
+every process whatever its share.
 """
 
 from __future__ import annotations
@@ -22,17 +22,14 @@ from collections.abc import Callable
 from pathlib import Path
 
 from harness.run import cache_dir
-from harness.run.schedule import STARTUP_S
+from harness.run.speed.schedule import STARTUP_S
 
 TIMINGS = "timings.json"  # in the cache directory (harness/run/cache_dir.py)
 FORMAT = "attn-harness-timings"
-# `make check` on a fresh H100 right after its cold run (the cache restored, the warm-up skipped by
-# its stamps), gpu profile, 8 processes at once, 2026-11-27 (tenth session): each backend's one
-# part's seconds in results.json (`run.parts`), every backend one process. Its plan, from the
-# previous table (flashinfer_dec_tc 65 s, fa4 43 s, torch_split 42 s, ...), left flex_compiled in one
-# process: 77 s of wall. From these it splits it in two (the plan replayed, not run). fa2/fa3 are
-# not in the table: not installed there, every test skipped (3.4 s a part), and installed they
-# check; `expected` asks whether each can run here.
+# Each backend's seconds as one process in a restored `make check` on an H100 (gpu profile, 8
+# processes at once): what the first check of a runner plans with, until it has measured its own.
+# fa2/fa3 are not in the table: where they are not installed every test skips, and where they are
+# they check; `expected` asks whether each can run here.
 DEFAULT_SECONDS = {
     "flex_compiled": 77.0,
     "flashinfer_dec_tc": 45.0,
@@ -46,22 +43,20 @@ DEFAULT_SECONDS = {
     "flashinfer_enc": 8.0,
 }
 UNKNOWN_SECONDS = 60.0
-# A process's fixed cost before a fit, where it is far above STARTUP_S. flex_compiled on 2 x H200
-# (2026-11-27, eleventh session, restored cache): 74.5 s as one process, a part's mean 33.0 s as one
-# of 5 and 29.9 s as one of 6: fitted, 22 s fixed (32-35 s in earlier sessions' trees). Read with
-# STARTUP_S, a run's 6 shards made 180-191 s of one process, and the next run was planned with 2
-# shards of 95 s.
+# A process's fixed cost before a fit, where it is far above STARTUP_S: flex_compiled traces its
+# compiled variants again in every process (fitted on 2 x H200 from parts at 1, 5 and 6 shards).
+# Read with STARTUP_S instead, the sum of its shards would pass for several times its one-process
+# cost and the next plan would split it too little.
 DEFAULT_FIXED = {"flex_compiled": 22.0}
 # The most of a part's mean seconds that `measured` takes for the fixed cost each extra shard paid.
 # Whatever a fixed cost is assumed, n shards of mean m then read as at least (n + 1) / 2 x m of one
-# process. With 30 s assumed for flex_compiled and its 6 shards at 29.9 s (2 x H200, eleventh
-# session), they read as 29.4 s of one process; planned unsplit at 30 s, it took 75 s and bounded the
-# one-GPU run (79 s, planned 47 s). An overestimate costs a shard's start, an underestimate the wall.
+# process: an assumed fixed cost close to a shard's mean would make the shards' sum read as about one
+# shard, and the backend would be planned unsplit. An overestimate costs a shard's start, an
+# underestimate the wall.
 FIXED_SHARE = 0.5
 # How many times the smallest shard count the largest must be for a fit: between close counts the
-# parts' run-to-run noise is the slope. On 2 x H200 (2026-11-27) flex_compiled's parts took 39.1 s a
-# part as one of 6 and 39.5 s as one of 5; fitted, that was 37 s fixed and 49 s as one process, and
-# the part planned so took 75 s unsplit, the two-GPU run's longest by 26 s.
+# parts' run-to-run noise is the slope (parts at 5 and 6 shards of nearly equal means would fit a
+# fixed cost of nearly all of it, and a backend planned unsplit).
 FIT_SPAN = 2
 MEASURED_CODES = (0, 1, 5)  # a part that ran to its end (1: it found failures); not interrupted
 Parts = list[tuple[str, int, float]]  # each part's backend, exit code and seconds
@@ -117,8 +112,8 @@ def expected(
     fixed`, `default`, `skips`, `unknown`), and its process's fixed cost (fitted, else DEFAULT_FIXED's,
     else STARTUP_S). A backend neither measured nor in the default table is asked about: where
     `unavailable(name)` gives a reason (its library is not here), its part skips every test and costs
-    its start, STARTUP_S; else UNKNOWN_SECONDS. (fa2 and fa3 on a machine without them took 3.4 s a
-    part, where UNKNOWN_SECONDS would plan 60 s each and keep another backend from being split.)"""
+    its start, STARTUP_S; else UNKNOWN_SECONDS (which would plan a part that only skips as a long one,
+    and keep another backend from being split)."""
     timings = _read(where / TIMINGS)
     measured, shards = timings["selections"].get(selection, {}), timings["shards"].get(selection, {})
     costs, sources, startups = {}, {}, {}

@@ -1,10 +1,10 @@
 """Build every FlashInfer JIT module the `gpu` profile touches, all at once, before the suite runs.
 
-    python -m harness.tools.flashinfer_warmup [--jobs N]
+    python -m harness.run.speed.warmup.flashinfer [--jobs N]
 
 A diagnostic beside `python -m harness warmup` (which builds the same way): phase 1 finds each
 module with one small probe per variant and builds them all in one ninja run (`ninja_plan`,
-harness/tools/warmup/ninja.py), so each variant compiles once; phase 2 runs every adapter over the
+harness/run/speed/warmup/ninja.py), so each variant compiles once; phase 2 runs every adapter over the
 profile's feature combinations and flags a probe that still compiled. docs/flashinfer.md.
 """
 
@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from harness.core.case import Case, Request
-from harness.tools.warmup import ninja
+from harness.run.speed.warmup import ninja
 
 GPU_SHAPE = dict(num_q_heads=8, num_kv_heads=2, page_size=16)
 GPU_VARIANT = ("bfloat16", 128)  # the gpu profile's only dtype and head_dim
@@ -122,7 +122,7 @@ def pinned_cases() -> list[tuple[str, Case]]:
     suite runs them in every profile, at their own dtype and head_dim."""
     from harness import backends
     from harness.core.modes import FAMILIES
-    from harness.search.suite import pinned_examples
+    from harness.run.suite import pinned_examples
 
     out = []
     for family in FAMILIES:
@@ -298,7 +298,7 @@ def check_coverage() -> int:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
-        prog="python -m harness.tools.flashinfer_warmup", description=__doc__.splitlines()[0]
+        prog="python -m harness.run.speed.warmup.flashinfer", description=__doc__.splitlines()[0]
     )
     p.add_argument(
         "--jobs", type=int, default=os.cpu_count() or 8, help="nvcc jobs at a time (each takes GBs)"

@@ -23,10 +23,10 @@ from harness.core.case import Case
 from harness.core.modes import FAMILIES, FAMILY_MODE, Mode
 from harness.core.results import CaseResult
 from harness.run import isolation
+from harness.run.suite import WINDOWS, Target, judge
 from harness.search import profiles
 from harness.search.refusals import search_with_refusals
 from harness.search.strategies import cases
-from harness.search.suite import WINDOWS, Target, judge
 
 FAMILY = "deterministic"
 # An invariance check runs the backend on about a dozen batches (up to 64 requests): fewer examples.

@@ -1,4 +1,4 @@
-"""The warm-up beside the check: a CUDA `check` compiles its JIT variants (harness/tools/warmup/) while
+"""The warm-up beside the check: a CUDA `check` compiles its JIT variants (harness/run/speed/warmup/) while
 it checks, instead of before.
 
 Each backend's pytest processes start once every JIT library it draws from has ended its warm-up;
@@ -13,7 +13,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 
-from harness.tools import warmup
+from harness.run.speed import warmup
 
 
 class WarmGate:

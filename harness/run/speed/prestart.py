@@ -3,7 +3,7 @@
 Each pytest process of a CUDA `check` sends its cases to an isolation worker (harness/run/
 isolation.py): a spawned interpreter that imports torch and the harness before its first case. Spawned
 on that first case, the worker's imports come after the pytest process's own imports and collection,
-one after the other. `check` loads this module first (`-p harness.run.prestart`, ahead of the
+one after the other. `check` loads this module first (`-p harness.run.speed.prestart`, ahead of the
 harness's plugin, which imports torch) with $ATTN_HARNESS_PRESTART=1, and importing it then spawns
 the worker without waiting for it, so both processes import at once. Once ready, the worker also
 loads the part's backends (their kernel libraries import) and creates its CUDA context (`warm`),
@@ -19,10 +19,10 @@ from __future__ import annotations
 
 import os
 
+from harness.run.speed.settings import PRESTART_ENV
 from harness.run.workers import Worker
 
-ENV = "ATTN_HARNESS_PRESTART"
-OPTIONS = ("-p", "harness.run.prestart")  # pytest's: load this module before any other plugin
+OPTIONS = ("-p", "harness.run.speed.prestart")  # pytest's: load this module before any other plugin
 # What an isolation worker imports before it reports ready: the checks its cases run.
 PRELOAD = ("harness.checks.numeric", "harness.checks.replay")
 _EARLY: list[Worker] = []  # the worker spawned at import, until claimed
@@ -49,7 +49,7 @@ def start() -> Worker | None:
     """Spawn this process's isolation worker if $ATTN_HARNESS_PRESTART is 1 (and remove it): pinned
     to the first visible GPU, as the isolation layer pins a process outside pytest-xdist. Nothing
     under xdist or with no GPU visible."""
-    if os.environ.pop(ENV, None) != "1" or os.environ.get("PYTEST_XDIST_WORKER"):
+    if os.environ.pop(PRESTART_ENV, None) != "1" or os.environ.get("PYTEST_XDIST_WORKER"):
         return None
     listed = os.environ.get("CUDA_VISIBLE_DEVICES")
     gpus = ["0"] if listed is None else listed_gpus(listed)  # unset: every GPU, the first is 0

@@ -23,11 +23,11 @@ from harness.core.graph_case import GraphCase
 from harness.core.modes import FAMILY_MODE
 from harness.core.results import GRAPH_CHECK, CaseResult
 from harness.run import isolation
+from harness.run.suite import WINDOWS, Target, judge
 from harness.search import profiles
 from harness.search.pinned import PINNED_GRAPHS
 from harness.search.refusals import search_with_refusals
 from harness.search.strategies import GRAPH_FAMILIES, graph_cases
-from harness.search.suite import WINDOWS, Target, judge
 
 LABELS = {"decode": "next_token", "verify": "spec", "draft_extend_v2": "draft"}
 UNCAPTURED = "uncaptured"  # the label of a backend's one test when it has no graph path

@@ -1,6 +1,6 @@
 """The check's schedule: how many pytest processes each backend gets, which starts first, on which GPU.
 
-A pure function of each backend's expected cost (seconds as one process; harness/run/costs.py
+A pure function of each backend's expected cost (seconds as one process; harness/run/speed/costs.py
 finds them), the job slots and the GPUs. The parts are started longest first and each takes the
 slot that frees first (longest-processing-time-first list scheduling, within 4/3 of the best wall
 time for the given parts). The ideal wall time is the total cost over the slots (the share); a
@@ -17,8 +17,8 @@ import heapq
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-# A part's fixed cost: fa2/fa3's parts, which collect and skip every test, took 7-8 s on the H100
-# (interpreter, imports, collection); a part that checks also starts its isolation worker.
+# A part's fixed cost: the interpreter, imports and collection (a part that skips every test pays
+# little more), and, in a part that checks, its isolation worker's start.
 STARTUP_S = 10.0
 
 

@@ -3,8 +3,8 @@ ninja find it up to date afterwards.
 
 A library that builds each module with its own ninja (FlashInfer's `JitSpecNvcc.build`: `ninja -C
 <module dir> -f <module dir>/build.ninja`) keeps the cores busy only as far as its modules overlap;
-one ninja over every module's translation units keeps them busy until the last one (measured on an
-H100: about 2.5 times faster than a pool of per-module ninjas). The build files name their outputs
+one ninja over every module's translation units keeps them busy until the last one (several times
+faster than a pool of per-module ninjas). The build files name their outputs
 by absolute path, so a top-level file of `subninja` lines builds them all from one directory. ninja
 keeps what it built in that directory's `.ninja_log` (output -> command hash, mtime) and
 `.ninja_deps` (output -> headers), keyed by those absolute paths; the module's own ninja, run later
