@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from harness.run import ci_shards
-from harness.run.costs import DEFAULT_SECONDS
+from harness.run.speed.costs import DEFAULT_SECONDS
 
 
 @pytest.mark.parametrize("text,want", [("1/1", (1, 1)), ("3/4", (3, 4)), ("4/4", (4, 4))])

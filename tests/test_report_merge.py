@@ -132,3 +132,14 @@ def test_every_failing_status_counts_as_failing(status):
 @pytest.mark.parametrize("status", ["pass", "xfail", "skip", "refused"])
 def test_statuses_that_are_not_failures_do_not_count(status):
     assert trend.verdicts_by_test(_doc(_record(status, "a"))) == {"torch_native@cpu a": False}
+
+
+def test_a_share_with_nothing_to_check_is_not_a_failure(tmp_path):
+    empty = _share(tmp_path, 2, 2, [], code=merge.NO_TESTS)
+    doc = merge.merge(_read(_share(tmp_path, 1, 2, [_record("pass", "t1")]), empty), "m")
+    assert doc["run"]["exit_status"] == 0
+
+
+def test_a_share_that_collected_nothing_but_has_records_keeps_its_status(tmp_path):
+    odd = _share(tmp_path, 1, 1, [_record("skip", "t1")], code=merge.NO_TESTS)
+    assert merge.merge(_read(odd), "m")["run"]["exit_status"] == merge.NO_TESTS

@@ -16,7 +16,8 @@ from harness.report import results_json
 
 # What each share's `run.shard` must hold; `key` names the selection, profile and source.
 SHARD_FIELDS = ("index", "count", "key")
-INCOMPLETE_STATUS = 4  # a merge missing shares: not a pass, whatever the present shares say
+INCOMPLETE_STATUS = 3  # a merge missing shares: not a pass, whatever the present shares say
+NO_TESTS = 5  # pytest's exit status when it collected nothing
 
 
 class MergeError(ValueError):
@@ -79,7 +80,7 @@ def merge(shares: list[Share], command: str) -> dict:
     missing = check_set(shares)
     ordered = sorted(shares, key=lambda s: s.index)
     runs = [s.data["run"] for s in ordered]
-    codes = [int(r.get("exit_status", 1)) for r in runs]
+    codes = [_status(s) for s in ordered]
     worst = max(codes) if any(codes) else 0
     run = {
         "id": "merged-" + "-".join(str(r.get("id", "?")) for r in runs[:1]),
@@ -94,6 +95,13 @@ def merge(shares: list[Share], command: str) -> dict:
     }
     results = [rec for s in ordered for rec in s.data["results"]]
     return results_json.build(results, run, _environment(ordered))
+
+
+def _status(share: Share) -> int:
+    """A share's exit status; pytest's "no tests collected" (5) of a share with no records is the
+    share that had nothing to check, which is not a failure."""
+    code = int(share.data["run"].get("exit_status", 1))
+    return 0 if code == NO_TESTS and not share.data["results"] else code
 
 
 def _share_summary(share: Share) -> dict:
@@ -120,3 +128,21 @@ def _environment(shares: list[Share]) -> dict[str, str]:
         else:
             merged[label] = "; ".join(f"share {s.index}: {v}" for s, v in zip(shares, values))
     return merged
+
+
+def write(paths: list[str], out: str | Path, previous: str | None, command: str) -> tuple[Path, int]:
+    """Merge the shares at `paths` into `out` (results.json, index.html, junit.xml), with tonight's
+    verdicts against `previous` where given; returns (the page, the merged exit status)."""
+    from harness.report import trend, write_run
+
+    doc = merge([read_share(p) for p in paths], command)
+    if previous:
+        try:
+            last = results_json.load(previous)
+        except (OSError, results_json.ResultsError) as e:
+            raise MergeError(f"--previous {previous}: {e}") from None
+        doc["run"]["trend"] = trend.compare(doc, last).to_dict()
+    try:
+        return write_run(out, doc), doc["run"]["exit_status"]
+    except OSError as e:
+        raise MergeError(f"cannot write the merged report to {out}: {e}") from None

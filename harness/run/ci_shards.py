@@ -15,7 +15,7 @@ import json
 from collections.abc import Iterable
 from pathlib import Path
 
-from harness.run.costs import DEFAULT_SECONDS, UNKNOWN_SECONDS
+from harness.run.speed.costs import DEFAULT_SECONDS, UNKNOWN_SECONDS
 
 ENV = "ATTN_HARNESS_SHARD"
 
@@ -92,3 +92,23 @@ def key(test_ids: Iterable[str], profile: str) -> str:
     for test_id in sorted(test_ids):
         digest.update(b"\0" + test_id.encode())
     return digest.hexdigest()[:16]
+
+
+def write_collected(path: str | Path, tests: list[tuple[str, str | None]]) -> None:
+    """The collected tests as [test id, backend] pairs: what the check deals its shares from."""
+    Path(path).write_text(json.dumps([list(t) for t in tests]))
+
+
+def read_collected(path: str | Path) -> list[tuple[str, str | None]]:
+    return [(str(t), b) for t, b in json.loads(Path(path).read_text())]
+
+
+def write_share(path: str | Path, index: int, count: int, split_key: str, tests: list[str]) -> None:
+    """One share for its pytest processes: its place in the split and the test ids it checks."""
+    Path(path).write_text(json.dumps({"index": index, "count": count, "key": split_key, "tests": tests}))
+
+
+def read_share(path: str | Path) -> tuple[dict, frozenset[str]]:
+    """A share written by `write_share`: (its `run.shard` object, the ids of its tests)."""
+    data = json.loads(Path(path).read_text())
+    return {k: data[k] for k in ("index", "count", "key")}, frozenset(data["tests"])
