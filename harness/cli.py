@@ -1,4 +1,4 @@
-"""python -m harness {list, check, warmup, repro, report, mutants, bench}: the command line.
+"""python -m harness {list, check, warmup, repro, report, merge, mutants, bench}: the command line.
 
 Bad input (unknown backend, malformed JSON, an invalid or oversized Case, a bad results file, an
 unwritable output path, a bad option value) exits 2 with one line naming the problem, before anything
@@ -77,6 +77,10 @@ def add_check(p: argparse.ArgumentParser) -> None:
         "(harness/run/speed/warm_gate.py); each backend then compiles what it draws in its own processes")
     opt("--gpus", metavar="LIST", help="spread the processes over these GPUs: CUDA_VISIBLE_DEVICES entries, "
         "e.g. 0,1 (default: every visible GPU)")
+    opt("--shard", metavar="I/N", help="check the Ith of N shares of the selected tests, as CI runner I of N "
+        "(also $ATTN_HARNESS_SHARD; docs/ci.md)")
+    opt("--costs", metavar="FILE", help="with --shard: deal the shares by this cost table (a results.json or "
+        "test id or backend -> seconds) instead of the shipped one")
 
 
 def cmd_check(args: argparse.Namespace) -> int:
@@ -99,6 +103,8 @@ def cmd_check(args: argparse.Namespace) -> int:
         probe=not args.no_probe,
         warmup=not args.no_warmup,
         command_line=args.command_line,
+        shard=args.shard or settings.current().shard,
+        costs=Path(args.costs) if args.costs else None,
     )
     result = check.run_check(request, say)
     latest = result.latest
@@ -160,12 +166,9 @@ def cmd_repro(args: argparse.Namespace) -> int:
 # --- mutants ----------------------------------------------------------------------------------
 def positive_int(text: str) -> int:
     """An argument that counts something there must be at least one of, checked as it is parsed."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    value = int(text) if text.strip().lstrip("-").isdigit() else None
+    if value is None or value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer of at least 1")
     return value
 
 
@@ -218,35 +221,10 @@ def cmd_mutants(args: argparse.Namespace) -> int:
 
 
 # --- bench ------------------------------------------------------------------------------------
-def _int_list(text: str) -> tuple[int, ...]:
-    try:
-        values = tuple(int(x) for x in text.split(",") if x.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of integers") from None
-    if not values or min(values) < 1:
-        raise argparse.ArgumentTypeError(f"{text!r}: give positive integers, e.g. 8192,32768")
-    return values
-
-
 def add_bench(p: argparse.ArgumentParser) -> None:
-    opt = p.add_argument
-    opt("--device", choices=("cpu", "cuda"), help="default: cuda where available, else cpu")
-    opt("--backend", action="append", help="only this backend (repeatable; default: every one available "
-        "here)")
-    opt("--section", help="comma-separated: throughput,phases,scale,detection,coldstart,gpus (default: all "
-        "but coldstart and gpus)")
-    opt("--cases", type=int, default=64, help="cases in the throughput mix (default 64)")
-    opt("--seed", type=int, default=0, help="seed of the throughput mix (default 0)")
-    opt("--repeat", type=int, default=3, help="timed throughput passes; the median is reported (default 3)")
-    opt("--workers", type=int, default=1, help="throughput: also check the mix in this many processes at "
-        "once, as check --jobs N runs one backend (default 1: not)")
-    opt("--scale-tokens", type=_int_list, default=None, help="request lengths (default 8192,32768,131072)")
-    opt("--scale-timeout", type=float, default=180.0, help="seconds per reference run in scale (default 180)")
-    opt("--max-examples", type=int, default=200, help="examples per detection hunt (default 200)")
-    opt("--detection-budget", type=float, help="stop starting detection hunts after this many seconds")
-    opt("--coldstart-timeout", type=float, default=1800.0, help="seconds per cold-start run (default 1800)")
-    opt("--gpus-timeout", type=float, default=1800.0, help="seconds per check of section gpus (default 1800)")
-    opt("--json", default=str(DEFAULT_REPORTS / "bench.json"), help="default: reports/bench.json")
+    from harness.tools.bench import arguments
+
+    arguments.add(p, default_json=str(DEFAULT_REPORTS / "bench.json"))
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -279,6 +257,23 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def add_merge(p: argparse.ArgumentParser) -> None:
+    p.add_argument("shares", nargs="+", help="each CI runner's results.json of a `check --shard I/N`")
+    p.add_argument("--out", required=True, help="where the merged results.json and report go")
+    p.add_argument("--previous", help="the last run's merged results.json: new failures, fixed ones")
+
+
+def cmd_merge(args: argparse.Namespace) -> int:
+    from harness.report import merge
+
+    try:
+        page, code = merge.write(args.shares, args.out, args.previous, args.command_line)
+    except merge.MergeError as e:
+        raise UsageError(str(e)) from None
+    print(f"report: {page}")
+    return code
+
+
 # --- dispatch ---------------------------------------------------------------------------------
 class Command(NamedTuple):
     help: str
@@ -309,6 +304,9 @@ REPORT_EXAMPLES = """
   python -m harness report reports/latest/results.json
   python -m harness report results.json --out review/
 """
+MERGE_EXAMPLES = """
+  python -m harness merge share*/results.json --out merged --previous last/results.json
+"""
 WARMUP_EXAMPLES = """
   python -m harness warmup
   python -m harness warmup --backend fa4 --cache-dir /ci/cache/attn-harness
@@ -332,6 +330,8 @@ COMMANDS: dict[str, Command] = {
     "repro": Command("replay one case (a JSON file or a JSON literal)", add_repro, cmd_repro, REPRO_EXAMPLES),
     "report": Command("re-render index.html and junit.xml from a results.json", add_report, cmd_report,
                       REPORT_EXAMPLES),
+    "merge": Command("join the results of a check split with --shard into one report", add_merge, cmd_merge,
+                     MERGE_EXAMPLES),
     "mutants": Command("hunt the mutation catalogue with the suite's strategies", add_mutants, cmd_mutants,
                        MUTANTS_EXAMPLES),
     "bench": Command("benchmark the harness: throughput, phases, reference scale, detection", add_bench,

@@ -64,9 +64,11 @@ def _header(data: dict) -> str:
     counts = ", ".join(f'<span class="{_count_class(s, tot[s])}">{tot[s]} {s}</span>' for s in STATUSES)
     problems = sum(tot[s] for s in PROBLEMS)
     verdict = "FAILED" if problems else ("NOTHING CHECKED" if not tot["pass"] else "PASSED")
+    if run.get("incomplete"):
+        verdict = f"INCOMPLETE ({verdict.lower()} so far)"
     checked = tot["checked"]
     return (
-        f"<h1>attn-harness report: {escape(verdict)}</h1>\n"
+        f"<h1>attn-harness report: {escape(verdict)}</h1>\n{_split(run)}"
         f'<p class="meta">run <b>{escape(str(run.get("id", "?")))}</b> · attn-harness <span id="version">'
         f'{escape(str(data["environment"].get("attn-harness", "unknown")))}</span> · started '
         f"{escape(str(run.get('started', '?')))} · {_num(run.get('elapsed_s'), 4)} s · profile "
@@ -80,6 +82,29 @@ def _header(data: dict) -> str:
         f'({problems})</a><a href="#refusals">Refusals ({tot["refused"]})</a>'
         f'<a href="#skips">Skips ({tot["skip"]})</a><a href="#environment">Environment</a></nav>\n'
     )
+
+
+def _split(run: dict) -> str:
+    """A merged check's lines (harness/report/merge.py): the verdict against the last run first,
+    then the missing shares and each share's run and environment."""
+    if "shares" not in run:
+        return ""
+    lines = []
+    if run.get("trend"):
+        lines.append(f'<p id="trend"><b>{escape(run["trend"]["line"])}</b></p>')
+    count = run.get("shard", {}).get("count", "?")
+    if run.get("incomplete"):
+        missing = ", ".join(f"{i}/{count}" for i in run["incomplete"])
+        lines.append(f'<p id="incomplete"><b>shares missing: {escape(missing)}</b></p>')
+    for share in run["shares"]:
+        env = share.get("environment", {})
+        where = ", ".join(f"{k} {env[k]}" for k in ("gpu", "torch", "flashinfer") if k in env)
+        lines.append(
+            f'<p class="meta">share {share["index"]}/{count}: run {escape(str(share.get("id")))}, '
+            f'{share.get("records")} records, exit status {escape(str(share.get("exit_status")))}'
+            f"{escape('; ' + where if where else '')}</p>"
+        )
+    return "\n".join(lines) + "\n"
 
 
 def _count_class(status: str, n: int) -> str:

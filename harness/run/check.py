@@ -58,6 +58,8 @@ class CheckRequest:
     probe: bool = True
     warmup: bool = True
     command_line: str = "python -m harness check"
+    shard: str | None = None  # "I/N": the Ith of N CI shares (harness/run/ci_shards.py)
+    costs: Path | None = None  # the cost table a share is dealt by (default: the shipped one)
 
 
 @dataclass(frozen=True)
@@ -88,6 +90,7 @@ class Prepared:
     command_line: str
     backends: tuple[str, ...] = field(default=())  # as asked (empty: every one)
     cuda: bool = False  # it runs the CUDA backends
+    shard: dict | None = None  # a CI share's index, count and key, once dealt
 
 
 def default_device() -> str:
@@ -253,6 +256,7 @@ def prepare(request: CheckRequest, say: Say = print) -> Prepared:
     marks = _marks(request, families(request.families, request.modes), on_gpu, say)
     if request.results:
         writable(str(request.results), "--results")
+    _share_request(request)
     pytest = _command(request, profile, marks, cuda, slots)
     selection = f"profile {profile}; -m {' and '.join(marks)}; -k {request.keyword or ''}"
     results = str(Path(request.results).resolve()) if request.results else None
@@ -261,6 +265,53 @@ def prepare(request: CheckRequest, say: Say = print) -> Prepared:
         run_dir=_run_dir(request.reports), profile=profile, results=results, selection=selection,
         cwd=pytest.cwd, command_line=request.command_line, backends=request.backends, cuda=cuda,
     )
+
+
+def _share_request(request: CheckRequest) -> None:
+    """A malformed --shard or an unreadable --costs table: one line now, before anything runs."""
+    from harness.run import ci_shards
+
+    try:
+        if request.shard:
+            ci_shards.parse(request.shard)
+        if request.costs:
+            ci_shards.load_costs(request.costs)
+    except ci_shards.ShareError as e:
+        raise RequestError(str(e)) from None
+    if request.costs and not request.shard:
+        raise RequestError("--costs deals the shares of a --shard check: give --shard I/N too")
+
+
+def deal_share(request: CheckRequest, job: Prepared, say: Say) -> None:
+    """Collect the selected tests, deal them into the CI shares and make every pytest process of the
+    check run this share's tests alone; the check's backends become those the share has tests of."""
+    from harness.backends import BACKENDS_ENV
+    from harness.run import ci_shards
+
+    index, count = ci_shards.parse(str(request.shard))
+    listing, share = job.run_dir / "collected.json", job.run_dir / "share.json"
+    cmd = [*job.cmd, "--collect-only", "-p", "no:cacheprovider", "--harness-ci-collect", str(listing)]
+    env = {**job.env, BACKENDS_ENV: ",".join(job.backends)} if job.backends else job.env
+    done = subprocess.run(cmd, cwd=job.cwd, env=env, capture_output=True, text=True)
+    if done.returncode not in (0, NO_TESTS) or not listing.is_file():
+        last = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no output"]
+        raise RequestError(f"--shard {request.shard}: collecting the tests failed (pytest exit "
+                           f"{done.returncode}): {last[0]}")
+    tests = ci_shards.read_collected(listing)
+    costs = ci_shards.item_costs(tests, ci_shards.load_costs(request.costs) if request.costs else None)
+    dealt = ci_shards.deal(costs, count)
+    mine = [t for t, _ in tests if dealt[t] == index]
+    job.shard = {"index": index, "count": count, "key": ci_shards.key(dealt, job.profile)}
+    ci_shards.write_share(share, index, count, job.shard["key"], mine)
+    job.cmd += ["--harness-ci-share", str(share)]
+    kept = {b for t, b in tests if dealt[t] == index}
+    job.names = [n for n in job.names if n in kept]
+    seconds = sum(costs[t] for t in mine)
+    say(f"attn-harness check: share {index}/{count}: {len(mine)} of {len(tests)} tests, about "
+        f"{seconds:.0f} of {sum(costs.values()):.0f} s by the cost table")
+    if not mine:
+        say(f"attn-harness check: share {index}/{count} has nothing to check ({len(tests)} tests over "
+            f"{count} shares): not a failure")
 
 
 def _command(
@@ -314,7 +365,12 @@ def _gate(request: CheckRequest, job: Prepared, say: Say) -> WarmGate | None:
 def run_check(request: CheckRequest, say: Say = print) -> RunResult:
     """Run the check the request asks for; RequestError before anything runs when it cannot."""
     job = prepare(request, say)
+    if request.shard:
+        deal_share(request, job, say)
     gate = _gate(request, job, say)
+    if job.shard and not job.names:  # nothing to check here: one process writes the empty share
+        code = run_single(job, None, say)
+        return _finish(job, 0 if code == NO_TESTS else code)
     if job.jobs > 1:  # no cache: processes at once would overwrite each other's last-failed set (--lf)
         job.cmd += ["-p", "no:cacheprovider", "--harness-quick-exit"]  # a part's end is on the wall time
         if job.cuda:
@@ -389,6 +445,7 @@ def run_parallel(job: Prepared, gate: WarmGate | None = None, say: Say = print) 
         command=f"{job.command_line} ({len(planned.plan.parts)} processes, {planned.plan.jobs} at once)",
         exit_status=code, jobs=planned.plan.jobs, expected_s=planned.plan.makespan,
         parts=parallel.part_records(parts), warmup_s=gate.seconds if gate is not None else None,
+        shard=job.shard,
     )
     environment = next((p.environment for p in parts if p.environment), {})
     _write(job, records, run, environment, warmed + parallel.gpu_lines(parts, elapsed), say)

@@ -26,7 +26,7 @@ from hypothesis import settings
 from harness.core.results import REFUSALS_CHECK, CaseResult, summary_table, test_record
 from harness.report import environment, results_json, write_run
 from harness.report.progress import Progress
-from harness.run import isolation, record_mode, workers
+from harness.run import ci_shards, isolation, record_mode, workers
 from harness.run.run_info import RunInfo, default_id, started_now
 from harness.run.speed import variant_shards
 from harness.run.speed.settings import RECORD_ENV
@@ -39,6 +39,7 @@ _ITEM_KEY = pytest.StashKey[list]()
 _PROGRESS_KEY = pytest.StashKey[Progress]()
 _STARTED_KEY = pytest.StashKey[tuple]()
 _SHARD_KEY = pytest.StashKey[tuple]()
+_CI_SHARE_KEY = pytest.StashKey[dict]()  # a CI share's run.shard object (check --shard)
 _EXIT_KEY = pytest.StashKey[int]()  # pytest's exit status, for --harness-quick-exit
 _TIMES_KEY = pytest.StashKey[dict]()  # "collect": seconds to the end of collection; nodeid -> test wall
 PROGRESS_EVERY_S = 5.0  # while a test runs; a line is also printed when a test ends (at most 1/s)
@@ -62,6 +63,18 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         action="store_true",
         help="end the process at once when pytest is done, its output and results written, without "
         "Python's finalisation (`check` gives it to each part)",
+    )
+    group.addoption(
+        "--harness-ci-collect",
+        default=None,
+        metavar="FILE",
+        help="write the collected tests (id, backend) to FILE as JSON (`check --shard` deals from them)",
+    )
+    group.addoption(
+        "--harness-ci-share",
+        default=None,
+        metavar="FILE",
+        help="check only the tests of the CI share in FILE, derandomized (`check --shard` writes it)",
     )
     group.addoption(
         "--harness-shard",
@@ -175,9 +188,26 @@ def _print_progress(config: pytest.Config, progress: Progress) -> None:
 
 @pytest.hookimpl(trylast=True)  # after -k and -m: the shards split what is selected, evenly
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """This shard's items (`_keep_shard`), the model checks first (`_models_first`)."""
+    """A CI share's items (`_keep_ci_share`), this part's (`_keep_shard`), the model checks first
+    (`_models_first`)."""
+    _keep_ci_share(config, items)
     _keep_shard(config, items)
     _models_first(items)
+
+
+def _keep_ci_share(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Keep the tests of the CI share `check --shard` wrote (harness/run/ci_shards.py), drawing the
+    same cases as the same share on any other runner; the rest are reported as deselected."""
+    path = config.getoption("--harness-ci-share")
+    if not path:
+        return
+    shard, tests = ci_shards.read_share(path)
+    config.stash[_CI_SHARE_KEY] = shard
+    profiles.fix_draws()
+    dropped = [item for item in items if item.nodeid not in tests]
+    items[:] = [item for item in items if item.nodeid in tests]
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
 
 
 def _models_first(items: list[pytest.Item]) -> None:
@@ -232,6 +262,9 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     progress.total_tests = len(session.items)
     progress.examples_per_test = settings().max_examples  # of the loaded profile: the estimate's unit
     session.config.stash[_TIMES_KEY]["collect"] = time.time() - session.config.stash[_STARTED_KEY][0]
+    collected = session.config.getoption("--harness-ci-collect")
+    if collected:
+        ci_shards.write_collected(collected, [(i.nodeid, _identity(i).get("backend")) for i in session.items])
 
 
 def _identity(item: pytest.Item) -> dict:
@@ -352,6 +385,7 @@ def run_info(config: pytest.Config, exitstatus: int) -> RunInfo:
         exit_status=exitstatus,
         collect_s=times.get("collect", 0.0),
         test_s=times.get("tests", {}),
+        shard=config.stash.get(_CI_SHARE_KEY, None),
     )
 
 

@@ -104,6 +104,14 @@ def current() -> str:
     return name if name in SIZES else "ci"
 
 
+def fix_draws() -> None:
+    """Make the active profile draw the same cases on every machine (derandomized, no example
+    database): a CI share must draw what the same share draws on any other runner."""
+    name = current()
+    settings.register_profile(name, parent=settings.get_profile(name), derandomize=True, database=None)
+    settings.load_profile(name)
+
+
 def steers_by_target() -> bool:
     """Whether the active profile's searches run hypothesis's target phase. Only then does the suite
     report err/budget to `target()`: hypothesis's generate phase also weighs reported targets (a

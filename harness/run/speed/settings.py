@@ -21,6 +21,7 @@ RECORD_ENV = "ATTN_HARNESS_RECORD"  # a file: record the drawn cases there, chec
 PROFILE_ENV = "ATTN_HARNESS_PROFILE"  # the hypothesis profile a suite process loads
 REQUIRE_ENV = "ATTN_HARNESS_REQUIRE"  # backends `check` requires, comma-separated (as --require)
 PRESTART_ENV = "ATTN_HARNESS_PRESTART"  # 1: spawn the isolation worker as the process starts
+SHARD_ENV = "ATTN_HARNESS_SHARD"  # I/N: check the Ith of N CI shares (as check --shard)
 DEFAULT_TIMEOUT = 120.0  # seconds per case
 TRUE, FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 
@@ -34,6 +35,7 @@ class Settings:
     record: str | None = None
     profile: str | None = None
     require: tuple[str, ...] = ()
+    shard: str | None = None
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> Settings:
@@ -46,6 +48,7 @@ class Settings:
             record=environ.get(RECORD_ENV) or None,
             profile=environ.get(PROFILE_ENV) or None,
             require=tuple(n.strip() for n in required if n.strip()),
+            shard=environ.get(SHARD_ENV) or None,
         )
 
     def isolated(self, device: str) -> bool:
