@@ -11,8 +11,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 # Bottom to top: a module may import from its own floor and the floors below it.
 FLOORS = (
-    "references", "harness", "core", "backends", "search", "checks", "report", "run", "mutants", "hunts",
-    "tools", "cli", "__main__",
+    "references", "harness", "deprecated", "core", "backends", "search", "checks",
+    "api", "batch", "case", "modes", "report", "run", "mutants", "hunts", "tools", "cli", "__main__",
 )
 # The imports that run back up, each explained in docs/design.md.
 UPWARD = {
