@@ -256,15 +256,21 @@ class VllmEngine(Backend):
             dt = TORCH_DTYPES[batch.case.dtype]
             k = dequantize(k, batch.case.k_scale).to(dt)
             v = dequantize(v, batch.case.v_scale).to(dt)
-        layer.impl.do_kv_cache_update(layer, k, v, kv_cache, slots)
+        self.store(batch, layer, kv_cache, slots, k, v)
         return kv_cache
+
+    def store(
+        self, batch: Batch, layer: Any, kv_cache: torch.Tensor, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+    ) -> None:
+        """K/V at cache `slots` through the backend's own write (`do_kv_cache_update`)."""
+        layer.impl.do_kv_cache_update(layer, k, v, kv_cache, slots)
 
     def write_kv(self, batch: Batch, layer: Any, kv_cache: torch.Tensor, metadata: Any) -> None:
         """The backend's own cache write of this step's new K/V (a decoder layer's; an encoder-only
         layer keeps no cache and CROSS writes none: the encoder's K/V are in the cache already)."""
         if batch.mode in (Mode.CROSS, Mode.ENCODER_ONLY) or not batch.k_new.shape[0]:
             return
-        layer.impl.do_kv_cache_update(layer, batch.k_new, batch.v_new, kv_cache, metadata.slot_mapping)
+        self.store(batch, layer, kv_cache, metadata.slot_mapping, batch.k_new, batch.v_new)
 
     def forward_kv(self, batch: Batch) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """The key/value the forward receives: an encoder-only layer's own tokens; None in CROSS (its
