@@ -18,7 +18,6 @@ from harness.backends.base import BackendOutput, Capabilities
 from harness.core.batch import Batch
 from harness.core.modes import Mode
 from harness.engines.vllm.driver import VllmEngine
-from harness.engines.vllm.versions import CPU_RANGE
 
 CAPABILITIES = Capabilities.with_features(
     "window",
@@ -51,8 +50,7 @@ CAPABILITIES = Capabilities.with_features(
 
 class VllmCpuAttn(VllmEngine):
     name = "vllm_cpu_attn"
-    vllm_backend = "vllm.v1.attention.backends.cpu_attn.CPUAttentionBackend"
-    supported = CPU_RANGE
+    engine_backend = "vllm.v1.attention.backends.cpu_attn.CPUAttentionBackend"
     capabilities = CAPABILITIES
 
     def supports(self, case: Any) -> str | None:

