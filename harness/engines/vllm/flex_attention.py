@@ -61,8 +61,9 @@ class VllmFlex(VllmEngine):
 
     def run(self, batch: Batch) -> BackendOutput:
         if batch.device.type == "cpu":
-            # torch's CPU flex template fails to compile once dynamo recompiles it with dynamic shapes
-            # (known issue torch-cpu-flex-dynamic-shapes): each CPU case compiles from a clean state.
+            # Once dynamo recompiled vLLM's compiled flex_attention with dynamic shapes for a second
+            # batch, torch 2.13.0+cpu's generated C++ failed to build (`cur_kvSplitSize4` undeclared;
+            # docs/engines.md, not yet reduced to a torch-only script): each CPU case compiles afresh.
             torch._dynamo.reset()
         return super().run(batch)
 
