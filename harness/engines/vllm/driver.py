@@ -228,7 +228,7 @@ class VllmEngine(EngineAdapter):
         from vllm.model_executor.layers.attention import Attention
 
         case = batch.case
-        extra = {"sinks": batch.sinks.float()} if batch.sinks is not None else {}
+        extra = {"sinks": self.sinks(batch)} if batch.sinks is not None else {}
         with set_current_vllm_config(config):
             layer = Attention(
                 num_heads=case.num_q_heads,
@@ -245,6 +245,10 @@ class VllmEngine(EngineAdapter):
             )
         self.load_kv_scales(batch, layer)
         return layer
+
+    def sinks(self, batch: Batch) -> torch.Tensor:
+        """The layer's sink logits [Hq], as the model holds them: float32."""
+        return batch.sinks.float()
 
     def load_kv_scales(self, batch: Batch, layer: Any) -> None:
         """The layer's FP8 K/V scales, as loading a checkpoint with KV-cache scales leaves them

@@ -28,3 +28,8 @@ GPU_RANGE = SupportedRange(
     tested=(),
     why_lowest=WHY_LOWEST,
 )
+
+# From this release on, CPU_ATTN takes a layer's sink logits in float32 (it casts other dtypes to it);
+# before it, its kernel reads them in the layer's dtype only (0.28.0 raises "expected scalar type
+# BFloat16 but found Float" for float32 sinks in a bf16 layer), as a model's sinks parameter is.
+CPU_SINKS_FLOAT32 = "0.32.0"
