@@ -26,10 +26,13 @@ key_cache, value_cache = cache.view(2, heads, 2 * block, dim).chunk(2, dim=2)
 kv = torch.randn(n, heads, dim, dtype=torch.bfloat16)
 ops.cpu_attn_reshape_and_cache(kv, kv, key_cache, value_cache, torch.tensor([block]), "amx")
 qo, seq = torch.tensor([0, 1], dtype=torch.int32), torch.tensor([1], dtype=torch.int32)
-meta = ops.cpu_attn_get_scheduler_metadata(n, heads, heads, dim, seq, torch.bfloat16, qo, True, -1, "amx", False)
+bf16 = torch.bfloat16
+meta = ops.cpu_attn_get_scheduler_metadata(n, heads, heads, dim, seq, bf16, qo, True, -1, "amx", False)
 out = torch.empty_like(kv)
 table = torch.tensor([[1]], dtype=torch.int32)
-ops.cpu_attention_with_kv_cache(kv, key_cache, value_cache, out, qo, seq, 1.0, True, None, -1, table, 0.0, meta, None)
+ops.cpu_attention_with_kv_cache(
+    kv, key_cache, value_cache, out, qo, seq, 1.0, True, None, -1, table, 0.0, meta, None
+)
 print("ran")
 """
 

@@ -62,8 +62,8 @@ class VllmCpuAttn(VllmEngine):
             return why
         if case.mode == Mode.ENCODER_ONLY:
             return (
-                "vLLM's CPU builder stages an encoder-only layer's K/V in a scratch cache of the model's dtype, "
-                "which its FP8 write rejects ('key_cache must be uint8 for FP8 path'): an encoder-only layer "
+                "vLLM's CPU builder stages an encoder-only layer's K/V in a scratch cache of the model's "
+                "dtype, which its FP8 write rejects ('key_cache must be uint8 for FP8 path'): an encoder-only layer "
                 "keeps no KV cache to quantize"
             )
         if not (torch.cpu._is_avx512_supported() or torch.cpu._is_amx_tile_supported()):
