@@ -63,8 +63,8 @@ class VllmCpuAttn(VllmEngine):
         if case.mode == Mode.ENCODER_ONLY:
             return (
                 "vLLM's CPU builder stages an encoder-only layer's K/V in a scratch cache of the model's "
-                "dtype, which its FP8 write rejects ('key_cache must be uint8 for FP8 path'): an encoder-only layer "
-                "keeps no KV cache to quantize"
+                "dtype, which its FP8 write rejects ('key_cache must be uint8 for FP8 path'): an "
+                "encoder-only layer keeps no KV cache to quantize"
             )
         if not (torch.cpu._is_avx512_supported() or torch.cpu._is_amx_tile_supported()):
             return "vLLM's CPU attention reads an FP8 KV cache only on x86 with AVX-512 or AMX"
