@@ -19,7 +19,7 @@ from harness.backends.base import BackendOutput, Capabilities
 from harness.core.batch import Batch
 from harness.core.modes import Mode
 from harness.core.vocab import TORCH_DTYPES
-from harness.engines.vllm.driver import VllmEngine
+from harness.engines.vllm.driver import CPU_ENGINE, VllmEngine
 from harness.engines.vllm.versions import CPU_SINKS_FLOAT32
 
 CAPABILITIES = Capabilities.with_features(
@@ -53,6 +53,7 @@ CAPABILITIES = Capabilities.with_features(
 
 class VllmCpuAttn(VllmEngine):
     name = "vllm_cpu_attn"
+    engine = CPU_ENGINE  # vLLM's CPU build only
     engine_backend = "vllm.v1.attention.backends.cpu_attn.CPUAttentionBackend"
     capabilities = CAPABILITIES
 

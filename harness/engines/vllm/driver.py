@@ -87,8 +87,12 @@ class VllmEngine(EngineAdapter):
     """One vLLM attention backend (`engine_backend`, its qualified class name) behind the harness's
     Backend protocol. A subclass names the backend and its Capabilities."""
 
-    engine = CPU_ENGINE
     stand_ins = STAND_INS
+
+    @property
+    def engine(self) -> Engine:  # type: ignore[override]
+        """vLLM's CUDA build (the `vllm` distribution) where it is installed, else its CPU build."""
+        return GPU_ENGINE if GPU_ENGINE.release() is not None else CPU_ENGINE
 
     def import_engine(self) -> ModuleType:
         from vllm.utils.import_utils import resolve_obj_by_qualname
@@ -274,9 +278,13 @@ class VllmEngine(EngineAdapter):
         return layer.get_kv_cache_spec(config)
 
     def kv_cache(self, batch: Batch, layer: Any) -> torch.Tensor:
-        """An empty KV-cache tensor for the layer, as many blocks as the pool has pages, in the backend's
-        shape and the layer's cache dtype (what the model runner allocates)."""
-        raise NotImplementedError
+        """An empty KV-cache tensor for the layer, as many blocks as the pool has pages, in the layer's
+        cache dtype (what the model runner allocates): the per-layer view [blocks, kv heads, block size,
+        2 * head_dim] over a token-major buffer (KVCacheLayout.LBNHC, K then V in each token's row), which
+        the flex, FlashAttention and FlashInfer forwards split with `transpose(1, 2).split(head_dim)`."""
+        case = batch.case
+        shape = (batch.pool.num_pages, case.page_size, case.num_kv_heads, 2 * case.head_dim)
+        return torch.empty(shape, dtype=layer.kv_cache_torch_dtype, device=batch.device).transpose(1, 2)
 
     def fill_cache(self, batch: Batch, layer: Any, kv_cache: torch.Tensor) -> torch.Tensor:
         """The earlier steps' cache: every slot of the pool (its cached K/V, poison and canaries alike)

@@ -18,8 +18,7 @@ import torch
 from harness.backends.base import BackendOutput, Capabilities
 from harness.core.batch import Batch
 from harness.core.modes import Mode
-from harness.engines.base import Engine
-from harness.engines.vllm.driver import CPU_ENGINE, GPU_ENGINE, VllmEngine
+from harness.engines.vllm.driver import VllmEngine
 
 CAPABILITIES = Capabilities.with_features(
     "window",
@@ -54,11 +53,6 @@ class VllmFlex(VllmEngine):
     engine_backend = "vllm.v1.attention.backends.flex_attention.FlexAttentionBackend"
     capabilities = CAPABILITIES
 
-    @property
-    def engine(self) -> Engine:  # type: ignore[override]
-        """vLLM's CUDA build (the `vllm` distribution) where it is installed, else its CPU build."""
-        return GPU_ENGINE if GPU_ENGINE.release() is not None else CPU_ENGINE
-
     def run(self, batch: Batch) -> BackendOutput:
         if batch.device.type == "cpu":
             # Once dynamo recompiled vLLM's compiled flex_attention with dynamic shapes for a second
@@ -66,12 +60,6 @@ class VllmFlex(VllmEngine):
             # docs/engines.md, not yet reduced to a torch-only script): each CPU case compiles afresh.
             torch._dynamo.reset()
         return super().run(batch)
-
-    def kv_cache(self, batch: Batch, layer: Any) -> torch.Tensor:
-        """[blocks, kv heads, block size, 2 * head_dim], a view over a token-major buffer (LBNHC)."""
-        case = batch.case
-        shape = (batch.pool.num_pages, case.page_size, case.num_kv_heads, 2 * case.head_dim)
-        return torch.empty(shape, dtype=layer.kv_cache_torch_dtype, device=batch.device).transpose(1, 2)
 
     def has_cache_write(self) -> bool:
         """Whether vLLM's build registers the flex cache write's op (`_C_cache_ops.reshape_and_cache_flash`):
