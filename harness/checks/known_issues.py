@@ -86,6 +86,16 @@ KNOWN_ISSUES = (
         lambda g: has_unsplit_plan(g, FlashInferDecTC.split_tokens),
         on_replay=True,
     ),
+    KnownIssue(
+        "sglang-window-zero",
+        "sglang",
+        frozenset({"0.5.23", "0.5.13.post1"}),
+        frozenset({"sglang_torch_native"}),
+        "RadixAttention stores `sliding_window_size or -1`: a window of 0 (a query sees only its own key) "
+        "becomes no window, and the backend attends over the whole context",
+        "known_issues/sglang_window_zero.py",
+        lambda c: c.window_left == 0 and c.mode != Mode.CROSS,
+    ),
 )
 
 
