@@ -29,7 +29,8 @@ PACKAGES = (
     ("sglang", ("sglang",)),
     ("hypothesis", ("hypothesis",)),
 )
-RANGES = {r.distribution: r for r in (FLASHINFER_RANGE, FA4_RANGE, SGLANG.supported)}  # distribution -> supported range
+# distribution -> supported range
+RANGES = {r.distribution: r for r in (FLASHINFER_RANGE, FA4_RANGE, SGLANG.supported)}
 
 
 def package_version(names: tuple[str, ...]) -> str:
