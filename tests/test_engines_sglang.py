@@ -12,6 +12,7 @@ import pytest
 
 from harness.backends import BackendBroken, names
 from harness.backends.versions import SupportedRange, distribution_version
+from harness.checks.known_issues import known_issue
 from harness.engines.base import Engine, EngineAdapter
 from harness.engines.sglang.engine import SGLANG
 from harness.engines.sglang.flex import SglangFlex
@@ -87,6 +88,7 @@ def test_sglang_mutant_is_caught(mutant):
     d = hunt(mutant, mutant.families[0], device="cpu")
     assert not d.skipped, d.skipped
     assert d.caught, f"mutant {mutant.name} ({mutant.bug}) survived: {d.reason}"
+    assert known_issue(mutant.backend, d.shrunk) is None, "caught only where sglang itself is wrong"
     print(f"{mutant.name}: caught ({d.status}) after {d.examples} examples; shrunk to {d.shrunk.to_json()}")
 
 
