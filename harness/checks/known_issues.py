@@ -127,6 +127,16 @@ KNOWN_ISSUES = (
         worked_around="vllm_cpu_attn requests the AMX tile state before the step "
         "(harness/engines/vllm/cpu_attn.py), as a serving process's earlier bf16 linear layers do",
     ),
+    KnownIssue(
+        "sglang-window-zero",
+        "sglang",
+        frozenset({"0.5.23", "0.5.13.post1"}),
+        frozenset({"sglang_torch_native"}),
+        "RadixAttention stores `sliding_window_size or -1`: a window of 0 (a query sees only its own key) "
+        "becomes no window, and the backend attends over the whole context",
+        "known_issues/sglang_window_zero.py",
+        lambda c: c.window_left == 0 and c.mode != Mode.CROSS,
+    ),
 )
 
 
