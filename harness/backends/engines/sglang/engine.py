@@ -21,7 +21,7 @@ from harness.backends.base import BackendOutput
 from harness.backends.versions import SupportedRange
 from harness.core.batch import Batch
 from harness.core.modes import Mode
-from harness.engines.base import Engine, EngineAdapter, StandIn
+from harness.backends.engines.base import Engine, EngineAdapter, StandIn
 
 SGLANG = Engine(
     "sglang",

@@ -11,7 +11,7 @@ from __future__ import annotations
 from harness.backends.base import Capabilities
 from harness.core.case import PAGE_SIZES
 from harness.core.modes import Mode
-from harness.engines.sglang.engine import SglangAdapter
+from harness.backends.engines.sglang.engine import SglangAdapter
 
 NO_SPEC = (
     "TorchNativeAttnBackend has no speculative-decoding path: forward_extend reads no spec_info, takes "

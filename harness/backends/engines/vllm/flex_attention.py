@@ -18,7 +18,7 @@ import torch
 from harness.backends.base import BackendOutput, Capabilities
 from harness.core.batch import Batch
 from harness.core.modes import Mode
-from harness.engines.vllm.driver import VllmEngine
+from harness.backends.engines.vllm.driver import VllmEngine
 
 CAPABILITIES = Capabilities.with_features(
     "window",

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from harness.backends.base import Capabilities
 from harness.core.modes import Mode
-from harness.engines.vllm.driver import VllmEngine
+from harness.backends.engines.vllm.driver import VllmEngine
 
 GPU_WHY = {
     "deterministic": "vLLM's batch invariance is a process-wide switch (VLLM_BATCH_INVARIANT, read once at "
