@@ -10,14 +10,14 @@ import pytest
 
 from harness import backends
 from harness.backends.base import BackendBroken
-from harness.checks.numeric import check_case
-from harness.core.batch import build_batch, make_inputs
-from harness.core.case import Case, Request
-from harness.core.modes import Mode
 from harness.backends.engines.vllm.cpu_attn import VllmCpuAttn
 from harness.backends.engines.vllm.driver import CPU_ENGINE
 from harness.backends.engines.vllm.flex_attention import VllmFlex
 from harness.backends.engines.vllm.versions import CPU_RANGE
+from harness.checks.numeric import check_case
+from harness.core.batch import build_batch, make_inputs
+from harness.core.case import Case, Request
+from harness.core.modes import Mode
 from references.torch_ref import references
 
 NAMES = ("vllm_cpu_attn", "vllm_flex")

@@ -11,12 +11,12 @@ import sys
 import pytest
 
 from harness.backends import BackendBroken, names
-from harness.backends.versions import SupportedRange, distribution_version
-from harness.checks.known_issues import known_issue
 from harness.backends.engines.base import Engine, EngineAdapter
 from harness.backends.engines.sglang.engine import SGLANG
 from harness.backends.engines.sglang.flex import SglangFlex
 from harness.backends.engines.sglang.torch_native import SglangTorchNative
+from harness.backends.versions import SupportedRange, distribution_version
+from harness.checks.known_issues import known_issue
 from harness.mutants import catalogue, hunt
 from harness.search import profiles
 

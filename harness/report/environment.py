@@ -15,9 +15,9 @@ from pathlib import Path
 
 import harness
 from harness.backends import ENTRY_POINT_GROUP
+from harness.backends.engines.sglang.engine import SGLANG
 from harness.backends.flash_attn_versions import FA4_RANGE
 from harness.backends.flashinfer_versions import RANGE as FLASHINFER_RANGE
-from harness.backends.engines.sglang.engine import SGLANG
 
 NOT_INSTALLED = "not installed"
 # (report label, distribution names to look for)

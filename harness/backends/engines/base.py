@@ -118,7 +118,7 @@ class EngineAdapter(Backend):
 
 
 def _adapter_modules() -> list[str]:
-    """Every module of every engine subpackage of harness.backends.engines (harness.backends.engines.sglang.torch_native,
+    """Every module of every engine subpackage of harness.backends.engines (its sglang.torch_native,
     ...), without importing any engine."""
     import harness.backends.engines as package
 

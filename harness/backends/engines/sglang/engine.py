@@ -18,10 +18,10 @@ from typing import Any
 import torch
 
 from harness.backends.base import BackendOutput
+from harness.backends.engines.base import Engine, EngineAdapter, StandIn
 from harness.backends.versions import SupportedRange
 from harness.core.batch import Batch
 from harness.core.modes import Mode
-from harness.backends.engines.base import Engine, EngineAdapter, StandIn
 
 SGLANG = Engine(
     "sglang",

@@ -9,9 +9,9 @@ encoder-only layers.
 from __future__ import annotations
 
 from harness.backends.base import Capabilities
+from harness.backends.engines.sglang.engine import SglangAdapter
 from harness.core.case import PAGE_SIZES
 from harness.core.modes import Mode
-from harness.backends.engines.sglang.engine import SglangAdapter
 
 NO_SPEC = (
     "TorchFlexAttnBackend has no speculative-decoding path: it builds a causal block mask over seq_lens "

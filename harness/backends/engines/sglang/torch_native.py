@@ -9,9 +9,9 @@ encoder's part of the row) and encoder-only layers (`AttentionType.ENCODER_ONLY`
 from __future__ import annotations
 
 from harness.backends.base import Capabilities
+from harness.backends.engines.sglang.engine import SglangAdapter
 from harness.core.case import PAGE_SIZES
 from harness.core.modes import Mode
-from harness.backends.engines.sglang.engine import SglangAdapter
 
 NO_SPEC = (
     "TorchNativeAttnBackend has no speculative-decoding path: forward_extend reads no spec_info, takes "

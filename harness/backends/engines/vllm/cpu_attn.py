@@ -16,11 +16,11 @@ import torch
 from packaging.version import Version
 
 from harness.backends.base import BackendOutput, Capabilities
+from harness.backends.engines.vllm.driver import CPU_ENGINE, VllmEngine
+from harness.backends.engines.vllm.versions import CPU_SINKS_FLOAT32
 from harness.core.batch import Batch
 from harness.core.modes import Mode
 from harness.core.vocab import TORCH_DTYPES
-from harness.backends.engines.vllm.driver import CPU_ENGINE, VllmEngine
-from harness.backends.engines.vllm.versions import CPU_SINKS_FLOAT32
 
 CAPABILITIES = Capabilities.with_features(
     "window",

@@ -24,12 +24,12 @@ import numpy as np
 import torch
 
 from harness.backends.base import BackendOutput
+from harness.backends.engines.base import Engine, EngineAdapter, StandIn
+from harness.backends.engines.vllm.versions import CPU_RANGE, GPU_RANGE
 from harness.core.batch import Batch
 from harness.core.modes import Mode
 from harness.core.pool import dequantize, translate_slots
 from harness.core.vocab import TORCH_DTYPES
-from harness.backends.engines.base import Engine, EngineAdapter, StandIn
-from harness.backends.engines.vllm.versions import CPU_RANGE, GPU_RANGE
 
 LAYER_NAME = "model.layers.0.self_attn.attn"
 # vLLM's KV-cache dtype names for a Case's kv_dtype.

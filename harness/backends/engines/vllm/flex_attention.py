@@ -16,9 +16,9 @@ from typing import Any
 import torch
 
 from harness.backends.base import BackendOutput, Capabilities
+from harness.backends.engines.vllm.driver import VllmEngine
 from harness.core.batch import Batch
 from harness.core.modes import Mode
-from harness.backends.engines.vllm.driver import VllmEngine
 
 CAPABILITIES = Capabilities.with_features(
     "window",

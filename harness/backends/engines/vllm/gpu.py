@@ -11,8 +11,8 @@ where vLLM decides.
 from __future__ import annotations
 
 from harness.backends.base import Capabilities
-from harness.core.modes import Mode
 from harness.backends.engines.vllm.driver import VllmEngine
+from harness.core.modes import Mode
 
 GPU_WHY = {
     "deterministic": "vLLM's batch invariance is a process-wide switch (VLLM_BATCH_INVARIANT, read once at "
