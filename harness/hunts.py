@@ -25,7 +25,7 @@ from harness.search import profiles
 DEVICE_PROFILE = {"cpu": "ci", "cuda": "gpu"}
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Row:
     mutant: str
     backend: str

@@ -326,7 +326,7 @@ def test_workers_get_the_threads_a_check_gives_its_parts(monkeypatch, device, en
             made.append(env)
 
         def call(self, fn, args, timeout):  # noqa: ANN001
-            return Outcome("raised", error="not started")
+            return Outcome(kind="raised", error="not started")
 
         def stop(self, kill=False):  # noqa: ANN001
             pass

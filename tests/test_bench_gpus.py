@@ -97,7 +97,7 @@ def test_each_checks_results_are_kept_where_asked_and_named_in_its_row(monkeypat
 def test_judge_gives_the_speedup_its_verdict_and_what_bounds_it():
     def row(run: str, seconds: float, longest: float, code: int = 0, cpu: float = 0.0) -> gpus.GpuRow:
         times = dict(seconds=seconds, longest_seconds=longest, cpu_seconds=cpu, cores=4)
-        return gpus.GpuRow(run, ["0"], "gpu", [], exit=code, **times)
+        return gpus.GpuRow(run=run, gpus=["0"], profile="gpu", backends=[], exit=code, **times)
 
     one, every = row("one", 100.0, 30.0), row("all", 50.0, 45.0)
     gpus.judge(one, every)
@@ -127,7 +127,16 @@ def test_the_ceilings_are_the_speedup_of_perfectly_packed_work_plus_each_command
     s), two 38.7 s (35.5, 16 slots, 432.9 s, 261.1 s): 1.32 measured, 1.50 packed, 1.67 at best."""
 
     def row(run: str, seconds: float, elapsed: float, jobs: int, busy: float, cases: float) -> gpus.GpuRow:
-        r = gpus.GpuRow(run, ["0"], "gpu", [], seconds=seconds, exit=0, jobs=jobs, elapsed=elapsed)
+        r = gpus.GpuRow(
+            run=run,
+            gpus=["0"],
+            profile="gpu",
+            backends=[],
+            seconds=seconds,
+            exit=0,
+            jobs=jobs,
+            elapsed=elapsed,
+        )
         r.busy, r.cases_s = {"0": busy}, cases
         return r
 
@@ -238,7 +247,7 @@ def test_a_part_s_time_split_is_kept_and_its_cases_seconds_shown(tmp_path):
             }
         )
     )
-    row = gpus.GpuRow("all", ["0", "1"], "gpu", [])
+    row = gpus.GpuRow(run="all", gpus=["0", "1"], profile="gpu", backends=[])
     gpus.read_parts(row, results)
     assert row.parts[0] == {"part": "a", "gpu": "0", "seconds": 70.1, "expected_s": 60.0, **split}
     assert row.parts[1] == {"part": "b", "gpu": "1", "seconds": 20.0, "expected_s": 20.0}
@@ -274,7 +283,15 @@ def test_a_mis_planned_pair_is_not_judged_and_is_measured_once_more(monkeypatch,
 
 def test_misplanned_needs_a_bounding_part_far_over_its_plan():
     def row(longest: float, planned: float, wall: float) -> gpus.GpuRow:
-        r = gpus.GpuRow("one", ["0"], "gpu", [], seconds=wall, longest="p", longest_seconds=longest)
+        r = gpus.GpuRow(
+            run="one",
+            gpus=["0"],
+            profile="gpu",
+            backends=[],
+            seconds=wall,
+            longest="p",
+            longest_seconds=longest,
+        )
         r.parts = [{"part": "p", "gpu": "0", "seconds": longest, "expected_s": planned}]
         return r
 

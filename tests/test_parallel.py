@@ -81,7 +81,7 @@ def test_a_parallel_run_merges_every_backend_and_a_failure_fails_it(tmp_path):
 
 
 def test_time_split_names_the_tests_with_the_most_time_outside_their_cases():
-    part = parallel.Part("b", Path("r.json"), Path("r.log"), seconds=30.0)
+    part = parallel.Part(backend="b", results=Path("r.json"), log=Path("r.log"), seconds=30.0)
     assert parallel.time_split(part) == {}  # no results read: nothing to split
     part.run = {"elapsed_s": 26.0, "collect_s": 0.5, "test_s": {"t1": 10.0, "t2": 4.0, "t3": 9.0}}
     part.records = [
@@ -233,7 +233,12 @@ def test_check_asks_each_unmeasured_backend_whether_it_runs_here(monkeypatch, tm
         planned.append(plan)
         files = [(parts_dir / f"{i}.json", parts_dir / f"{i}.log") for i in range(len(plan.parts))]
         made = zip(plan.parts, files)
-        return [parallel.Part(p.backend, *f, p.shard, p.shards, code=0, seconds=1.0) for p, f in made]
+        return [
+            parallel.Part(
+                backend=p.backend, results=r, log=log, shard=p.shard, shards=p.shards, code=0, seconds=1.0
+            )
+            for p, (r, log) in made
+        ]
 
     monkeypatch.setattr(parallel, "run", fake_run)
     names = ["fa2", "tests.variant_keyed:native"]
@@ -264,8 +269,16 @@ def test_a_fitted_fixed_cost_plans_the_shards_and_is_subtracted_from_the_saved_c
         files = [(parts_dir / f"{i}.json", parts_dir / f"{i}.log") for i in range(len(plan.parts))]
         took = {"torch_native": 45.0, "fa4": 30.0}
         return [
-            parallel.Part(p.backend, *f, p.shard, p.shards, code=0, seconds=took[p.backend])
-            for p, f in zip(plan.parts, files)
+            parallel.Part(
+                backend=p.backend,
+                results=r,
+                log=log,
+                shard=p.shard,
+                shards=p.shards,
+                code=0,
+                seconds=took[p.backend],
+            )
+            for p, (r, log) in zip(plan.parts, files)
         ]
 
     monkeypatch.setattr(parallel, "run", fake_run)

@@ -144,7 +144,12 @@ def test_two_variant_shards_check_exactly_the_cases_of_one_unsharded_run(tmp_pat
     assert skips and all(r["status"] == "skip" for r in skips)  # the cross family etc.: not drawn
     for s in shards:
         assert sorted(map(json.dumps, (r for r in s if not r["case"]))) == sorted(map(json.dumps, skips))
-    parts = [parallel.Part(KEYED, tmp_path / f"{i}.json", tmp_path / f"{i}.log", i, 2) for i in range(2)]
+    parts = [
+        parallel.Part(
+            backend=KEYED, results=tmp_path / f"{i}.json", log=tmp_path / f"{i}.log", shard=i, shards=2
+        )
+        for i in range(2)
+    ]
     for part, records in zip(parts, shards):
         part.records = records
     merged = parallel.merged_records(parts)
@@ -280,7 +285,7 @@ def test_every_shard_judges_refusals_over_the_whole_draw(shard, gpu_draws, monke
 
 def test_merged_records_keep_each_whole_test_record_once_and_every_case_record():
     def part(i: int, records: list[dict]) -> parallel.Part:
-        p = parallel.Part("b", Path(f"{i}.json"), Path(f"{i}.log"), i, 2)
+        p = parallel.Part(backend="b", results=Path(f"{i}.json"), log=Path(f"{i}.log"), shard=i, shards=2)
         p.records = records
         return p
 
@@ -360,7 +365,11 @@ def test_check_saves_the_measured_weights_unless_the_warm_up_compiled_beside_it(
         out = []
         for i, p in enumerate(plan.parts):
             part = parallel.Part(
-                p.backend, parts_dir / f"{i}.json", parts_dir / f"{i}.log", p.shard, p.shards
+                backend=p.backend,
+                results=parts_dir / f"{i}.json",
+                log=parts_dir / f"{i}.log",
+                shard=p.shard,
+                shards=p.shards,
             )
             part.code, part.seconds, part.records = 0, 5.0, [_record(c, 4.0, backend=KEYED)]
             out.append(part)

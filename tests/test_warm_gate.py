@@ -161,7 +161,13 @@ def test_part_times_are_kept_for_the_schedule_only_when_nothing_compiled_beside_
     from harness.run.speed import costs
 
     def fake_run(cmd, env, backends_env, plan, parts_dir, cwd, **kwargs):  # noqa: ANN001, ANN003, ANN202
-        part = parallel.Part("torch_native", parts_dir / "t.json", parts_dir / "t.log", code=0, seconds=42.0)
+        part = parallel.Part(
+            backend="torch_native",
+            results=parts_dir / "t.json",
+            log=parts_dir / "t.log",
+            code=0,
+            seconds=42.0,
+        )
         return [part]
 
     monkeypatch.setattr(parallel, "run", fake_run)

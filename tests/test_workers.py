@@ -74,7 +74,7 @@ def test_only_a_worker_asked_to_finalize_runs_its_exit_handlers(tmp_path, finali
 def test_a_value_comes_back_and_the_worker_is_reused():
     w = workers.Worker(name="test-worker-0")
     try:
-        assert w.call(square, (7,), 60) == workers.Outcome("ok", 49)
+        assert w.call(square, (7,), 60) == workers.Outcome(kind="ok", value=49)
         first = w.call(pid, (), 60).value
         assert w.call(pid, (), 60).value == first != os.getpid() and w.started == 1
     finally:

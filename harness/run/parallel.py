@@ -46,7 +46,7 @@ CUDA_PART_THREADS = 1
 COMPILE_THREADS = "TORCHINDUCTOR_COMPILE_THREADS"
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Part:
     """One backend's pytest process, or one shard of it."""
 
@@ -97,8 +97,17 @@ def parts(plan: Plan, parts_dir: Path) -> list[Part]:
     out = []
     for p in plan.parts:
         stem = file_name(p.backend) + (f".{p.shard}of{p.shards}" if p.shards > 1 else "")
-        files = (parts_dir / f"{stem}.json", parts_dir / f"{stem}.log")
-        out.append(Part(p.backend, *files, p.shard, p.shards, expected=p.seconds))
+        results, log = parts_dir / f"{stem}.json", parts_dir / f"{stem}.log"
+        out.append(
+            Part(
+                backend=p.backend,
+                results=results,
+                log=log,
+                shard=p.shard,
+                shards=p.shards,
+                expected=p.seconds,
+            )
+        )
     return out
 
 
@@ -137,7 +146,7 @@ def _finish(part: Part, code: int) -> None:
                 log.write(f"\nattn-harness: cannot read {part.results}: {e}\n")
 
 
-@dataclass
+@dataclass(kw_only=True)
 class _Slots:
     """What `run` tracks while its parts run: those waiting, running and started, the free slots."""
 

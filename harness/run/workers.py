@@ -73,7 +73,7 @@ def output_tail(text: str, limit: int = LOG_TAIL) -> str:
     return tail.strip()
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Outcome:
     """One call in a worker: `ok` (value), `raised` (error: its traceback), `died` (code: the exit
     status, negative for a signal) or `timeout` (the worker was killed); output: the tail of what
@@ -289,17 +289,17 @@ class Worker:
         if not self.conn.poll(timeout):
             output = self.log_tail()
             self.stop(kill=True)
-            return Outcome("timeout", output=output)
+            return Outcome(kind="timeout", output=output)
         try:
             kind, value = self.conn.recv()
         except (EOFError, OSError):
             code = self._reap()
             output = self.log_tail()
             self.stop()
-            return Outcome("died", code=code, output=output)
+            return Outcome(kind="died", code=code, output=output)
         if kind == "raised":
-            return Outcome(kind, error=value, output=self.log_tail())
-        return Outcome(kind, value)
+            return Outcome(kind=kind, error=value, output=self.log_tail())
+        return Outcome(kind=kind, value=value)
 
     def _log_size(self) -> int:
         return os.path.getsize(self.log_path) if self.log_path and os.path.exists(self.log_path) else 0

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from hypothesis import HealthCheck, Phase, settings
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Sizes:
     max_batch: int
     max_prefix: int
@@ -28,19 +28,50 @@ class Sizes:
 
 
 SIZES = {
-    "ci": Sizes(4, 160, 48, 48, 6, 40, (32, 64), ((4, 4), (8, 2), (4, 1)), ("bfloat16", "float16")),
-    "dev": Sizes(6, 600, 128, 128, 8, 160, (64, 128), ((4, 4), (8, 2), (8, 1)), ("bfloat16", "float16")),
-    "gpu": Sizes(8, 2048, 512, 512, 8, 700, (128,), ((8, 8), (8, 2), (8, 1)), ("bfloat16",), long_kv=4096),
+    "ci": Sizes(
+        max_batch=4,
+        max_prefix=160,
+        max_extend=48,
+        max_encoder=48,
+        max_draft=6,
+        max_window=40,
+        head_dims=(32, 64),
+        heads=((4, 4), (8, 2), (4, 1)),
+        dtypes=("bfloat16", "float16"),
+    ),
+    "dev": Sizes(
+        max_batch=6,
+        max_prefix=600,
+        max_extend=128,
+        max_encoder=128,
+        max_draft=8,
+        max_window=160,
+        head_dims=(64, 128),
+        heads=((4, 4), (8, 2), (8, 1)),
+        dtypes=("bfloat16", "float16"),
+    ),
+    "gpu": Sizes(
+        max_batch=8,
+        max_prefix=2048,
+        max_extend=512,
+        max_encoder=512,
+        max_draft=8,
+        max_window=700,
+        head_dims=(128,),
+        heads=((8, 8), (8, 2), (8, 1)),
+        dtypes=("bfloat16",),
+        long_kv=4096,
+    ),
     "thorough": Sizes(
-        16,
-        8192,
-        1024,
-        1024,
-        16,
-        3000,
-        (64, 128, 256),
-        ((4, 4), (8, 2), (16, 2), (8, 1)),
-        ("bfloat16", "float16"),
+        max_batch=16,
+        max_prefix=8192,
+        max_extend=1024,
+        max_encoder=1024,
+        max_draft=16,
+        max_window=3000,
+        head_dims=(64, 128, 256),
+        heads=((4, 4), (8, 2), (16, 2), (8, 1)),
+        dtypes=("bfloat16", "float16"),
         long_kv=16384,
     ),
 }

@@ -79,7 +79,7 @@ def run_jobs(
             try:
                 out = worker.call(job, (name, model, device, dtype, model_dtype), timeout)
             except WorkerError as e:  # the worker could not even start
-                out = Outcome("raised", error=str(e).splitlines()[0])
+                out = Outcome(kind="raised", error=str(e).splitlines()[0])
             if out.kind == "ok":
                 res = out.value
                 if res.status == "crash" and device == "cuda":

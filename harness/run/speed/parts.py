@@ -25,7 +25,7 @@ class FinishedPart(Protocol):
     seconds: float
 
 
-@dataclass
+@dataclass(kw_only=True)
 class PlannedCheck:
     """The plan, its description (one line a part) and where its costs are kept."""
 
@@ -59,4 +59,11 @@ def plan_check(
     kept.mkdir(parents=True, exist_ok=True)
     expected, sources, startups = costs.expected(names, selection, kept, unavailable)
     plan = schedule.plan(expected, jobs, gpus, startups)
-    return PlannedCheck(plan, schedule.describe(plan, sources), kept, selection, names, startups)
+    return PlannedCheck(
+        plan=plan,
+        lines=schedule.describe(plan, sources),
+        kept=kept,
+        selection=selection,
+        names=names,
+        startups=startups,
+    )

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 STARTUP_S = 10.0
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Planned:
     """One pytest process of the plan: a backend, or shard `shard` of `shards` of it."""
 
@@ -72,7 +72,9 @@ def _lpt(pieces: list[tuple], jobs: int) -> list[Planned]:
     parts = []
     for backend, shard, shards, seconds in pieces:
         start, slot = heapq.heappop(free)
-        parts.append(Planned(backend, shard, shards, seconds, slot, start))
+        parts.append(
+            Planned(backend=backend, shard=shard, shards=shards, seconds=seconds, slot=slot, start=start)
+        )
         heapq.heappush(free, (start + seconds, slot))
     return parts
 

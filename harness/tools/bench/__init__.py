@@ -38,7 +38,7 @@ SECTIONS = ("throughput", "phases", "scale", "detection", "coldstart", "gpus")
 DEFAULT_SECTIONS = SECTIONS[:-2]  # coldstart and gpus run make check several times: only when asked for
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Options:
     device: str
     backends: list[Backend]

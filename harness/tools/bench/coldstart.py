@@ -24,7 +24,7 @@ from harness.tools.bench import harness_child
 RUNS = ("cold", "warm")
 
 
-@dataclass
+@dataclass(kw_only=True)
 class ColdStartRow:
     run: str  # cold (an empty cache directory) or warm (the same directory after the cold run)
     profile: str
@@ -66,7 +66,7 @@ def measure(
     """One `check` in cache directory `cache`, as `make check` runs it."""
     env = child_env(dict(os.environ))
     args = harness_child.check_args(cache, profile, backends, device, cache.parent / f"reports-{run}")
-    row = ColdStartRow(run, profile, list(backends), cores=os.cpu_count() or 1)
+    row = ColdStartRow(run=run, profile=profile, backends=list(backends), cores=os.cpu_count() or 1)
     ran = harness_child.timed(args, env, timeout)
     row.exit, row.seconds, row.cpu_seconds = ran.exit, ran.seconds, ran.cpu_seconds
     warm = harness_child.warmup(ran.output)

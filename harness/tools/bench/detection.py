@@ -53,7 +53,16 @@ def detection(
     start = time.perf_counter()
     for m, family in pairs:
         if budget is not None and time.perf_counter() - start > budget:
-            row = hunts.Row(m.name, m.backend, device, family, m.check, m.method, m.bug, "skip")
+            row = hunts.Row(
+                mutant=m.name,
+                backend=m.backend,
+                device=device,
+                family=family,
+                check=m.check,
+                method=m.method,
+                bug=m.bug,
+                outcome="skip",
+            )
             row.reason = f"detection budget of {budget:g}s spent"
         else:
             (row,) = hunts.run([(m, family)], [device], max_examples, 0, invariance_shrink_runs=0)

@@ -49,7 +49,7 @@ MISPLANNED = 1.5
 PAIRS = 2  # one-GPU and every-GPU checks at most: the second pair only when the first was mis-planned
 
 
-@dataclass
+@dataclass(kw_only=True)
 class GpuRow:
     run: str  # prime, one (the first visible GPU), all (every visible GPU), or skip
     gpus: list[str]
@@ -106,7 +106,9 @@ def measure(
     run: str, gpus: list[str], backends: list[str], profile: str, results: Path, timeout: float
 ) -> GpuRow:
     """One `check --gpus GPUS` in the user's cache directory, its results.json written to `results`."""
-    row = GpuRow(run, list(gpus), profile, list(backends), cores=os.cpu_count() or 1)
+    row = GpuRow(
+        run=run, gpus=list(gpus), profile=profile, backends=list(backends), cores=os.cpu_count() or 1
+    )
     args = harness_child.check_args(cache_dir.root(), profile, backends, "cuda", results.parent / "reports")
     args += ["--gpus", ",".join(gpus), "--results", str(results)]
     ran = harness_child.timed(args, dict(os.environ), timeout)
@@ -201,7 +203,7 @@ def scaling(
         with tempfile.TemporaryDirectory(prefix="attn-harness-gpus-") as tmp:
             return _runs(visible, backends, profile, Path(tmp), timeout, say, keep)
     why = f"needs CUDA and at least 2 visible GPUs (device {device}, visible: {','.join(visible) or 'none'})"
-    row = GpuRow("skip", list(visible), profile, backends, reason=why)
+    row = GpuRow(run="skip", gpus=list(visible), profile=profile, backends=backends, reason=why)
     say(row)
     return [row]
 

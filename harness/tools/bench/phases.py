@@ -17,7 +17,7 @@ from harness.tools.bench import opcount
 PHASES = ("build", "plan", "kernel", "reference", "compare", "crossref")
 
 
-@dataclass
+@dataclass(kw_only=True)
 class PhaseRow:
     backend: str
     device: str

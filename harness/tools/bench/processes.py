@@ -25,7 +25,7 @@ WORKER_TIMEOUT_S = 600.0
 PRELOAD = ("harness.checks.numeric",)
 
 
-@dataclass
+@dataclass(kw_only=True)
 class ParallelPasses:
     """What the worker processes measured, complete passes only; times are time.time() of the
     workers (one clock for every process)."""
@@ -87,7 +87,7 @@ def parallel_passes(
         try:
             return pool[w].call(fn, (backend.name, device, shares[w]), timeout)
         except WorkerError as e:  # it did not start
-            return Outcome("raised", error=str(e))
+            return Outcome(kind="raised", error=str(e))
 
     def everyone(fn: Callable) -> list[Outcome]:
         """fn in every worker at once; raises _Stop on the first that failed."""
@@ -97,7 +97,7 @@ def parallel_passes(
                 raise _Stop(_failure(w, out, timeout))
         return outs
 
-    par = ParallelPasses([], [])
+    par = ParallelPasses(walls=[], found=[])
     try:
         par.ready = [out.value for out in everyone(warm_up)]
         for _ in range(repeat):

@@ -24,7 +24,7 @@ SCALE_WINDOW = 4095  # window_left: 4096 keys, a common sliding-window size
 GIB = 1 << 30
 
 
-@dataclass
+@dataclass(kw_only=True)
 class ScaleRow:
     device: str
     tokens: int
@@ -126,7 +126,7 @@ def scale_target(device: str, tokens: int, window: int) -> tuple[str, float, int
 
 def scale_row(device: str, tokens: int, window: int, timeout: float) -> ScaleRow:
     """Exact, then native (a check needs both), each in its own child process under `timeout`."""
-    row = ScaleRow(device, tokens, window, "ok")
+    row = ScaleRow(device=device, tokens=tokens, window_left=window, status="ok")
     for precision in ("exact", "native"):
         got = _run_child(device, tokens, window, precision, timeout)
         if got["status"] != "ok":

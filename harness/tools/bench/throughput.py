@@ -19,7 +19,7 @@ from harness.tools.bench.processes import ParallelPasses, parallel_passes
 MAX_FAILURES_SHOWN = 5
 
 
-@dataclass
+@dataclass(kw_only=True)
 class ThroughputRow:
     backend: str
     device: str
@@ -128,7 +128,7 @@ def measure_backend(
     pass's results count (a case failing in any of them is a failure)."""
     why = backend.available(device)
     if why:
-        row = ThroughputRow(backend.name, device, len(cases), reason=why)
+        row = ThroughputRow(backend=backend.name, device=device, cases=len(cases), reason=why)
         return (row if "throughput" in sections else None), None
     _, warm = one_pass(backend, cases, device)
     row = None

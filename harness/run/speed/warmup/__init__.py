@@ -51,7 +51,7 @@ def needed(variants: list[Variant], backends: Sequence[str] | None) -> list[Vari
     return [v for v in variants if not v.users or set(v.users) & set(backends)]
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Library:
     """A JIT library the warm-up compiles for.
 
@@ -75,7 +75,7 @@ class Library:
     note: Callable[[], str | None] = lambda: None
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Tally:
     """One library's outcome: how many variants (modules, for a ninja library), compiled vs already
     cached, failures, seconds; or why it was skipped."""
@@ -119,7 +119,7 @@ def _call(worker: workers.Worker, fn: Callable, task: object) -> workers.Outcome
     try:
         return worker.call(fn, (task,), VARIANT_TIMEOUT)
     except workers.WorkerError as e:  # the worker could not start: this call fails, the rest go on
-        return workers.Outcome("raised", error=str(e).splitlines()[0])
+        return workers.Outcome(kind="raised", error=str(e).splitlines()[0])
 
 
 def warm_ninja(
@@ -127,7 +127,7 @@ def warm_ninja(
 ) -> Tally:
     """Find the modules of every variant in one worker (`library.plan`), then build them in one ninja
     run of `jobs` parallel steps here (ninja.build); a line per module: compiled or cached."""
-    tally = Tally(library.name)
+    tally = Tally(library=library.name)
     say(f"warmup: {library.name}: {len(todo)} variants: finding their modules in 1 process")
     worker = workers.Worker(f"warmup-{library.name}-plan", env=library.env(jobs), preload=(), finalize=True)
     try:
@@ -169,7 +169,7 @@ def warm_pool(
     compiled or cached, seconds since `start`). Half the pool works while a ninja build runs beside
     it (see `run`), at a lower priority (BESIDE_NINJA_NICE); the rest joins once `built` is set,
     unless every variant is taken by then."""
-    tally = Tally(library.name, variants=len(todo))
+    tally = Tally(library=library.name, variants=len(todo))
     count = min(len(todo), max(1, library.processes(jobs)))
     first = count if built.is_set() else max(1, count // 2)
     later = f" ({count} once the ninja build has finished)" if first < count else ""
@@ -233,7 +233,7 @@ def stamped(
         f"warmup: {library.name}: warmed on {before['written']} for this profile, source, packages "
         f"and GPU ({stamp.path(root, library.name)}; delete it to warm up again): nothing to do"
     )
-    return Tally(library.name, variants=before["variants"], cached=before["variants"])
+    return Tally(library=library.name, variants=before["variants"], cached=before["variants"])
 
 
 def warm(
@@ -253,7 +253,7 @@ def warm(
     done = stamped(library, profile, backends, say)
     if done is not None:
         return done
-    tally = Tally(library.name)
+    tally = Tally(library=library.name)
     if not _ready(library, tally):
         return tally
     root, served, want = cache_dir.root(), _served(library, backends), stamp.key(profile)
@@ -305,7 +305,7 @@ def run(
             say(line)
 
     def one(library: Library) -> Tally:
-        tally = Tally(library.name, skipped="the warm-up raised")
+        tally = Tally(library=library.name, skipped="the warm-up raised")
         try:
             tally = warm(library, profile, jobs, said, start, built, backends)
             return tally
