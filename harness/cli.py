@@ -305,6 +305,7 @@ REPORT_EXAMPLES = """
   python -m harness report results.json --out review/
 """
 MERGE_EXAMPLES = """
+  python -m harness merge share1/results.json share2/results.json --out merged
   python -m harness merge share*/results.json --out merged --previous last/results.json
 """
 WARMUP_EXAMPLES = """

@@ -44,7 +44,10 @@ def test_unavailable_without_sglang_says_why(cls):
 
 def test_a_release_outside_the_range_is_refused_in_one_line():
     torch_release = distribution_version("torch")
-    old_range = SupportedRange("torch", "torch", "0.0.1", "0.0.2", ("0.0.1",), "too old")
+    old_range = SupportedRange(
+        distribution="torch", module="torch", lowest="0.0.1", below="0.0.2", tested=("0.0.1",),
+        why_lowest="too old",
+    )
     torch_engine = Engine("torch-engine", old_range)
 
     class Adapter(EngineAdapter):
