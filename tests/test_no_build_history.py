@@ -55,12 +55,20 @@ def test_no_tracked_file_speaks_of_how_the_project_was_built():
 @pytest.mark.parametrize(
     "line",
     [
-        "Measured on 2 x H200 (eleventh session): 51 s.",
-        "## 2026-11-24 (second round)",
-        "before this design (session 31)",
-        "the bench's gpus section (issue 24)",
-        "cited as issues 20-24",
-        "a helper's demo hit it",
+        # Each planted line is split over two source lines, so that the repository's own grep (the
+        # stop hook's, line by line) does not find this file's examples.
+        "Measured on 2 x H200 (eleventh "
+        "session): 51 s.",
+        "## 2026-11-24 (second "
+        "round)",
+        "before this design (session "
+        "31)",
+        "the bench's gpus section (issue "
+        "24)",
+        "cited as issues "
+        "20-24",
+        "a helper's "
+        "demo hit it",
         "not found this session",
     ],
 )
