@@ -68,9 +68,12 @@ def test_catalogue_is_well_formed():
         assert "~" in m.name and m.families and m.check in CHECKS, m
         backend = m.make()
         assert backend.name == m.name
-        assert hasattr(type(backend), m.method), f"{m.name} overrides no method {m.method!r}"
+        # An engine mutant names the engine's own method ("TorchNativeAttnBackend._causal_mask"): its
+        # adapter overrides only `backend_class`, which returns the engine class with that one change.
+        expected = "backend_class" if "." in m.method else m.method
+        assert hasattr(type(backend), expected), f"{m.name} overrides no method {expected!r}"
         overridden = [k for k in vars(type(backend)) if callable(vars(type(backend))[k]) and k != "__init__"]
-        assert overridden == [m.method], f"{m.name} must override exactly {m.method}, not {overridden}"
+        assert overridden == [expected], f"{m.name} must override exactly {expected}, not {overridden}"
 
 
 REQUIRED_CPU_CLASSES = {
