@@ -167,10 +167,12 @@ def _collect(profile: str, *args: str, cache: Path | None = None) -> list[str]:
 
 
 def test_collection_keeps_every_search_test_of_a_keyed_backend_and_the_model_checks_together():
-    """Without weights, every shard runs every search test, and one (the hash's) all model checks."""
+    """Without weights, every shard runs every search test, and one (the hash's) all whole tests: the
+    model checks and the catalogue's named batches."""
     every = _collect("gpu")
-    searches = [i for i in every if "test_model_logprobs" not in i]
-    models = [i for i in every if "test_model_logprobs" in i]
+    whole = ("test_model_logprobs", "test_catalogue")
+    searches = [i for i in every if not any(w in i for w in whole)]
+    models = [i for i in every if any(w in i for w in whole)]
     assert searches and len(models) >= 2
     owner = variant_shards.owner(variant_shards.WHOLE_TESTS, 2)
     for index in range(2):
