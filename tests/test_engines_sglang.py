@@ -29,7 +29,7 @@ SGLANG_MUTANTS = [m for m in catalogue() if m.backend.startswith("sglang_")]
 def test_registry_lists_the_adapters_without_importing_sglang():
     code = (
         "import sys, harness.backends as b; n = b.names(); "
-        "print('sglang_torch_native' in n and 'sglang_flex' in n, 'sglang' in sys.modules)"
+        "print('sglang_native' in n and 'sglang_flex' in n, 'sglang' in sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["True", "False"]
@@ -67,7 +67,7 @@ def test_each_adapter_names_its_engine_release():
         b = cls()
         assert b.library == "sglang" and b.supported.distribution == "sglang"
         assert b.release() == SGLANG_RELEASE
-    assert {"sglang_torch_native", "sglang_flex"} <= set(names())
+    assert {"sglang_native", "sglang_flex"} <= set(names())
 
 
 @needs_sglang

@@ -132,7 +132,7 @@ KNOWN_ISSUES = (
         id="sglang-window-zero",
         library="sglang",
         versions=frozenset({"0.5.23", "0.5.13.post1"}),
-        backends=frozenset({"sglang_torch_native"}),
+        backends=frozenset({"sglang_native"}),
         title="RadixAttention stores `sliding_window_size or -1`: a window of 0 (a query sees only its own "
         "key) becomes no window, and the backend attends over the whole context",
         repro="known_issues/sglang_window_zero.py",

@@ -95,7 +95,7 @@ class _FlexRowByPlace(SglangFlex):
 # The window mutants are hunted at a window of 2: at 0 sglang itself reads no window (known issue
 # sglang-window-zero), so a catch there would be the engine's bug, not the mutant's.
 WINDOW_2 = {"window_left": 2}
-_native = mutants_of("sglang_torch_native")
+_native = mutants_of("sglang_native")
 _flex = mutants_of("sglang_flex")
 
 MUTANTS: list[Mutant] = [

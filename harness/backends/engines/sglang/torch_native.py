@@ -1,4 +1,4 @@
-"""sglang_torch_native: sglang's own TorchNativeAttnBackend (SDPA per request), on the CPU and CUDA.
+"""sglang_native: sglang's own TorchNativeAttnBackend (SDPA per request), on the CPU and CUDA.
 
 What it supports is read from its code (sglang/srt/layers/attention/torch_native_backend.py, the
 releases of engine.SGLANG): decode and extend with a sliding window (`layer.sliding_window_size`,
@@ -20,7 +20,7 @@ NO_SPEC = (
 
 
 class SglangTorchNative(SglangAdapter):
-    name = "sglang_torch_native"
+    name = "sglang_native"
     engine_backend = "sglang.srt.layers.attention.torch_native_backend:TorchNativeAttnBackend"
     capabilities = Capabilities.with_features(
         "window",
@@ -52,4 +52,4 @@ class SglangTorchNative(SglangAdapter):
     )
 
 
-BACKENDS = {"sglang_torch_native": SglangTorchNative}
+BACKENDS = {"sglang_native": SglangTorchNative}
