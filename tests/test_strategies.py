@@ -1,6 +1,8 @@
 """The strategies reach the shapes where bugs live, and draw the coincidences between dimensions
 (where kernels take special paths) often."""
 
+import importlib.util
+import sys
 from functools import cache
 
 import pytest
@@ -193,3 +195,29 @@ def test_profiles_leave_the_repro_to_the_harness(profile):
     chosen = settings.get_profile(profile)
     assert chosen.print_blob is False and Phase.explain not in chosen.phases
     assert Phase.generate in chosen.phases and Phase.shrink in chosen.phases
+
+
+def test_a_modules_constants_do_not_change_the_draws(tmp_path, monkeypatch):
+    """Hypothesis reads constants from the source of modules outside site-packages (a plugin, a
+    checkout) and mixes them into its draws; a fixed-seed profile must draw the same cases with or
+    without such a module loaded."""
+
+    def first_cases() -> list[Case]:
+        got: list[Case] = []
+
+        @settings(max_examples=150, derandomize=True, database=None, deadline=None, phases=[Phase.generate])
+        @given(cases("prefix", True, CAPS, S))
+        def collect(c):
+            got.append(c)
+
+        collect()
+        return got
+
+    without = first_cases()
+    plugin = tmp_path / "constant_laden_plugin.py"
+    plugin.write_text("".join(f"C{i} = {v}\n" for i, v in enumerate(range(3, 400, 7))))
+    spec = importlib.util.spec_from_file_location("constant_laden_plugin", plugin)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    monkeypatch.setitem(sys.modules, "constant_laden_plugin", module)  # loaded while drawing
+    assert first_cases() == without

@@ -114,6 +114,20 @@ settings.register_profile(
 PROFILES = tuple(SIZES)
 
 
+def _without_local_constants() -> None:
+    """Hypothesis mixes constants read from the source of every module outside site-packages into
+    its draws, so a plugin's own source, or a checkout instead of an installed wheel, changed what a
+    fixed-seed profile draws. The suite draws with hypothesis's own constants only."""
+    from hypothesis.internal.conjecture import providers
+
+    empty = providers.Constants()
+    providers._get_local_constants = lambda: empty
+    providers.CONSTANTS_CACHE.cache.clear()
+
+
+_without_local_constants()
+
+
 _LOADED = ["ci"]  # the profile `load` activated last
 
 

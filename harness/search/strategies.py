@@ -87,22 +87,23 @@ def random_tree(draw: st.DrawFn, n: int, branching: bool) -> tuple[int, ...]:
 @st.composite
 def cases(draw: st.DrawFn, family: str, windowed: bool, caps: Capabilities, sizes: Sizes) -> Case:
     """A Case of one suite family that `caps` supports, sized by the profile: the layer's shape, then
-    the requests, then the layer's features, then the seed (so shrinking keeps the structure)."""
+    the requests, then the layer's features, then the seed (so shrinking keeps the structure). The
+    steps are plain functions given `draw`, not composites: a composite adds a span to the choice
+    sequence, and hypothesis then generates other cases for the same seed."""
     if family not in FAMILIES:
         raise ValueError(f"unknown family {family!r}; known: {', '.join(FAMILIES)}")
     mode = FAMILY_MODE[family]
-    shape = draw(_layer_shape(caps, sizes))
+    shape = _layer_shape(draw, caps, sizes)
     window = draw(st.integers(0, sizes.max_window)) if windowed else -1
-    reqs = draw(_requests(family, caps, sizes, _anchors(window, shape["page_size"])))
+    reqs = _requests(draw, family, caps, sizes, _anchors(window, shape["page_size"]))
     if windowed and draw(st.integers(0, 4)) == 4:  # a window at least as long as the context
         longest = max(r.prefix_len + r.extend_len for r in reqs)
         window = longest + draw(st.sampled_from((0, -1, 1, longest)))  # -1: W + 1 keys, exactly all
-    features = draw(_features(mode, windowed, window, caps, sizes))
+    features = _features(draw, mode, windowed, window, caps, sizes)
     seed = draw(st.integers(0, 2**31 - 1))
     return Case(mode=mode, requests=tuple(reqs), window_left=window, seed=seed, **shape, **features)
 
 
-@st.composite
 def _layer_shape(draw: st.DrawFn, caps: Capabilities, sizes: Sizes) -> dict:
     """dtype, heads, head_dim, page size and layouts: the profile's, narrowed to what `caps` takes."""
     dtypes = [d for d in sizes.dtypes if d in caps.dtypes] or sorted(caps.dtypes)
@@ -124,7 +125,6 @@ def _layer_shape(draw: st.DrawFn, caps: Capabilities, sizes: Sizes) -> dict:
     )
 
 
-@st.composite
 def _requests(
     draw: st.DrawFn, family: str, caps: Capabilities, sizes: Sizes, anchors: list[int]
 ) -> list[Request]:
@@ -176,7 +176,6 @@ def _extend_len(
     return _length(draw, 1, sizes.max_extend, anchors, keys_offset=0 if fresh else None)
 
 
-@st.composite
 def _features(
     draw: st.DrawFn, mode: Mode, windowed: bool, window: int, caps: Capabilities, sizes: Sizes
 ) -> dict:
