@@ -25,8 +25,9 @@ endif
 
 .venv/.installed: pyproject.toml
 	python3 -m venv .venv
-	.venv/bin/pip install -q $(TORCH)
-	.venv/bin/pip install -q -e '.[$(EXTRAS)]'
+	.venv/bin/pip install -q uv
+	$(UV_INSTALL) -p .venv/bin/python $(TORCH)
+	$(UV_INSTALL) -p .venv/bin/python -e '.[$(EXTRAS)]'
 	.venv/bin/python -m harness.tools.gpu_setup --gpu $(GPU)
 	touch $@
 
@@ -61,8 +62,8 @@ test: $(SETUP)
 	$(MAKE) --no-print-directory test-vllm || rc=1; \
 	exit $$rc
 
-# The engines' environments are installed with uv (from the dev extra): about 2 minutes each from
-# empty, where pip took 10 to 16. uv does not read pip's configuration, so it is given pip's local wheel
+# The environments are installed with uv (pip installs it first into .venv): the engines' take about 2
+# minutes each from empty, where pip took 10 to 16. uv does not read pip's configuration, so it is given pip's local wheel
 # folder (PIP_FIND_LINKS or pip's find-links), where a CPU build of torch may lie (else PyPI's torch is a
 # CUDA build of several GB), and the system's certificates, which pip is configured with.
 UV ?= .venv/bin/uv

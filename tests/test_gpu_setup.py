@@ -112,7 +112,8 @@ def make_n(*args: str) -> str:
 def test_the_makefile_runs_the_gpu_set_up_after_the_project_install_and_never_offline():
     lines = make_n().splitlines()
     setup = lines.index(".venv/bin/python -m harness.tools.gpu_setup --gpu auto")
-    assert "pip install -q -e '.[hf,dev]'" in lines[setup - 1] and lines[setup + 1].startswith("touch")
+    assert "pip install -q" in lines[setup - 1] and "-e '.[hf,dev]'" in lines[setup - 1]
+    assert lines[setup + 1].startswith("touch")
     assert "--gpu no" in make_n("GPU=no")
     offline = make_n("INSTALL=no", f"PYTHON={sys.executable}")
     assert "pip" not in offline and "gpu_setup" not in offline
