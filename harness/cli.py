@@ -42,7 +42,7 @@ def cmd_list(args: argparse.Namespace) -> int:
     from harness.run.listing import describe_backend
 
     broken = False
-    for name in args.backend or backends.names():
+    for name in dict.fromkeys(args.backend or backends.names()):
         lines, bad = describe_backend(name)
         print("\n".join(lines))
         broken |= bad
@@ -55,7 +55,7 @@ def add_check(p: argparse.ArgumentParser) -> None:
     opt = p.add_argument
     opt("--backend", action="append", help="only this backend: a name or module:factory (repeatable)")
     opt("--family", action="append", help="only this family: decode, prefill, prefix, draft_extend_v2, "
-        "verify, cross, encoder (repeatable)")
+        "verify, cross, encoder, graph (the CUDA-graph replays) (repeatable)")
     opt("--mode", action="append", help="only this forward mode, e.g. EXTEND (= prefill + prefix) "
         "(repeatable)")
     opt("-k", help="a pytest -k expression, e.g. swa")
@@ -87,7 +87,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     """The check (harness/run/check.py) as the options ask; pytest's refusal of its command line and
     a selection that matched no test are usage errors."""
     request = check.CheckRequest(
-        backends=tuple(args.backend or ()),
+        backends=tuple(dict.fromkeys(args.backend or ())),  # named twice: checked once
         families=tuple(args.family or ()),
         modes=tuple(args.mode or ()),
         device=args.device,

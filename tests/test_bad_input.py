@@ -2,18 +2,24 @@
 nothing already written is lost (no report replaced, no run started, `latest` kept)."""
 
 import json
+import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from harness import hunts
+from harness.backends.base import ALL_CAPABILITIES, Backend, BackendOutput
 from harness.checks import footprint
 from harness.cli import main
+from harness.core import case as case_module
 from harness.core.case import MAX_REQUESTS, Case, CaseError, Request
 from harness.report import results_json
 from harness.run import check
+from harness.run.speed import settings
 from tests.report_helpers import sample_document
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -277,3 +283,411 @@ def test_mutants_json_in_a_missing_directory_fails_before_the_first_hunt(capsys,
 def test_mutants_max_examples_is_checked_as_it_is_parsed(capsys, no_run, value):
     argv = ["mutants", "--mutant", "stale_page", "--max-examples", value]
     one_line_error(capsys, argv, "argument --max-examples", value)
+
+
+# --- the Case: integers past the engines' range -------------------------------------------------------
+
+INT32_MAX = 2**31 - 1
+INT32_FIELDS = {  # every integer a Case carries into a kernel, and a case where it can take its largest
+    "window_left": {},
+    "num_q_heads": {"num_kv_heads": 1},
+    "num_kv_heads": {"num_q_heads": INT32_MAX},
+}
+REQUEST_INT32_FIELDS = ("prefix_len", "extend_len")
+
+
+@pytest.mark.parametrize("value", [2**31, 2**62, 2**63, 10**30])
+@pytest.mark.parametrize("field", [*INT32_FIELDS, *REQUEST_INT32_FIELDS, "encoder_len", "window_right"])
+def test_an_integer_past_int32_is_one_line_naming_the_field_and_the_range(capsys, field, value):
+    """Engines pass lengths, windows and head counts as int32: past it a kernel wraps or overflows, so
+    the Case refuses it (exit 2) before any backend can be blamed."""
+    mode = {"encoder_len": "CROSS", "window_right": "ENCODER_ONLY"}.get(field, "EXTEND")
+    d = {"mode": mode, "requests": [{"prefix_len": 0 if mode == "ENCODER_ONLY" else 3, "extend_len": 4}]}
+    if mode == "CROSS":
+        d["requests"][0]["encoder_len"] = 5
+    if field == "window_right":
+        d["window_left"] = 2
+    (d["requests"][0] if field in (*REQUEST_INT32_FIELDS, "encoder_len") else d)[field] = value
+    err = one_line_error(capsys, ["repro", json.dumps(d)], f"{field}={value}", "[", f"{INT32_MAX}]", "int32")
+    assert "CRASH" not in err and "FAIL" not in err
+
+
+@pytest.mark.parametrize("field", list(INT32_FIELDS))
+def test_int32s_largest_is_a_valid_case(field):
+    """The bound itself is accepted: the check is at int32's edge, not below it."""
+    Case.from_dict({**EXTEND, field: INT32_MAX, **INT32_FIELDS[field]})
+    with pytest.raises(CaseError, match=f"{field}={INT32_MAX + 1} must be in"):
+        Case.from_dict({**EXTEND, field: INT32_MAX + 1, **INT32_FIELDS[field]})
+
+
+def test_a_window_at_int32s_largest_is_judged_like_no_window(capsys):
+    """window_left = 2**31 - 1 covers every key: the backends pass, as with no window."""
+    windowed = json.dumps({**EXTEND, "window_left": INT32_MAX})
+    for backend in ("torch_native", "torch_split", "flex_eager"):
+        assert main(["repro", windowed, "--backend", backend, "--device", "cpu"]) == 0, backend
+        assert "PASS" in capsys.readouterr().out
+
+
+def test_the_batchs_token_count_is_an_int32_index():
+    """Each request within int32 but the batch past it: the KV pool's slot indices would overflow."""
+    half = Request(prefix_len=2**30, extend_len=1)
+    with pytest.raises(CaseError, match=f"tokens in all, past {INT32_MAX}"):
+        Case(mode="EXTEND", requests=(half, half))
+
+
+@pytest.mark.parametrize("value", [1e30, 4.0, float("inf")])
+def test_a_float_where_an_integer_is_wanted_is_refused(value):
+    with pytest.raises(CaseError, match="window_left=.* must be an integer"):
+        Case.from_dict({**EXTEND, "window_left": value})
+    with pytest.raises(CaseError, match=r"requests\[0\].tree\[1\]=.* must be -1 or the index"):
+        Case.from_dict(
+            {"mode": "TARGET_VERIFY", "requests": [{"prefix_len": 3, "extend_len": 2, "tree": [-1, value]}]}
+        )
+
+
+def test_graph_case_sizes_are_int32():
+    from harness.core.graph_case import GraphCase
+
+    batch = {"mode": "DECODE", "requests": [{"prefix_len": 3, "extend_len": 1}]}
+    with pytest.raises(CaseError, match=f"max_kv={2**40} must be an integer in \\[1, {INT32_MAX}\\]"):
+        GraphCase.from_dict({"batches": [batch], "max_batch": 4, "max_kv": 2**40})
+
+
+# --- the Case's JSON: duplicate keys, long values ---------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        '{"mode": "EXTEND", "window_left": 3, "requests": [{"prefix_len": 3, "extend_len": 4}], '
+        '"window_left": -1}',
+        '{"mode": "EXTEND", "requests": [{"prefix_len": 3, "extend_len": 4, "prefix_len": 9}]}',
+    ],
+    ids=["case", "request"],
+)
+def test_a_key_given_twice_is_refused_naming_it(capsys, text):
+    """json keeps the last of two equal keys: the case run would not be the case written."""
+    key = "window_left" if "window_left" in text else "prefix_len"
+    one_line_error(capsys, ["repro", text], f"field '{key}' is given twice")
+
+
+def test_a_graph_case_with_a_key_given_twice_is_refused(capsys):
+    batch = '{"mode": "DECODE", "requests": [{"prefix_len": 3, "extend_len": 1}]}'
+    text = f'{{"batches": [{batch}], "max_batch": 4, "max_kv": 64, "max_kv": 8}}'
+    one_line_error(capsys, ["repro", text], "field 'max_kv' is given twice")
+
+
+@pytest.mark.parametrize("field", ["mode", "dtype", "window_left", "page_layout", "k_scale"])
+def test_a_huge_value_is_cut_in_the_error_line(capsys, field):
+    """A 50 MB field is named by its start and its length, not echoed whole into the one line."""
+    huge = "x" * 50_000_000
+    err = one_line_error(
+        capsys, ["repro", json.dumps({**EXTEND, field: huge})], f"{field}='xxxx", "(50000002 characters)"
+    )
+    assert len(err) < 500
+
+
+def test_a_huge_unknown_field_name_is_cut_too(capsys):
+    err = one_line_error(
+        capsys, ["repro", json.dumps({**EXTEND, "y" * 1_000_000: 1})], "unknown Case field", "characters)"
+    )
+    assert len(err) < 500
+
+
+# --- a plugin backend that breaks the contract ----------------------------------------------------------
+
+
+class NoCapabilities(Backend):
+    def run(self, batch):
+        return BackendOutput(out=batch.q)
+
+
+class CapabilitiesAsADict(NoCapabilities):
+    capabilities = {"modes": ["EXTEND"]}
+
+
+class NoRun(Backend):
+    capabilities = ALL_CAPABILITIES
+
+
+class BareTensor(NoRun):
+    def run(self, batch):
+        return batch.q.clone()
+
+
+class TensorPair(NoRun):
+    def run(self, batch):
+        return BackendOutput(out=(batch.q, None))
+
+
+CONTRACT = [
+    ("NoCapabilities", "class NoCapabilities: `capabilities` has none; set it to a harness Capabilities"),
+    ("CapabilitiesAsADict", "`capabilities` is a dict; set it to a harness Capabilities"),
+    ("NoRun", "class NoRun does not implement run(batch), which must return a BackendOutput(out="),
+]
+
+
+@pytest.mark.parametrize(("plugin", "message"), CONTRACT, ids=[p for p, _ in CONTRACT])
+@pytest.mark.parametrize(
+    "command", [["list"], ["repro", json.dumps(EXTEND)], ["check"]], ids=["list", "repro", "check"]
+)
+def test_a_plugin_that_breaks_the_contract_is_one_line_naming_what_it_wants(
+    capsys, no_run, command, plugin, message
+):
+    spec = f"tests.test_bad_input:{plugin}"
+    one_line_error(capsys, [*command, "--backend", spec], f"backend {spec!r}", message, "docs/backends.md")
+
+
+@pytest.mark.parametrize(
+    ("plugin", "got"), [("BareTensor", "a Tensor"), ("TensorPair", "BackendOutput(out=tuple")]
+)
+def test_a_run_that_returns_the_wrong_thing_is_a_crash_saying_what_run_must_return(capsys, plugin, got):
+    spec = f"tests.test_bad_input:{plugin}"
+    assert main(["repro", json.dumps(EXTEND), "--backend", spec, "--device", "cpu"]) == 1
+    out = capsys.readouterr().out
+    line = next(line for line in out.splitlines() if "run() returned" in line)
+    assert f"backend {spec!r}: run() returned {got}" in line
+    assert "it must return a BackendOutput(out=[sum E, Hq, D] tensor, lse=None or [sum E, Hq] tensor)" in line
+
+
+def test_an_unimplemented_run_called_directly_says_what_it_must_return():
+    """The base class's run() (a backend built without the registry) names the class and the contract."""
+    with pytest.raises(
+        NotImplementedError, match="NoRun.run\\(batch\\) is not implemented: it must return a BackendOutput"
+    ):
+        NoRun().run(None)
+
+
+class Zeros(NoRun):
+    def run(self, batch):
+        return BackendOutput(out=torch.zeros_like(batch.q))
+
+
+def test_a_plugin_that_meets_the_contract_loads_and_is_judged(capsys):
+    """The contract checks refuse only broken plugins: one that meets it runs and gets a verdict."""
+    spec = "tests.test_bad_input:Zeros"
+    assert main(["list", "--backend", spec]) == 0
+    assert main(["repro", json.dumps(EXTEND), "--backend", spec, "--device", "cpu"]) == 1
+    assert "FAIL" in capsys.readouterr().out
+
+
+# --- settings: flags and ATTN_HARNESS_* variables ----------------------------------------------------
+
+
+@pytest.fixture
+def env_profile(monkeypatch):
+    """Set $ATTN_HARNESS_PROFILE for this test; the settings are read again, before and after."""
+
+    def setting(value):
+        monkeypatch.setenv(settings.PROFILE_ENV, value)
+        settings.reset()
+
+    yield setting
+    monkeypatch.delenv(settings.PROFILE_ENV, raising=False)
+    settings.reset()
+
+
+@pytest.mark.parametrize(
+    ("flag", "variable", "used"), [(None, "dev", "dev"), ("ci", "dev", "ci"), (None, "", "ci")]
+)
+def test_check_honours_the_profile_variable_and_the_flag_beats_it(
+    env_profile, tmp_path, flag, variable, used
+):
+    env_profile(variable)
+    job = check.prepare(check.CheckRequest(device="cpu", profile=flag, reports=tmp_path), lambda line: None)
+    assert job.profile == used
+    assert job.env[settings.PROFILE_ENV] == used
+
+
+def test_check_refuses_an_unknown_profile_variable_in_one_line(capsys, env_profile, no_run, reports):
+    env_profile("nonsense")
+    one_line_error(
+        capsys,
+        ["check", "--device", "cpu", "--reports", str(reports)],
+        "unknown profile 'nonsense' ($ATTN_HARNESS_PROFILE); known: ci",
+    )
+    one_line_error(
+        capsys,
+        ["check", "--device", "cpu", "--profile", "nope", "--reports", str(reports)],
+        "unknown profile 'nope' (--profile)",
+    )
+    _untouched(reports)
+
+
+@pytest.fixture
+def requests_made(monkeypatch):
+    """The CheckRequests `check` builds, run by nothing."""
+    made = []
+
+    def run_check(request, say):
+        made.append(request)
+        return check.RunResult(0, Path("run"), Path("latest"))
+
+    monkeypatch.setattr(check, "run_check", run_check)
+    return made
+
+
+def test_a_backend_named_twice_is_checked_once(requests_made, monkeypatch):
+    from harness.backends import BACKENDS_ENV, selected
+
+    assert (
+        main(["check", "--backend", "torch_native", "--backend", "flex_eager", "--backend", "torch_native"])
+        == 0
+    )
+    assert requests_made[0].backends == ("torch_native", "flex_eager")
+    monkeypatch.setenv(BACKENDS_ENV, "torch_native,flex_eager,torch_native")
+    assert selected() == ["torch_native", "flex_eager"]  # what the suite parametrizes over
+
+
+def test_the_graph_family_selects_the_replay_tests(tmp_path):
+    assert check.families(["graph", "decode", "graph"], []) == ["graph", "decode"]
+    job = check.prepare(
+        check.CheckRequest(device="cpu", families=("graph",), reports=tmp_path), lambda line: None
+    )
+    marker = job.cmd[len(job.cmd) - 1 - job.cmd[::-1].index("-m") + 1]  # pytest's -m, not python's
+    assert marker.startswith("(graph)"), marker
+    argv = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "--collect-only",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        "cases",
+        "-m",
+        marker,
+    ]
+    out = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    selected = [line for line in out.stdout.splitlines() if "::" in line]
+    assert selected and all(line.startswith("cases/test_graph.py::") for line in selected), out.stdout[-2000:]
+    with pytest.raises(check.RequestError, match="unknown family 'graphs'; known: .*encoder, graph"):
+        check.families(["graphs"], [])
+
+
+def pytest_run(*args, env=None):
+    """pytest in a fresh process on one small test file: (exit status, stdout + stderr)."""
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("ATTN_HARNESS")}
+    argv = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        *args,
+        "tests/test_modes.py",
+        "-k",
+        "family",
+    ]
+    out = subprocess.run(
+        argv, cwd=ROOT, env={**clean, **(env or {})}, capture_output=True, text=True, timeout=300
+    )
+    return out.returncode, out.stdout + out.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "message"),
+    [
+        (
+            ["--hypothesis-profile", "nonsense"],
+            {},
+            "ERROR: --hypothesis-profile 'nonsense' is not a registered profile",
+        ),
+        (
+            [],
+            {"ATTN_HARNESS_PROFILE": "nonsense"},
+            "ERROR: $ATTN_HARNESS_PROFILE='nonsense' is not a profile",
+        ),
+    ],
+    ids=["option", "variable"],
+)
+def test_pytest_with_an_unknown_profile_is_a_usage_error_not_a_traceback(args, env, message):
+    status, text = pytest_run(*args, env=env)
+    assert status == 4, text
+    lines = [line for line in text.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith(message), text
+
+
+def test_pytest_with_a_known_profile_runs():
+    status, text = pytest_run("--hypothesis-profile", "dev", env={"ATTN_HARNESS_PROFILE": "dev"})
+    assert status == 0, text
+
+
+# --- a check that cannot fail is refused, not passed ------------------------------------------------
+
+FP8 = {**EXTEND, "kv_dtype": "float8_e4m3fn"}
+
+
+@pytest.mark.parametrize("backend", ["torch_native", "tests.test_bad_input:Zeros"])
+def test_scales_that_leave_the_reference_all_zero_are_refused_not_passed(capsys, backend):
+    """k_scale = v_scale = 1e30 rounds every cached value to code 0: the reference is all 0, its budget
+    0, and an output of zeros (a backend that attends to nothing) met it: "err 0 <= budget 0"."""
+    vacuous = json.dumps({**FP8, "k_scale": 1e30, "v_scale": 1e30})
+    assert main(["repro", vacuous, "--backend", backend, "--device", "cpu"]) == 3  # nothing checked
+    out = capsys.readouterr().out
+    assert "PASS" not in out and "every element of the exact reference is 0" in out, out
+
+
+def test_scales_that_keep_the_values_are_judged(capsys):
+    """The other side: an FP8 case whose scales keep the values is checked, a right backend passes and
+    one that attends to nothing fails."""
+    judged = json.dumps({**FP8, "k_scale": 0.5, "v_scale": 3.7})
+    assert main(["repro", judged, "--backend", "torch_native", "--device", "cpu"]) == 0
+    assert main(["repro", judged, "--backend", "tests.test_bad_input:Zeros", "--device", "cpu"]) == 1
+    assert "FAIL" in capsys.readouterr().out
+
+
+def test_the_refusal_condition_at_its_edges():
+    from harness.core.compare import uninformative
+
+    constant = torch.full((4, 2, 8), 0.25, dtype=torch.float64)
+    assert "every element of the exact reference is 0.25" in uninformative(constant)
+    assert "every element of the exact reference is 0 " in uninformative(torch.zeros(3, 2, 8))
+    one_off = constant.clone()
+    one_off[3, 1, 7] = 0.25 + 2**-40  # one element apart: an output must match it, so it is judged
+    assert uninformative(one_off) is None
+    for bad in (float("nan"), float("inf")):
+        broken = one_off.clone()
+        broken[0, 0, 0] = bad
+        assert "not finite" in uninformative(broken)
+    assert uninformative(torch.zeros(0, 2, 8)) is None  # no rows: nothing that could pass
+
+
+# --- every bound of a Case, on both sides -------------------------------------------------------------
+
+LOGIT_LIMIT_SCALE = case_module.FLOAT32_MAX / 2 / (1000 * 64 * case_module.DRAW_BOUND**2)
+BOUNDS = [  # (fields, the last value accepted, the first refused, what the refusal names)
+    (
+        {"sm_scale": "{}", "q_amplitude": 1000},
+        LOGIT_LIMIT_SCALE * (1 - 1e-9),
+        LOGIT_LIMIT_SCALE * (1 + 1e-9),
+        "logits can reach",
+    ),
+    ({"q_amplitude": "{}"}, 1000, 1000.000001, "q_amplitude="),
+    ({"head_dim": "{}"}, 512, 520, "head_dim="),
+    ({"window_left": "{}"}, -1, -2, "window_left="),
+    ({"seed": "{}"}, 2**63 - 1, 2**63, "seed="),
+    ({"kv_dtype": "float8_e4m3fn", "k_scale": "{}"}, 1e30, 1.0000001e30, "k_scale="),
+    ({"kv_dtype": "float8_e4m3fn", "v_scale": "{}"}, 1e-30, 0.9999999e-30, "v_scale="),
+]
+
+
+@pytest.mark.parametrize(("fields", "inside", "outside", "named"), BOUNDS, ids=[b[-1] for b in BOUNDS])
+def test_each_bound_accepts_its_edge_and_refuses_just_past_it(fields, inside, outside, named):
+    """A bound tested only far past its limit lets the limit move unseen: each is tested at its last
+    accepted value and the first refused one."""
+
+    def with_value(value):
+        return {**EXTEND, **{k: (value if v == "{}" else v) for k, v in fields.items()}}
+
+    Case.from_dict(with_value(inside))
+    with pytest.raises(CaseError, match=re.escape(named)):
+        Case.from_dict(with_value(outside))
+
+
+@pytest.mark.parametrize(("field", "inside", "outside"), [("prefix_len", 0, -1), ("extend_len", 1, 0)])
+def test_each_request_bound_accepts_its_edge_and_refuses_just_past_it(field, inside, outside):
+    Case.from_dict({"mode": "EXTEND", "requests": [{"prefix_len": 3, "extend_len": 4, field: inside}]})
+    with pytest.raises(CaseError, match=f"{field}={outside} must be >= {inside}"):
+        Case.from_dict({"mode": "EXTEND", "requests": [{"prefix_len": 3, "extend_len": 4, field: outside}]})

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from functools import cache
 from importlib.metadata import entry_points
 
-from harness.backends.base import Backend, BackendBroken, BackendOutput, Capabilities
+from harness.backends.base import Backend, BackendBroken, BackendOutput, Capabilities, contract_problem
 
 # Comma-separated backend names or module:factory specs; set by `python -m harness check --backend`.
 BACKENDS_ENV = "ATTN_HARNESS_BACKENDS"
@@ -77,7 +77,7 @@ def names() -> list[str]:
 def selected() -> list[str]:
     """The backends a suite run checks: those named in $ATTN_HARNESS_BACKENDS, else every one."""
     chosen = [n.strip() for n in os.environ.get(BACKENDS_ENV, "").split(",") if n.strip()]
-    return chosen or names()
+    return list(dict.fromkeys(chosen)) or names()  # a backend named twice is checked once
 
 
 def _from_spec(spec: str) -> Backend:
@@ -91,8 +91,9 @@ def _from_spec(spec: str) -> Backend:
     except Exception as e:  # a plugin's own failure: one line naming the spec, not a traceback
         first = (str(e).splitlines() or [""])[0]
         raise BackendError(f"backend {spec!r}: its factory raised {type(e).__name__}: {first}") from None
-    if not isinstance(backend, Backend):
-        raise BackendError(f"{spec!r} returned {type(backend).__name__}, not a harness Backend")
+    problem = contract_problem(backend)
+    if problem:
+        raise BackendError(f'backend {spec!r}: {problem} (docs/backends.md, "The contract")')
     return backend
 
 

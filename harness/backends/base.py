@@ -118,6 +118,47 @@ class BackendOutput:
     lse: torch.Tensor | None = None  # [sum E, Hq], natural log
 
 
+class ContractError(TypeError):
+    """A backend that breaks the protocol below: the message names the backend, the method and what
+    the protocol wants of it (docs/backends.md, "The contract")."""
+
+
+RUN_RETURNS = "BackendOutput(out=[sum E, Hq, D] tensor, lse=None or [sum E, Hq] tensor)"
+
+
+def contract_problem(backend: object) -> str | None:
+    """What a loaded backend lacks of the protocol, or None: a Backend instance, `capabilities` a
+    Capabilities, its own `run`. A plugin's first mistakes, said in one line before any case runs."""
+    if not isinstance(backend, Backend):
+        return f"is a {type(backend).__name__}, not a harness Backend (subclass harness.api.Backend)"
+    cls = type(backend).__name__
+    caps = getattr(backend, "capabilities", None)
+    if not isinstance(caps, Capabilities):
+        got = "has none" if caps is None else f"is a {type(caps).__name__}"
+        return (
+            f"class {cls}: `capabilities` {got}; set it to a harness Capabilities (the modes, dtypes, "
+            "devices and features it runs)"
+        )
+    if type(backend).run is Backend.run:
+        return f"class {cls} does not implement run(batch), which must return a {RUN_RETURNS}"
+    return None
+
+
+def checked_output(backend: Backend, result: object) -> BackendOutput:
+    """`result` of backend.run(batch) if it is a BackendOutput holding tensors, else a ContractError."""
+    if not isinstance(result, BackendOutput):
+        raise ContractError(
+            f"backend {backend.name!r}: run() returned a {type(result).__name__}; it must "
+            f"return a {RUN_RETURNS}"
+        )
+    if not isinstance(result.out, torch.Tensor) or not isinstance(result.lse, (torch.Tensor, type(None))):
+        raise ContractError(
+            f"backend {backend.name!r}: run() returned BackendOutput(out={type(result.out).__name__}, "
+            f"lse={type(result.lse).__name__}); it must return a {RUN_RETURNS}"
+        )
+    return result
+
+
 class Backend:
     """Base adapter. Subclasses set `name` and `capabilities` and implement `run`."""
 
@@ -172,4 +213,6 @@ class Backend:
         return case.to_json()
 
     def run(self, batch: Batch) -> BackendOutput:
-        raise NotImplementedError
+        raise NotImplementedError(
+            f"{type(self).__name__}.run(batch) is not implemented: it must return a {RUN_RETURNS}"
+        )

@@ -7,13 +7,13 @@ import traceback
 
 import torch
 
-from harness.backends.base import Backend
+from harness.backends.base import Backend, ContractError, checked_output
 from harness.checks import crossref
 from harness.checks.errormap import error_map
 from harness.checks.known_issues import expected_failure
 from harness.core.batch import Inputs, build_batch, make_inputs
 from harness.core.case import Case
-from harness.core.compare import compare
+from harness.core.compare import compare, uninformative
 from harness.core.pool import storage_dtype
 from harness.core.results import CaseResult
 from harness.core.timing import phase
@@ -52,6 +52,25 @@ def nonfinite_cause(
     return cause
 
 
+def _crash(backend: Backend, case: Case, device: str, e: Exception, seconds: float) -> CaseResult:
+    """The CRASH result of a backend whose run raised `e` (or broke the protocol: ContractError)."""
+    frame = traceback.extract_tb(e.__traceback__)[-1]
+    where = f"{frame.filename.rsplit('/', 1)[-1]}:{frame.lineno} in {frame.name}"
+    reason = (
+        str(e) if isinstance(e, ContractError) else f"backend raised {type(e).__name__}: {e} (at {where})"
+    )
+    return CaseResult(
+        status="crash",
+        backend=backend.name,
+        device=device,
+        case=case,
+        verdict=None,
+        reason=reason,
+        seconds=seconds,
+        extra={"traceback": "".join(traceback.format_exception(e))},
+    )
+
+
 def check_case(backend: Backend, case: Case, device: str = "cpu") -> CaseResult:
     """Build the batch, run the backend, compare. Unsupported or unavailable: a skip with the reason;
     a backend whose library is installed but broken raises BackendBroken (an error, not a skip)."""
@@ -64,26 +83,16 @@ def check_case(backend: Backend, case: Case, device: str = "cpu") -> CaseResult:
         batch = build_batch(case, inputs, device, backend.capabilities.whole_page_loads)
     try:
         with phase("kernel"):
-            result = backend.run(batch)
+            result = checked_output(backend, backend.run(batch))
             settle(device)
     except Exception as e:  # the backend failed: a CRASH result (harness/run/isolation.py), not the end
-        frame = traceback.extract_tb(e.__traceback__)[-1]
-        where = f"{frame.filename.rsplit('/', 1)[-1]}:{frame.lineno} in {frame.name}"
-        reason = f"backend raised {type(e).__name__}: {e} (at {where})"
-        extra = {"traceback": traceback.format_exc()}
-        return CaseResult(
-            status="crash",
-            backend=backend.name,
-            device=device,
-            case=case,
-            verdict=None,
-            reason=reason,
-            seconds=time.perf_counter() - start,
-            extra=extra,
-        )
+        return _crash(backend, case, device, e, time.perf_counter() - start)
     with phase("reference"):  # where the backend ran: float64 on the CPU, float32 accumulation on a GPU
         fp8 = case.kv_dtype is not None
         exact, native, *rounded = references(case, inputs, REFERENCES[fp8], device)
+    vacuous = uninformative(exact.out)
+    if vacuous:  # judged by nothing: refused with the reason, as an unsupported case is
+        return CaseResult(status="skip", backend=backend.name, device=device, case=case, reason=vacuous)
     with phase("compare"):
         extra = {"ref_rounded_kv": rounded[0].out, "lse_rounded_kv": rounded[0].lse} if fp8 else {}
         verdict = compare(case, result.out, exact.out, native.out, result.lse, exact.lse, native.lse, **extra)

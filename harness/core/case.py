@@ -19,6 +19,11 @@ PAGE_SIZES = (1, 16, 32, 64, 128)
 PAGE_LAYOUTS = ("contiguous", "shuffled", "interleaved", "nonmonotonic")
 KV_LAYOUTS = ("NHD", "HND")
 MAX_SEED = 2**63 - 1
+# Engines pass lengths, windows, head counts and token indices to kernels as int32 (seq_lens,
+# window_left, indptr arrays): a larger value wraps or overflows there, so a Case cannot hold one.
+INT32_MAX = 2**31 - 1
+# A value shown in an error is cut to this many characters (a 50 MB string is not echoed whole).
+SHOWN_CHARS = 80
 FLOAT32_MAX = 3.4028234663852886e38  # every kernel and the references hold their logits in float32
 # Drawn queries and keys stay within this many standard deviations (torch's normal sampling cannot
 # pass about 9), so |logit| <= scale * q_amplitude * head_dim * DRAW_BOUND**2.
@@ -35,6 +40,39 @@ FP8_FIELDS = ("kv_dtype", "k_scale", "v_scale")
 
 class CaseError(ValueError):
     """A Case that cannot describe a real batch; the message names the field and its value."""
+
+
+def cut(text: str) -> str:
+    """`text` for an error message: its first SHOWN_CHARS characters and how long it was, so that one
+    line names the problem whatever the size of what it quotes."""
+    if len(text) <= SHOWN_CHARS:
+        return text
+    return f"{text[:SHOWN_CHARS]}... ({len(text)} characters)"
+
+
+def shown(value: Any) -> str:
+    """`repr(value)`, cut for an error message."""
+    return cut(repr(value))
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object's pairs as a dict, refusing a key given twice (json would keep the last)."""
+    d: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in d:
+            raise CaseError(f"field {shown(key)} is given twice in one object: which value is meant?")
+        d[key] = value
+    return d
+
+
+def load_json(text: str) -> Any:
+    """The JSON text of a Case (or a GraphCase) parsed; malformed JSON or a duplicate key is a CaseError."""
+    try:
+        return json.loads(text, object_pairs_hook=_unique_keys)
+    except (ValueError, RecursionError) as e:  # a syntax error, a 5000-digit integer, deep nesting
+        if isinstance(e, CaseError):
+            raise
+        raise CaseError(f"malformed JSON: {e}") from None
 
 
 @dataclass(frozen=True)
@@ -122,48 +160,47 @@ class Case:
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(d) - known)
         if unknown:
-            raise CaseError(f"unknown Case field(s): {', '.join(unknown)}")
+            raise CaseError(f"unknown Case field(s): {cut(', '.join(unknown))}")
         for name in ("mode", "requests"):
             if name not in d:
                 raise CaseError(f"Case field '{name}' is missing")
         if not isinstance(d["requests"], list):
-            raise CaseError(f"requests={d['requests']!r} must be a list of objects")
+            raise CaseError(f"requests={shown(d['requests'])} must be a list of objects")
         reqs = []
         req_known = {f.name for f in dataclasses.fields(Request)}
         for i, r in enumerate(d["requests"]):
             if not isinstance(r, dict):
-                raise CaseError(f"requests[{i}]={r!r} must be an object")
+                raise CaseError(f"requests[{i}]={shown(r)} must be an object")
             bad = sorted(set(r) - req_known)
             if bad:
-                raise CaseError(f"requests[{i}] has unknown field(s): {', '.join(bad)}")
+                raise CaseError(f"requests[{i}] has unknown field(s): {cut(', '.join(bad))}")
             tree = r.get("tree")
             if tree is not None and not isinstance(tree, list):
-                raise CaseError(f"requests[{i}].tree={tree!r} must be a list of parent indices")
+                raise CaseError(f"requests[{i}].tree={shown(tree)} must be a list of parent indices")
             reqs.append(Request(**{**r, "tree": tuple(tree) if tree is not None else None}))
         return cls(**{**d, "requests": tuple(reqs)})
 
     @classmethod
     def from_json(cls, text: str) -> Case:
-        try:
-            d = json.loads(text)
-        except (ValueError, RecursionError) as e:  # a syntax error, a 5000-digit integer, deep nesting
-            raise CaseError(f"malformed JSON: {e}") from None
-        return cls.from_dict(d)
+        return cls.from_dict(load_json(text))
 
 
-def _int(name: str, value: Any, lo: int, hi: int | None = None) -> None:
+def _int(name: str, value: Any, lo: int, hi: int = INT32_MAX) -> None:
+    """An integer field in [lo, hi]; by default hi is int32's largest, the engines' range."""
     if isinstance(value, bool) or not isinstance(value, int):
-        raise CaseError(f"{name}={value!r} must be an integer")
-    if value < lo or (hi is not None and value > hi):
-        bound = f">= {lo}" if hi is None else f"in [{lo}, {hi}]"
-        raise CaseError(f"{name}={value!r} must be {bound}")
+        raise CaseError(f"{name}={shown(value)} must be an integer")
+    if value < lo and hi == INT32_MAX:
+        raise CaseError(f"{name}={shown(value)} must be >= {lo}")
+    if not lo <= value <= hi:
+        why = " (int32, as engines pass it to kernels)" if hi == INT32_MAX else ""
+        raise CaseError(f"{name}={shown(value)} must be in [{lo}, {hi}]{why}")
 
 
 def _number(name: str, value: Any) -> float:
     """A real-valued field as a float (an integer too large for a float: infinity); a bool, a string or
     anything else is not a number."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise CaseError(f"{name}={value!r} must be a number")
+        raise CaseError(f"{name}={shown(value)} must be a number")
     try:
         return float(value)
     except OverflowError:
@@ -172,13 +209,13 @@ def _number(name: str, value: Any) -> float:
 
 def _choice(name: str, value: Any, options: tuple) -> None:
     if value not in options:
-        raise CaseError(f"{name}={value!r} is not one of {', '.join(map(str, options))}")
+        raise CaseError(f"{name}={shown(value)} is not one of {', '.join(map(str, options))}")
 
 
 def _validate_request(case: Case, i: int, r: Request) -> None:
     n = f"requests[{i}]"
     if not isinstance(r, Request):
-        raise CaseError(f"{n}={r!r} is not a Request")
+        raise CaseError(f"{n}={shown(r)} is not a Request")
     _int(f"{n}.prefix_len", r.prefix_len, 0)
     _int(f"{n}.extend_len", r.extend_len, 1)
     _int(f"{n}.encoder_len", r.encoder_len, 0)
@@ -203,7 +240,7 @@ def _validate_request(case: Case, i: int, r: Request) -> None:
             )
         for j, p in enumerate(r.tree):
             if isinstance(p, bool) or not isinstance(p, int) or not -1 <= p < j:
-                raise CaseError(f"{n}.tree[{j}]={p!r} must be -1 or the index of an earlier node")
+                raise CaseError(f"{n}.tree[{j}]={shown(p)} must be -1 or the index of an earlier node")
         tree_depths(r.tree)
     elif r.tree is not None:
         raise CaseError(f"{n}.tree is only meaningful in TARGET_VERIFY, not {mode}")
@@ -222,7 +259,8 @@ def _validate_logit_range(case: Case) -> None:
     reach = case.scale * case.q_amplitude * case.head_dim * DRAW_BOUND**2
     if reach > FLOAT32_MAX / 2:
         raise CaseError(
-            f"sm_scale={case.sm_scale!r} with q_amplitude={case.q_amplitude!r} and head_dim={case.head_dim}: "
+            f"sm_scale={shown(case.sm_scale)} with q_amplitude={shown(case.q_amplitude)} and "
+            f"head_dim={case.head_dim}: "
             f"logits can reach {reach:.3g}, past {FLOAT32_MAX / 2:.3g} (half of float32's range, "
             "in which kernels and references compute logits)"
         )
@@ -237,9 +275,34 @@ def _validate_kv_cache(case: Case) -> None:
     for name in ("k_scale", "v_scale"):
         value = getattr(case, name)
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not lo <= value <= hi:
-            raise CaseError(f"{name}={value!r} must be a positive finite number in [{lo:g}, {hi:g}]")
+            raise CaseError(f"{name}={shown(value)} must be a positive finite number in [{lo:g}, {hi:g}]")
         if case.kv_dtype is None and value != 1.0:
-            raise CaseError(f"{name}={value!r} is only meaningful with an FP8 kv_dtype (kv_dtype is null)")
+            raise CaseError(
+                f"{name}={shown(value)} is only meaningful with an FP8 kv_dtype (kv_dtype is null)"
+            )
+
+
+def _validate_windows(case: Case) -> None:
+    """The window fields and the hybrid SWA pool against the mode and each other."""
+    if case.mode == Mode.CROSS and case.window_left != -1:
+        raise CaseError(
+            f"window_left={case.window_left} has no meaning in CROSS: cross-attention has no window"
+        )
+    if case.window_right >= 0 and case.mode != Mode.ENCODER_ONLY:
+        raise CaseError(
+            f"window_right={case.window_right} is only meaningful in ENCODER_ONLY, not {case.mode}: "
+            "a causal query's right edge is itself"
+        )
+    if case.window_right >= 0 and case.window_left < 0:
+        raise CaseError(
+            f"window_right={case.window_right} needs window_left >= 0: a two-sided window has a left edge too"
+        )
+    if case.hybrid_swa_pool and case.window_left < 0:
+        raise CaseError(
+            "hybrid_swa_pool=true needs window_left >= 0: only sliding-window layers read the SWA pool"
+        )
+    if case.swa_pool_exact and not case.hybrid_swa_pool:
+        raise CaseError("swa_pool_exact=true needs hybrid_swa_pool=true")
 
 
 def validate(case: Case) -> None:
@@ -263,42 +326,30 @@ def validate(case: Case) -> None:
     _int("window_left", case.window_left, -1)
     _int("window_right", case.window_right, -1)
     if not 0 <= _number("soft_cap", case.soft_cap) < math.inf:
-        raise CaseError(f"soft_cap={case.soft_cap!r} must be finite and >= 0 (0 means no cap)")
+        raise CaseError(f"soft_cap={shown(case.soft_cap)} must be finite and >= 0 (0 means no cap)")
     if case.sm_scale is not None and not 0 < _number("sm_scale", case.sm_scale) < math.inf:
-        raise CaseError(f"sm_scale={case.sm_scale!r} must be a positive number or null")
+        raise CaseError(f"sm_scale={shown(case.sm_scale)} must be a positive number or null")
     _int("page_size", case.page_size, 1)  # 16.0 == 16 and True == 1: `in PAGE_SIZES` alone takes both
     _choice("page_size", case.page_size, PAGE_SIZES)
     _choice("page_layout", case.page_layout, PAGE_LAYOUTS)
     _choice("kv_layout", case.kv_layout, KV_LAYOUTS)
     for name in ("sinks", "hybrid_swa_pool", "swa_pool_exact", "deterministic"):
         if not isinstance(getattr(case, name), bool):
-            raise CaseError(f"{name}={getattr(case, name)!r} must be true or false")
+            raise CaseError(f"{name}={shown(getattr(case, name))} must be true or false")
     if not 0 < _number("q_amplitude", case.q_amplitude) <= 1000:
-        raise CaseError(f"q_amplitude={case.q_amplitude!r} must be in (0, 1000]")
+        raise CaseError(f"q_amplitude={shown(case.q_amplitude)} must be in (0, 1000]")
     _validate_logit_range(case)
     _int("seed", case.seed, 0, MAX_SEED)
     _validate_kv_cache(case)
-    if case.mode == Mode.CROSS and case.window_left != -1:
-        raise CaseError(
-            f"window_left={case.window_left} has no meaning in CROSS: cross-attention has no window"
-        )
-    if case.window_right >= 0 and case.mode != Mode.ENCODER_ONLY:
-        raise CaseError(
-            f"window_right={case.window_right} is only meaningful in ENCODER_ONLY, not {case.mode}: "
-            "a causal query's right edge is itself"
-        )
-    if case.window_right >= 0 and case.window_left < 0:
-        raise CaseError(
-            f"window_right={case.window_right} needs window_left >= 0: a two-sided window has a left edge too"
-        )
-    if case.hybrid_swa_pool and case.window_left < 0:
-        raise CaseError(
-            "hybrid_swa_pool=true needs window_left >= 0: only sliding-window layers read the SWA pool"
-        )
-    if case.swa_pool_exact and not case.hybrid_swa_pool:
-        raise CaseError("swa_pool_exact=true needs hybrid_swa_pool=true")
+    _validate_windows(case)
     for i, r in enumerate(case.requests):
         _validate_request(case, i, r)
+    tokens = sum(r.prefix_len + r.extend_len + r.encoder_len for r in case.requests)
+    if tokens > INT32_MAX:
+        raise CaseError(
+            f"requests hold {tokens} tokens in all, past {INT32_MAX}: engines index the KV pool's "
+            "slots and the batch's tokens as int32"
+        )
 
 
 def case_traits(case: Case) -> set[str]:

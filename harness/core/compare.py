@@ -73,6 +73,25 @@ def noise(ref: torch.Tensor, dtype: str) -> float:
     return 2.0 * float(_rounding(ref, dtype))
 
 
+def uninformative(ref_exact: torch.Tensor) -> str | None:
+    """Why a check against this exact reference could not fail, or None. A reference that is not
+    finite judges nothing (its budget is not a number), and one whose every element is the same value
+    (all zero: an FP8 cache whose scale rounds every V to code 0) has a budget of 0, capped at its
+    range, that an output ignoring the keys and values meets exactly. Such a case is refused, never
+    passed."""
+    if not ref_exact.numel():
+        return None  # no query rows: nothing to judge, and nothing that passes by itself
+    low, high = (float(x) for x in torch.aminmax(ref_exact))
+    if not (math.isfinite(low) and math.isfinite(high)):
+        return "refused: the exact reference is not finite, so no output can be judged against it"
+    if low == high:
+        return (
+            f"refused: every element of the exact reference is {low:g} (range 0, so the budget is 0), which "
+            "an output that ignores the keys and values meets: a check that cannot fail is no check"
+        )
+    return None
+
+
 def locate(flat_index: int, qo_indptr: list[int], heads: int, dim: int) -> tuple[int, int, int]:
     """Flat index into a [sum E, Hq, D] output -> (request, token within the request, head)."""
     token, rest = divmod(flat_index, heads * dim)

@@ -18,7 +18,7 @@ from typing import Any
 
 from harness.core import modes
 from harness.core.batch import kv_len
-from harness.core.case import Case, CaseError
+from harness.core.case import INT32_MAX, Case, CaseError, load_json, shown
 from harness.core.modes import Mode
 
 GRAPH_MODES = (Mode.DECODE, Mode.TARGET_VERIFY, Mode.DRAFT_EXTEND_V2)  # what engines capture
@@ -94,11 +94,7 @@ class GraphCase:
 
     @classmethod
     def from_json(cls, text: str) -> GraphCase:
-        try:
-            d = json.loads(text)
-        except (ValueError, RecursionError) as e:
-            raise CaseError(f"malformed JSON: {e}") from None
-        return cls.from_dict(d)
+        return cls.from_dict(load_json(text))
 
 
 def layer_fields(case: Case) -> dict[str, Any]:
@@ -122,8 +118,10 @@ def validate(g: GraphCase) -> None:
     """Raise CaseError naming the first bad field."""
     for name in ("max_batch", "max_kv"):
         value = getattr(g, name)
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise CaseError(f"{name}={value!r} must be an integer >= 1")
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= INT32_MAX:
+            raise CaseError(
+                f"{name}={shown(value)} must be an integer in [1, {INT32_MAX}] (int32, as engines use)"
+            )
     if not 1 <= len(g.batches) <= MAX_BATCHES:
         raise CaseError(f"batches has {len(g.batches)} entries: a GraphCase replays 1 to {MAX_BATCHES}")
     for i, c in enumerate(g.batches):

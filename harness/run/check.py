@@ -146,11 +146,13 @@ def pytest_expression(option: str, text: str) -> None:
 def families(names: Sequence[str], modes: Sequence[str]) -> list[str]:
     """The families named, then those of each forward mode named (EXTEND: prefill and prefix)."""
     from harness.core.modes import FAMILIES, FAMILY_MODE
+    from harness.core.results import GRAPH_CHECK  # the replay tests' marker, and their summary family
 
-    bad = [f for f in names if f not in FAMILIES]
+    known_families = (*FAMILIES, GRAPH_CHECK)
+    bad = [f for f in names if f not in known_families]
     if bad:
-        raise RequestError(f"unknown family {bad[0]!r}; known: {', '.join(FAMILIES)}")
-    out = list(names)
+        raise RequestError(f"unknown family {bad[0]!r}; known: {', '.join(known_families)}")
+    out = list(dict.fromkeys(names))
     known = sorted({str(m) for m in FAMILY_MODE.values()})
     for mode in modes:
         if mode.upper() not in known:
@@ -212,9 +214,11 @@ def _profile(request: CheckRequest, cuda: bool) -> str:
     if settings.current().record:  # every case would pass unchecked (the warm-up sets it for its own run)
         raise RequestError(f"${settings.RECORD_ENV} is set: a check would record its cases, not check "
                            "them; unset it")
-    profile = request.profile or ("gpu" if cuda else "ci")
+    given = request.profile or settings.current().profile  # the flag beats $ATTN_HARNESS_PROFILE
+    profile = given or ("gpu" if cuda else "ci")
     if profile not in profiles.SIZES:
-        raise RequestError(f"unknown profile {profile!r}; known: {', '.join(profiles.SIZES)}")
+        source = "--profile" if request.profile else f"${settings.PROFILE_ENV}"
+        raise RequestError(f"unknown profile {profile!r} ({source}); known: {', '.join(profiles.SIZES)}")
     return profile
 
 

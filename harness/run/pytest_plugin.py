@@ -34,6 +34,8 @@ from harness.run.suite import Target
 from harness.search import profiles
 from harness.search.refusals import TooManyRefusals
 
+pytest_plugins = ["harness.run.profile_option"]  # an unknown profile: a usage error, before it loads
+
 _RESULTS_KEY = pytest.StashKey[list]()
 _ITEM_KEY = pytest.StashKey[list]()
 _PROGRESS_KEY = pytest.StashKey[Progress]()
