@@ -207,11 +207,10 @@ def test_a_failing_search_prints_its_case_once_with_one_repro_and_no_hypothesis_
 
 
 def test_pytest_last_failed_reruns_the_failures_of_a_check(tmp_path):
-    """`check` leaves pytest's cache (an ignored directory; here a temporary one), so `pytest --lf`
+    """`check` leaves pytest's cache in its run directory, so `pytest --lf -o cache_dir=<run>/.pytest_cache`
     reruns exactly the tests it failed and `--sw` is accepted: the bisection flags work."""
     backend = "harness.mutants.torch_native:_EncoderCausal"
     env = {k: v for k, v in os.environ.items() if not k.startswith("ATTN_HARNESS")}
-    env["PYTEST_ADDOPTS"] = f"-o cache_dir={tmp_path / 'cache'}"
     cmd = [sys.executable, "-m", "harness", "check", "--backend", backend, "--family", "encoder"]
     cmd += ["--family", "cross", "--device", "cpu", "--profile", "ci", "--reports", str(tmp_path)]
     first = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
@@ -219,6 +218,7 @@ def test_pytest_last_failed_reruns_the_failures_of_a_check(tmp_path):
     env["ATTN_HARNESS_BACKENDS"] = backend
     for flag, last in (("--lf", "2 failed in"), ("--sw", "1 failed, 1 passed")):  # --sw: stops at the first
         again = [sys.executable, "-m", "pytest", "cases", "-q", flag, "-m", "(encoder or cross) and not gpu"]
+        again += ["-o", f"cache_dir={tmp_path / 'latest' / '.pytest_cache'}"]
         proc = subprocess.run(again, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
         assert proc.stdout.splitlines()[-1].startswith(last), proc.stdout[-2000:] + proc.stderr[-2000:]
 
