@@ -180,7 +180,7 @@ def test_check_on_a_cuda_machine_runs_the_cuda_backends_unless_told(
 
     monkeypatch.setattr(check, "default_device", lambda: "cuda")
     monkeypatch.setattr(check.os, "cpu_count", lambda: 2)  # one pytest process (--jobs: test_parallel.py)
-    monkeypatch.setattr(check.subprocess, "run", fake_run)
+    monkeypatch.setattr(check, "run_pytest", fake_run)
     monkeypatch.setattr(warm_gate, "WarmGate", IdleGate)
     args = ["check", "--reports", str(tmp_path)] + (["--device", device] if device else [])
     assert main(args) == 0

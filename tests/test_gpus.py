@@ -94,7 +94,7 @@ def two_gpus(monkeypatch):
         return subprocess.CompletedProcess(cmd, 0)
 
     monkeypatch.setattr(check, "run_parallel", fake_parallel)
-    monkeypatch.setattr(check.subprocess, "run", fake_run)
+    monkeypatch.setattr(check, "run_pytest", fake_run)
     monkeypatch.setattr(warm_gate, "WarmGate", IdleGate)
     return seen
 

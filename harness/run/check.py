@@ -433,23 +433,37 @@ def run_single(job: Prepared, gate: WarmGate | None = None, say: Say = print) ->
         cmd += ["--harness-results", job.results]
     env = {**job.env, BACKENDS_ENV: ",".join(job.backends)} if job.backends else job.env
     say(f"attn-harness check: profile {job.profile}; {shlex.join(cmd[1:])}")
-    return _wait(subprocess.Popen(cmd, cwd=job.cwd, env=env, start_new_session=True), job)
-
-
-def _wait(proc: subprocess.Popen, job: Prepared) -> int:
-    """pytest's exit status. pytest runs in its own session, so Ctrl-C reaches this process alone and
-    is passed on as one SIGINT (a second one during pytest's own handling would stop it writing its
-    results); it then has INTERRUPT_GRACE_S to write what it checked, or a second Ctrl-C ends it."""
     try:
-        return proc.wait()
-    except KeyboardInterrupt:
+        return run_pytest(cmd, job.cwd, env).returncode
+    except Stopped as e:
         job.interrupted = True
+        return e.returncode
+
+
+class Stopped(Exception):
+    """pytest stopped by a SIGINT passed on to it; `returncode`: its exit status once it ended."""
+
+    def __init__(self, returncode: int) -> None:
+        super().__init__(f"pytest stopped by SIGINT (exit {returncode})")
+        self.returncode = returncode
+
+
+def run_pytest(cmd: list[str], cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
+    """One pytest process to its end. It runs in its own session, so Ctrl-C reaches this process
+    alone and is passed on as one SIGINT (a second one during pytest's own handling would stop it
+    writing its results); it then has INTERRUPT_GRACE_S to write what it checked, or a second Ctrl-C
+    ends it, and Stopped is raised with its exit status."""
+    proc = subprocess.Popen(cmd, cwd=cwd, env=env, start_new_session=True)
+    try:
+        return subprocess.CompletedProcess(cmd, proc.wait())
+    except KeyboardInterrupt:
         proc.send_signal(signal.SIGINT)
     try:
-        return proc.wait(INTERRUPT_GRACE_S)
+        code = proc.wait(INTERRUPT_GRACE_S)
     except (subprocess.TimeoutExpired, KeyboardInterrupt):
         proc.kill()
-        return proc.wait()
+        code = proc.wait()
+    raise Stopped(code)
 
 
 def _cannot_run(name: str, device: str) -> str | None:
