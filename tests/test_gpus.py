@@ -8,6 +8,7 @@ import sys
 
 import pytest
 
+from harness.checks import footprint
 from harness.cli import main
 from harness.run import check, isolation, parallel, pytest_command
 from harness.run.speed import schedule, settings, warm_gate
@@ -78,6 +79,7 @@ def two_gpus(monkeypatch):
     monkeypatch.setattr(check, "default_device", lambda: "cuda")
     monkeypatch.setattr(isolation, "visible_gpus", lambda: ["0", "1"])
     monkeypatch.setattr(check.os, "cpu_count", lambda: 32)
+    monkeypatch.setattr(footprint, "available", lambda device: 256 << 30)  # --jobs is not capped
     seen = {}
 
     def fake_parallel(job, gate=None, say=print):  # noqa: ANN001, ANN202

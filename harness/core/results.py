@@ -135,7 +135,7 @@ def summary_table(results: list[dict]) -> str:
     family_width = max([len("family"), *(len(f) for _, f in shown)])
     columns = " ".join(f"{c:>7}" for c in SUMMARY_COLUMNS)
     head = f"{'backend':<{name_width}} {'family':<{family_width}} {columns} {'worst':>7}"
-    lines = [head, "-" * len(head)]
+    lines = [head, "-" * len(head)] if shown else []  # every row skipped: only the lines below
     notes = []
     for (b, fam), row in sorted(shown.items()):
         counts = " ".join(f"{row[c]:>7}" for c in SUMMARY_COLUMNS)

@@ -28,7 +28,10 @@ if TYPE_CHECKING:
 
 JOBS_PER_GPU = 8  # default pytest processes per GPU (a process keeps a core busy, not the GPU)
 CORES_PER_JOB = 2  # a pytest process and its isolation worker
-GIB_PER_JOB = 2.0  # memory a process of the check and its isolation worker hold at most, with margin
+# Memory a process of the check is given, with margin: a CPU part's pytest peaked at 0.4 GiB (torch_native's
+# prefix tests, ci profile: ru_maxrss); a CUDA part's worker holds a CUDA context and the model checks
+# load transformers on top, not measured here.
+GIB_PER_JOB = 2.0
 PYTEST_USAGE_ERROR = 4
 NO_TESTS = 5
 NOTHING_CHECKED = 3  # check's exit status when no case was checked (as repro's)
@@ -78,7 +81,8 @@ class CheckRequest:
 class RunResult:
     """How a check ended: pytest's exit status (of every part, combined), its run directory, the
     report page when one was written, and its heading's word (harness/report/verdict.py);
-    `interrupted`: stopped by a SIGINT before its end; `empty_share`: a CI share dealt no test."""
+    `interrupted`: stopped by a SIGINT before its end; `share`: one CI share of a --shard check (a
+    share that checked nothing is not a verdict: the merge of the shares gives it)."""
 
     exit_status: int
     run_dir: Path
@@ -87,7 +91,7 @@ class RunResult:
     verdict: str | None = None
     why: str = ""  # one line when nothing was checked
     interrupted: bool = False
-    empty_share: bool = False
+    share: bool = False
 
 
 @dataclass(kw_only=True)
@@ -405,7 +409,7 @@ def run_check(request: CheckRequest, say: Say = print) -> RunResult:
     gate = _gate(request, job, say)
     if job.shard and not job.names:  # nothing to check here: one process writes the empty share
         code = run_single(job, None, say)
-        return _finish(job, 0 if code == NO_TESTS else code, empty_share=True)
+        return _finish(job, 0 if code == NO_TESTS else code)
     if job.jobs > 1:  # no cache: processes at once would overwrite each other's last-failed set (--lf)
         job.cmd += ["-p", "no:cacheprovider", "--harness-quick-exit"]  # a part's end is on the wall time
         if job.cuda:
@@ -538,7 +542,7 @@ def _write(
     report.write_run(job.run_dir, data)
 
 
-def _finish(job: Prepared, code: int, empty_share: bool = False) -> RunResult:
+def _finish(job: Prepared, code: int) -> RunResult:
     """The run's result, its heading's word read back from its results.json. The reports' `latest`
     is pointed at the run only when it wrote a report of a whole run: pytest's refusal of its command
     line (exit 4) leaves an empty report, an interrupted run a partial one."""
@@ -546,22 +550,23 @@ def _finish(job: Prepared, code: int, empty_share: bool = False) -> RunResult:
     from harness.report import results_json, verdict
 
     page, latest = job.run_dir / report.INDEX, job.run_dir.parent / report.LATEST
-    done = dict(exit_status=code, run_dir=job.run_dir, latest=latest, interrupted=job.interrupted)
+    done = dict(exit_status=code, run_dir=job.run_dir, latest=latest, interrupted=job.interrupted,
+                share=job.shard is not None)
     if code == PYTEST_USAGE_ERROR or not page.is_file():
-        return RunResult(**done, empty_share=empty_share)
+        return RunResult(**done)
     data = results_json.load(job.run_dir / report.RESULTS)
     word = verdict.verdict(data)
     why = verdict.nothing_checked(data) if word == "NOTHING CHECKED" else ""
     if not job.interrupted:
         report.point_latest(job.run_dir.parent, job.run_dir)
-    return RunResult(**done, page=page, verdict=word, why=why, empty_share=empty_share)
+    return RunResult(**done, page=page, verdict=word, why=why)
 
 
 def conclude(result: RunResult, say: Say = print, err: Say = print) -> int:
     """The exit status of `check` for a finished run, with its last lines (errors through `err`):
     0 passed, 1 a failure, 2 bad input (pytest refused its command line, no test matched),
-    NOTHING_CHECKED (3) when no case was checked, INTERRUPTED (130) when stopped by a SIGINT; pytest's
-    own status otherwise (3: its internal error)."""
+    NOTHING_CHECKED (3) when no case was checked (but 0 for a CI share: the merge gives the verdict),
+    INTERRUPTED (130) when stopped by a SIGINT; pytest's own status otherwise (3: its internal error)."""
     latest = result.latest
     if result.exit_status == PYTEST_USAGE_ERROR:  # its report is empty: latest is kept
         err(f"pytest refused its command line (exit {result.exit_status}): {latest} kept")
@@ -575,7 +580,7 @@ def conclude(result: RunResult, say: Say = print, err: Say = print) -> int:
     if result.exit_status == NO_TESTS:
         err("no tests matched the filters")
         return 2
-    if result.exit_status == 0 and result.verdict == "NOTHING CHECKED" and not result.empty_share:
+    if result.exit_status == 0 and result.verdict == "NOTHING CHECKED" and not result.share:
         err(f"attn-harness check: NOTHING CHECKED (exit {NOTHING_CHECKED}): {result.why}")
         return NOTHING_CHECKED
     return int(result.exit_status)
