@@ -37,7 +37,8 @@ def test_each_part_sees_only_its_slots_gpu_and_the_longest_start_first_round_the
     assert [p.gpu for p in parts[:4]] == ["3", "5", "3", "5"]  # the four longest: round the GPUs
     assert all(p.code == 0 and p.records[0]["reason"] == p.gpu for p in parts)  # what each one saw
     assert parts[4].gpu in ("3", "5") and parts[4].slot in range(4)
-    assert all(f"{p.name}: 1 pass (" in out.getvalue() and f"GPU {p.gpu})" in out.getvalue() for p in parts)
+    said = out.getvalue()
+    assert all(f"{p.name}: 1 record: 1 pass (" in said and f"GPU {p.gpu})" in said for p in parts)
     lines = parallel.gpu_lines(parts, 1.0)
     assert lines[0].startswith("GPU 3: busy ") and "a " in lines[0] and "c " in lines[0]
     assert lines[1].startswith("GPU 5: busy ") and "b " in lines[1] and "d " in lines[1]

@@ -88,8 +88,12 @@ def combined_code(codes: list[int]) -> int:
 
 
 def counts(records: list[dict]) -> str:
+    """A part's records by status, in records, the unit of the summary and the report."""
     found = {s: sum(r["status"] == s for r in records) for s in STATUSES}
-    return ", ".join(f"{n} {s}" for s, n in found.items() if n) or "no cases"
+    by_status = ", ".join(f"{n} {s}" for s, n in found.items() if n)
+    if not records:
+        return "no records"
+    return f"{len(records)} record{'' if len(records) == 1 else 's'}: {by_status}"
 
 
 def parts(plan: Plan, parts_dir: Path) -> list[Part]:
