@@ -95,11 +95,12 @@ def test_check_runs_a_family_and_prints_the_summary(capfd, tmp_path):
     assert "1/1 tests |" in out and "0 failing" in out  # the progress line
     assert out.count("report: ") == 1  # check names the page once (the plugin's line is its own)
     run = (tmp_path / "latest").resolve()
-    assert run.parent == tmp_path and {p.name for p in run.iterdir()} == {
+    assert run.parent == tmp_path and {p.name for p in run.iterdir() if not p.name.startswith(".")} == {
         "index.html",
         "results.json",
         "junit.xml",
     }
+    assert {p.name for p in run.iterdir() if p.name.startswith(".")} <= {".pytest_cache", ".hypothesis"}
     doc = results_json.load(run / "results.json")
     assert doc["run"]["id"] == run.name and doc["run"]["profile"] == "ci" and doc["run"]["exit_status"] == 0
     assert doc["results"] and {r["family"] for r in doc["results"]} == {"cross"}

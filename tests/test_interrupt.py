@@ -65,6 +65,7 @@ def test_an_interrupted_check_exits_130_with_a_report_headed_interrupted(tmp_pat
     assert seen and " records (" in seen[-1], "".join(seen) + proc.communicate()[1]
     out, err = _ctrl_c(proc)
     data = _interrupted_run(proc, reports, "".join(seen) + out, err)
+    assert data["results"] and verdict.verdict(data) == "INTERRUPTED (passed so far)"  # what it checked
     not_run = verdict.unchecked(data)
     assert len(not_run) == 1 and not_run[0].startswith("torch_native@cpu: "), not_run
     assert "tests not run" in not_run[0]

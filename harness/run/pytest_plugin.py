@@ -42,7 +42,8 @@ _STARTED_KEY = pytest.StashKey[tuple]()
 _SHARD_KEY = pytest.StashKey[tuple]()
 _CI_SHARE_KEY = pytest.StashKey[dict]()  # a CI share's run.shard object (check --shard)
 _EXIT_KEY = pytest.StashKey[int]()  # pytest's exit status, for --harness-quick-exit
-_COLLECTED_KEY = pytest.StashKey[list]()  # (test id, backend@device) of every test to run
+_COLLECTED_KEY = pytest.StashKey[list]()  # (test id, backend@device, family) of every test to run
+_RUNNING_KEY = pytest.StashKey[tuple]()  # (test id, its records so far) of the suite test running
 _TIMES_KEY = pytest.StashKey[dict]()  # "collect": seconds to the end of collection; nodeid -> test wall
 PROGRESS_EVERY_S = 5.0  # while a test runs; a line is also printed when a test ends (at most 1/s)
 RECORD_LINE = "attn-harness RECORD MODE: drawn cases recorded to"
@@ -196,6 +197,7 @@ def record(request: pytest.FixtureRequest):  # noqa: ANN201 - a callable fixture
     items: list[CaseResult] = []
     request.node.stash[_ITEM_KEY] = items
     config = request.config
+    config.stash[_RUNNING_KEY] = (request.node.nodeid, items)  # an interrupt keeps what it checked
     progress = config.stash[_PROGRESS_KEY]
 
     def record(result: CaseResult) -> None:
@@ -449,8 +451,20 @@ def run_info(config: pytest.Config, exitstatus: int) -> RunInfo:
     )
 
 
+def _in_flight(config: pytest.Config) -> list[dict]:
+    """The records of the test an interrupt stopped, as its end would have kept them: every case
+    that is not a failure, and the last failure (the examples before it were shrinking)."""
+    test_id, items = config.stash.get(_RUNNING_KEY, ("", []))
+    if not items or test_id in config.stash[_TIMES_KEY].get("ended", set()):
+        return []
+    fails = [r for r in items if r.status not in NOT_FAILURES]
+    kept = [r for r in items if r.status in NOT_FAILURES] + fails[-1:]
+    return [r.to_dict() | {"test_id": test_id} for r in kept]
+
+
 def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config) -> None:  # noqa: ANN001
-    results = config.stash.get(_RESULTS_KEY, [])
+    interrupted = interrupted_by_signal()
+    results = config.stash.get(_RESULTS_KEY, []) + (_in_flight(config) if interrupted else [])
     if config.getoption("--harness-progress"):
         terminalreporter.write_line(config.stash[_PROGRESS_KEY].line())
     if results:
@@ -463,7 +477,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config)
     if not (path or report_dir):
         return
     run = run_info(config, exitstatus)
-    if interrupted_by_signal():
+    if interrupted:
         run = dataclasses.replace(run, interrupted={"not_run": not_run(config)})
     data = results_json.build(results, run.to_dict(), environment.collect())
     if path:
