@@ -84,8 +84,7 @@ def add_check(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    """The check (harness/run/check.py) as the options ask; pytest's refusal of its command line and
-    a selection that matched no test are usage errors."""
+    """The check (harness/run/check.py) as the options ask; its exit status is check.conclude's."""
     request = check.CheckRequest(
         backends=tuple(dict.fromkeys(args.backend or ())),  # named twice: checked once
         families=tuple(args.family or ()),
@@ -106,17 +105,7 @@ def cmd_check(args: argparse.Namespace) -> int:
         shard=args.shard or settings.current().shard,
         costs=Path(args.costs) if args.costs else None,
     )
-    result = check.run_check(request, say)
-    latest = result.latest
-    if result.exit_status == check.PYTEST_USAGE_ERROR:  # its report is empty: latest is kept
-        print(f"pytest refused its command line (exit {result.exit_status}): {latest} kept", file=sys.stderr)
-        return 2
-    if result.page is not None:
-        print(f"report: {result.page}  (also {latest})")
-    if result.exit_status == check.NO_TESTS:
-        print("no tests matched the filters", file=sys.stderr)
-        return 2
-    return int(result.exit_status)
+    return check.conclude(check.run_check(request, say), say, lambda line: print(line, file=sys.stderr))
 
 
 # --- warmup -----------------------------------------------------------------------------------
@@ -293,7 +282,8 @@ CHECK_EXAMPLES = """
   python -m harness check --backend flashinfer_ragged -k swa --profile dev
   python -m harness check --backend mypkg.attn:make_backend --device cpu
   python -m harness check --require flashinfer_paged,fa4 --results results.json
-then `pytest cases --lf` reruns only the tests that failed (--sw: one at a time).
+then `pytest cases --lf -o cache_dir=reports/latest/.pytest_cache` reruns the tests that failed.
+exit: 0 passed, 1 a failure, 2 bad input or environment, 3 nothing checked (all skipped), 130 interrupted
 """
 REPRO_EXAMPLES = """
   python -m harness repro case.json --backend flashinfer_ragged   # a Case saved as JSON
@@ -352,8 +342,9 @@ def use_cache_dir(flag: str | None) -> None:
     """Point the libraries' compile caches at the cache directory, before any of them is imported."""
     from harness.run import cache_dir
 
-    if flag and Path(flag).exists() and not Path(flag).is_dir():
-        raise UsageError(f"--cache-dir {flag}: not a directory")
+    why = cache_dir.problem(flag)  # an environment fault, named before anything runs
+    if why:
+        raise UsageError(why)
     cache_dir.apply(flag)
     cache_dir.use_bytecode_cache()
 
@@ -396,3 +387,6 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # before or between a command's steps (a check's run handles its own)
+        print("interrupted", file=sys.stderr)
+        return check.INTERRUPTED

@@ -211,7 +211,7 @@ def suite_run(monkeypatch):
         started.append(cmd)
         return subprocess.CompletedProcess(cmd, 0)
 
-    monkeypatch.setattr(check.subprocess, "run", fake_run)
+    monkeypatch.setattr(check, "run_pytest", fake_run)
     monkeypatch.delenv(REQUIRE_ENV, raising=False)
     return started
 

@@ -234,7 +234,8 @@ def no_run(monkeypatch):
     def started(*args, **kwargs):
         raise AssertionError("a run started")
 
-    monkeypatch.setattr(check.subprocess, "run", started)
+    monkeypatch.setattr(check.subprocess, "run", started)  # a --shard check's collection
+    monkeypatch.setattr(check, "run_pytest", started)
     monkeypatch.setattr(hunts, "run", started)
 
 
@@ -268,7 +269,7 @@ def test_check_with_a_bad_expression_keeps_latest(capsys, no_run, reports, optio
 
 def test_check_that_pytest_refuses_keeps_latest(capsys, monkeypatch, reports):
     """Whatever else pytest refuses (exit 4): its empty report does not become `latest`."""
-    monkeypatch.setattr(check.subprocess, "run", lambda cmd, cwd, env: subprocess.CompletedProcess(cmd, 4))
+    monkeypatch.setattr(check, "run_pytest", lambda cmd, cwd, env: subprocess.CompletedProcess(cmd, 4))
     assert main(["check", "--device", "cpu", "--reports", str(reports), "--no-progress"]) == 2
     assert "latest" in capsys.readouterr().err
     assert (reports / "latest").resolve() == reports / "earlier"

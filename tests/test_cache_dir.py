@@ -126,7 +126,7 @@ def test_the_checks_pytest_process_inherits_it(clean_env, monkeypatch):
         seen.update(env)
         return subprocess.CompletedProcess(cmd, 5)
 
-    monkeypatch.setattr(check.subprocess, "run", fake_run)
+    monkeypatch.setattr(check, "run_pytest", fake_run)
     argv = ["check", "--cache-dir", str(clean_env / "p"), "--reports", str(clean_env / "r"), "--jobs", "1"]
     assert cli.main(argv) == 2  # the fake pytest "collected nothing"
     assert {v: seen[v] for v in VARS} == derived(clean_env / "p")

@@ -95,11 +95,12 @@ def test_check_runs_a_family_and_prints_the_summary(capfd, tmp_path):
     assert "1/1 tests |" in out and "0 failing" in out  # the progress line
     assert out.count("report: ") == 1  # check names the page once (the plugin's line is its own)
     run = (tmp_path / "latest").resolve()
-    assert run.parent == tmp_path and {p.name for p in run.iterdir()} == {
+    assert run.parent == tmp_path and {p.name for p in run.iterdir() if not p.name.startswith(".")} == {
         "index.html",
         "results.json",
         "junit.xml",
     }
+    assert {p.name for p in run.iterdir() if p.name.startswith(".")} <= {".pytest_cache", ".hypothesis"}
     doc = results_json.load(run / "results.json")
     assert doc["run"]["id"] == run.name and doc["run"]["profile"] == "ci" and doc["run"]["exit_status"] == 0
     assert doc["results"] and {r["family"] for r in doc["results"]} == {"cross"}
@@ -180,7 +181,7 @@ def test_check_on_a_cuda_machine_runs_the_cuda_backends_unless_told(
 
     monkeypatch.setattr(check, "default_device", lambda: "cuda")
     monkeypatch.setattr(check.os, "cpu_count", lambda: 2)  # one pytest process (--jobs: test_parallel.py)
-    monkeypatch.setattr(check.subprocess, "run", fake_run)
+    monkeypatch.setattr(check, "run_pytest", fake_run)
     monkeypatch.setattr(warm_gate, "WarmGate", IdleGate)
     args = ["check", "--reports", str(tmp_path)] + (["--device", device] if device else [])
     assert main(args) == 0
@@ -207,11 +208,10 @@ def test_a_failing_search_prints_its_case_once_with_one_repro_and_no_hypothesis_
 
 
 def test_pytest_last_failed_reruns_the_failures_of_a_check(tmp_path):
-    """`check` leaves pytest's cache (an ignored directory; here a temporary one), so `pytest --lf`
+    """`check` leaves pytest's cache in its run directory, so `pytest --lf -o cache_dir=<run>/.pytest_cache`
     reruns exactly the tests it failed and `--sw` is accepted: the bisection flags work."""
     backend = "harness.mutants.torch_native:_EncoderCausal"
     env = {k: v for k, v in os.environ.items() if not k.startswith("ATTN_HARNESS")}
-    env["PYTEST_ADDOPTS"] = f"-o cache_dir={tmp_path / 'cache'}"
     cmd = [sys.executable, "-m", "harness", "check", "--backend", backend, "--family", "encoder"]
     cmd += ["--family", "cross", "--device", "cpu", "--profile", "ci", "--reports", str(tmp_path)]
     first = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
@@ -219,6 +219,7 @@ def test_pytest_last_failed_reruns_the_failures_of_a_check(tmp_path):
     env["ATTN_HARNESS_BACKENDS"] = backend
     for flag, last in (("--lf", "2 failed in"), ("--sw", "1 failed, 1 passed")):  # --sw: stops at the first
         again = [sys.executable, "-m", "pytest", "cases", "-q", flag, "-m", "(encoder or cross) and not gpu"]
+        again += ["-o", f"cache_dir={tmp_path / 'latest' / '.pytest_cache'}"]
         proc = subprocess.run(again, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
         assert proc.stdout.splitlines()[-1].startswith(last), proc.stdout[-2000:] + proc.stderr[-2000:]
 

@@ -8,6 +8,7 @@ import sys
 
 import pytest
 
+from harness.checks import footprint
 from harness.cli import main
 from harness.run import check, isolation, parallel, pytest_command
 from harness.run.speed import schedule, settings, warm_gate
@@ -36,7 +37,8 @@ def test_each_part_sees_only_its_slots_gpu_and_the_longest_start_first_round_the
     assert [p.gpu for p in parts[:4]] == ["3", "5", "3", "5"]  # the four longest: round the GPUs
     assert all(p.code == 0 and p.records[0]["reason"] == p.gpu for p in parts)  # what each one saw
     assert parts[4].gpu in ("3", "5") and parts[4].slot in range(4)
-    assert all(f"{p.name}: 1 pass (" in out.getvalue() and f"GPU {p.gpu})" in out.getvalue() for p in parts)
+    said = out.getvalue()
+    assert all(f"{p.name}: 1 record: 1 pass (" in said and f"GPU {p.gpu})" in said for p in parts)
     lines = parallel.gpu_lines(parts, 1.0)
     assert lines[0].startswith("GPU 3: busy ") and "a " in lines[0] and "c " in lines[0]
     assert lines[1].startswith("GPU 5: busy ") and "b " in lines[1] and "d " in lines[1]
@@ -78,6 +80,7 @@ def two_gpus(monkeypatch):
     monkeypatch.setattr(check, "default_device", lambda: "cuda")
     monkeypatch.setattr(isolation, "visible_gpus", lambda: ["0", "1"])
     monkeypatch.setattr(check.os, "cpu_count", lambda: 32)
+    monkeypatch.setattr(footprint, "available", lambda device: 256 << 30)  # --jobs is not capped
     seen = {}
 
     def fake_parallel(job, gate=None, say=print):  # noqa: ANN001, ANN202
@@ -94,7 +97,7 @@ def two_gpus(monkeypatch):
         return subprocess.CompletedProcess(cmd, 0)
 
     monkeypatch.setattr(check, "run_parallel", fake_parallel)
-    monkeypatch.setattr(check.subprocess, "run", fake_run)
+    monkeypatch.setattr(check, "run_pytest", fake_run)
     monkeypatch.setattr(warm_gate, "WarmGate", IdleGate)
     return seen
 

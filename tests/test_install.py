@@ -47,7 +47,7 @@ def test_an_installed_harness_runs_its_packaged_suite_from_the_current_directory
 
 def test_check_writes_its_report_under_the_current_directory(monkeypatch, tmp_path):
     seen: dict = {}
-    monkeypatch.setattr(check.subprocess, "run", fake_pytest(seen))
+    monkeypatch.setattr(check, "run_pytest", fake_pytest(seen))
     monkeypatch.chdir(tmp_path)
     assert main(["check", "--backend", "torch_native", "--family", "decode", "--device", "cpu"]) == 0
     report = next(a for a in seen["cmd"] if a.startswith(str(tmp_path / "reports")))

@@ -9,6 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from harness.checks import footprint
 from harness.cli import main
 from harness.report import results_json
 from harness.run import check, parallel, pytest_command
@@ -31,7 +32,8 @@ def test_default_jobs_one_on_the_cpu_and_per_two_cores_on_cuda_up_to_eight_per_g
     monkeypatch.setattr(check.os, "cpu_count", lambda: 32)
     assert check.jobs(None, cuda=True, gpus=1) == 8 and check.jobs(None, cuda=True, gpus=2) == 16
     monkeypatch.setattr(check.os, "cpu_count", lambda: 2)
-    assert check.jobs(None, cuda=True) == 1 and check.jobs(3, cuda=False) == 3
+    monkeypatch.setattr(footprint, "available", lambda device: 64 << 30)
+    assert check.jobs(None, cuda=True) == 1 and check.jobs(2, cuda=False) == 2  # more: test_check_outcome
 
 
 def test_jobs_below_one_is_a_one_line_error(capsys, tmp_path):

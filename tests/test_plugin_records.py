@@ -231,3 +231,27 @@ def test_model_level_checks_are_rows_of_every_report(tmp_path):
     names = {(c.get("classname"), c.get("name")) for c in junit.iter("testcase")}
     assert ("attn_harness.torch_native.cpu", "model[mistral] #0") in names
     assert json.dumps(native)  # plain JSON, as written
+
+
+EMPTY = '''
+import pytest
+
+
+@pytest.mark.parametrize("target", [])  # as the determinism tests of a backend with no deterministic mode
+def test_deterministic(target, record):
+    record(target)
+
+
+def test_other(record):
+    pass
+'''
+
+
+def test_a_test_parametrized_over_nothing_is_deselected_not_a_skip_of_backend_question_mark(tmp_path):
+    (tmp_path / "conftest.py").write_text((ROOT / "conftest.py").read_text())
+    (tmp_path / "test_suite.py").write_text(EMPTY)
+    proc = _pytest(["test_suite.py"], tmp_path, tmp_path / "report")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    data, stdout, page, _ = _outputs(tmp_path / "report", proc)
+    assert data["results"] == [] and "1 passed, 1 deselected" in stdout
+    assert "?@?" not in stdout and "empty parameter set" not in page

@@ -263,7 +263,7 @@ def test_progress_line_counts_examples_tests_and_failing_tests():
     # expected: t1's 3 + 10 for each of the 3 tests left; done: 1 test + 2 of t2's 10 examples = 1.2 of 4
     # tests, so 65 s for 30% leaves ~152 s
     assert p.line() == (
-        "[######--------------] 5/~33 examples (2 skipped or refused) | 1/4 tests | 1 failing | "
+        "[######--------------] 5/~33 records (2 skipped or refused) | 1/4 tests | 1 failing | "
         "1:05 elapsed, ~2:31 left | t2"
     )
     assert p.due(5.0) and not p.due(5.0)
@@ -277,11 +277,35 @@ def test_progress_estimate_caps_a_running_test_and_ends_at_zero_left():
     for _ in range(9):  # past max_examples: shrinking
         p.case("fail", "t1")
     now[0] = 60.0
-    assert p.fraction() == pytest.approx(0.95 / 2) and "~1:06 left" in p.line()
-    assert p.line().startswith("[#########-----------] 9/~13 examples")  # t1's 9 so far + 4 for t2
-    p.test_done("t1", True)
+    assert p.fraction() == pytest.approx(0.95 / 2) and "left" not in p.line()  # no test has ended yet
+    assert p.line().startswith("[#########-----------] 9/~13 records")  # t1's 9 so far + 4 for t2
+    p.test_done("t1", True, records=1)  # the shrinking examples leave one record
+    now[0] = 90.0
+    assert p.fraction() == 0.5 and "~1:30 left" in p.line() and " 1/~5 records" in p.line()
     p.test_done("t2", False)
     assert p.fraction() == 1.0 and "left" not in p.line() and "[####################]" in p.line()
+
+
+def test_progress_gives_no_estimate_until_it_can_be_a_sane_one():
+    """A run whose start (imports, collection, the worker) takes 30 s and whose 100 tests then take
+    1 s each: the first record's estimate divided that start by a thousandth of the run (hours for a
+    run of two minutes). None is given until 5% of the run is done; then it is near the truth."""
+    now = [0.0]
+    p = Progress(total_tests=100, clock=lambda: now[0], examples_per_test=10)
+    now[0] = 30.0
+    shown = []
+    for t in range(100):
+        for e in range(10):
+            now[0] = 30.0 + t + e / 10
+            p.case("pass", f"t{t}")
+            left = p.left()
+            if left is None:
+                assert "left" not in p.line()
+            else:
+                shown.append((t, left, 100 - t - e / 10))
+        p.test_done(f"t{t}", False, records=10)
+    assert shown and min(t for t, _, _ in shown) >= 4  # none before 5% of the run, one test ended
+    assert all(0.8 * truth <= left <= 1.25 * truth for _, left, truth in shown if truth > 5), shown[:5]
 
 
 def test_summary_columns_fit_long_names_and_a_skip_only_row_has_no_worst():
@@ -290,8 +314,9 @@ def test_summary_columns_fit_long_names_and_a_skip_only_row_has_no_worst():
     records = [
         rec | {"status": "pass", "backend": long, "family": "prefix", "verdict": {"ratio": 0.25}},
         rec | {"status": "skip", "backend": "b", "family": "draft_extend_v2"},
+        rec | {"status": "skip", "backend": "b", "family": "draft_extend_v2", "reason": "another"},
     ]
-    head, rule, *rows = summary_table(records).splitlines()
+    head, rule, *rows = summary_table(records).splitlines()[:4]  # two reasons: the row is not collapsed
     assert len({len(head), len(rule), *map(len, rows)}) == 1  # every column ends where its header ends
     start = head.index("family")  # left-aligned; the counts and worst are right-aligned
     assert [row[start - 1 : start + 6] for row in rows] == [" draft_", " prefix"]
@@ -299,3 +324,17 @@ def test_summary_columns_fit_long_names_and_a_skip_only_row_has_no_worst():
         end = head.index(name) + len(name)
         assert all(row[end - 1] != " " and row[end : end + 1] in ("", " ") for row in rows), name
     assert rows[1].endswith(" 0.25") and rows[0].endswith(" -")
+
+
+def test_summary_collapses_skip_only_rows_into_a_line_per_reason_and_counts_records():
+    """On a CPU machine most rows are a CUDA backend's tests skipped for want of a device: one line
+    per (device, reason), as the report's matrix does; the counts are records, said once."""
+    rec = dict(device="cuda", verdict=None, reason="no CUDA device")
+    pairs = [(b, f) for b in ("fa3", "fa4") for f in ("decode", "cross")]
+    records = [rec | {"status": "skip", "backend": b, "family": f} for b, f in pairs]
+    passed = dict(status="pass", backend="torch_native", device="cpu", family="decode", reason="")
+    records += [rec | passed] * 3
+    lines = summary_table(records).splitlines()
+    assert [line.split()[0] for line in lines[2:3]] == ["torch_native@cpu"]  # the only row left
+    assert lines[3] == "skipped only (4 rows, 4 records on cuda, 2 backends: fa3, fa4): no CUDA device"
+    assert lines[4] == "7 records: 3 pass, 4 skip" and len(lines) == 5

@@ -123,27 +123,21 @@ SUMMARY_COLUMNS = ("pass", "xfail", "fail", "error", "crash", "hang", "checked",
 def summary_table(results: list[dict]) -> str:
     """Per (backend, family): the count of each status, the cases checked (run by the backend) and
     refused (drawn, but turned down by its supports()), and the worst error/budget ratio ("-" where no
-    case was compared), as a text table whose name columns fit the longest name; under it, the most
-    frequent refusal reason of each row that has refusals."""
-    rows: dict[tuple[str, str], dict] = defaultdict(
-        lambda: dict.fromkeys(STATUSES, 0) | {"checked": 0, "worst": None, "why": Counter()}
-    )
-    for res in results:
-        row = rows[(f"{res['backend']}@{res['device']}", res["family"])]
-        row[res["status"]] += 1
-        row["checked"] += is_checked(res)
-        if res["status"] == "refused":
-            row["why"][res.get("reason") or "(no reason given)"] += 1
-        v = res.get("verdict")
-        if v and v.get("ratio") is not None and res["status"] in ("pass", "xfail", "fail"):
-            row["worst"] = max(row["worst"] or 0.0, float(v["ratio"]))
-    name_width = max([len("backend"), *(len(b) for b, _ in rows)])
-    family_width = max([len("family"), *(len(f) for _, f in rows)])
+    case was compared), as a text table whose name columns fit the longest name. The rows that only
+    skipped, for one reason, are one line per (device, reason) under it, as the report collapses them;
+    then the total in records (the unit of every count here and in the report), and the most frequent
+    refusal reason of each row that has refusals."""
+    rows = _summary_rows(results)
+    skipped = _skip_only(rows)
+    collapsed = {key for keys in skipped.values() for key in keys}
+    shown = {key: row for key, row in rows.items() if key not in collapsed}
+    name_width = max([len("backend"), *(len(b) for b, _ in shown)])
+    family_width = max([len("family"), *(len(f) for _, f in shown)])
     columns = " ".join(f"{c:>7}" for c in SUMMARY_COLUMNS)
     head = f"{'backend':<{name_width}} {'family':<{family_width}} {columns} {'worst':>7}"
-    lines = [head, "-" * len(head)]
+    lines = [head, "-" * len(head)] if shown else []  # every row skipped: only the lines below
     notes = []
-    for (b, fam), row in sorted(rows.items()):
+    for (b, fam), row in sorted(shown.items()):
         counts = " ".join(f"{row[c]:>7}" for c in SUMMARY_COLUMNS)
         worst = "-" if row["worst"] is None else f"{row['worst']:.2f}"  # no verdict: nothing was compared
         lines.append(f"{b:<{name_width}} {fam:<{family_width}} {counts} {worst:>7}")
@@ -152,6 +146,43 @@ def summary_table(results: list[dict]) -> str:
             drawn = row["checked"] + row["refused"]
             refused = row["refused"]
             notes.append(f"  {b} {fam}: refused {refused} of {drawn} drawn cases; most often ({n}): {why}")
+    for (device, why), keys in sorted(skipped.items()):
+        names = sorted({b.rsplit("@", 1)[0] for b, _ in keys})
+        tests = sum(rows[k]["skip"] for k in keys)
+        lines.append(f"skipped only ({len(keys)} rows, {tests} records on {device}, {len(names)} backends: "
+                     f"{', '.join(names)}): {why}")
+    total = Counter(r["status"] for r in results)
+    lines.append(f"{len(results)} records: " + ", ".join(f"{total[s]} {s}" for s in STATUSES if total[s]))
     if notes:
         lines += ["refusals (the backend's supports() turned the drawn case down):", *notes]
     return "\n".join(lines)
+
+
+def _summary_rows(results: list[dict]) -> dict[tuple[str, str], dict]:
+    """summary_table's rows: per (backend@device, family) each status's count, `checked`, the worst
+    ratio, and the refusal and skip reasons counted."""
+    rows: dict[tuple[str, str], dict] = defaultdict(
+        lambda: dict.fromkeys(STATUSES, 0)
+        | {"checked": 0, "worst": None, "why": Counter(), "skips": Counter()}
+    )
+    for res in results:
+        row = rows[(f"{res['backend']}@{res['device']}", res["family"])]
+        row[res["status"]] += 1
+        row["checked"] += is_checked(res)
+        if res["status"] == "refused":
+            row["why"][res.get("reason") or "(no reason given)"] += 1
+        if res["status"] == "skip":
+            row["skips"][res.get("reason") or "(no reason given)"] += 1
+        v = res.get("verdict")
+        if v and v.get("ratio") is not None and res["status"] in ("pass", "xfail", "fail"):
+            row["worst"] = max(row["worst"] or 0.0, float(v["ratio"]))
+    return rows
+
+
+def _skip_only(rows: dict[tuple[str, str], dict]) -> dict[tuple[str, str], list[tuple[str, str]]]:
+    """The rows whose every record is a skip for one reason, by (device, reason)."""
+    out: dict[tuple[str, str], list[tuple[str, str]]] = {}
+    for key, row in rows.items():
+        if row["skip"] == sum(row[s] for s in STATUSES) and len(row["skips"]) == 1:
+            out.setdefault((key[0].rsplit("@", 1)[-1], next(iter(row["skips"]))), []).append(key)
+    return out

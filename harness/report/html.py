@@ -14,7 +14,7 @@ from html import escape
 from harness.core.case import Case, CaseError
 from harness.core.compare import where
 from harness.core.vocab import PROBLEMS, STATUSES
-from harness.report import matrix, pictures
+from harness.report import matrix, pictures, verdict
 
 HEATMAP_MAX_HEIGHT = 240  # display pixels
 CSS = """
@@ -63,12 +63,9 @@ def _header(data: dict) -> str:
     tot = matrix.totals(data["results"])
     counts = ", ".join(f'<span class="{_count_class(s, tot[s])}">{tot[s]} {s}</span>' for s in STATUSES)
     problems = sum(tot[s] for s in PROBLEMS)
-    verdict = "FAILED" if problems else ("NOTHING CHECKED" if not tot["pass"] else "PASSED")
-    if run.get("incomplete"):
-        verdict = f"INCOMPLETE ({verdict.lower()} so far)"
     checked = tot["checked"]
     return (
-        f"<h1>attn-harness report: {escape(verdict)}</h1>\n{_split(run)}"
+        f"<h1>attn-harness report: {escape(verdict.verdict(data))}</h1>\n{_interrupted(data)}{_split(run)}"
         f'<p class="meta">run <b>{escape(str(run.get("id", "?")))}</b> · attn-harness <span id="version">'
         f'{escape(str(data["environment"].get("attn-harness", "unknown")))}</span> · started '
         f"{escape(str(run.get('started', '?')))} · {_num(run.get('elapsed_s'), 4)} s · profile "
@@ -82,6 +79,15 @@ def _header(data: dict) -> str:
         f'({problems})</a><a href="#refusals">Refusals ({tot["refused"]})</a>'
         f'<a href="#skips">Skips ({tot["skip"]})</a><a href="#environment">Environment</a></nav>\n'
     )
+
+
+def _interrupted(data: dict) -> str:
+    """An interrupted run's line: what it did not check."""
+    if not data["run"].get("interrupted"):
+        return ""
+    lines = verdict.unchecked(data) or ["nothing is known to be left"]
+    items = "".join(f"<li>{escape(line)}</li>" for line in lines)
+    return f'<div id="interrupted"><p><b>Interrupted: not checked:</b></p><ul>{items}</ul></div>\n'
 
 
 def _split(run: dict) -> str:

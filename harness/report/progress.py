@@ -1,10 +1,17 @@
-"""The progress line of a check run: examples checked out of those expected, tests done, failures,
+"""The progress line of a check run: records so far out of those expected, tests done, failures,
 time elapsed and an estimate of the time left.
 
 Pure bookkeeping and formatting; the pytest plugin decides when to print it (at most every few
 seconds while a test runs, and when a test ends). A test is expected to run its profile's
 max_examples; one that stops early (a failure, a small search space) counts as complete when it
-ends, so the estimate is of the work left, not a promise.
+ends, so the estimate is of the work left, not a promise. The count is of records, the unit of the
+summary table and the report: a checked or refused case each, and one for a test that ends without
+one (skipped or failed as a whole); the examples a shrinking search tries are dropped once it ends.
+
+The estimate is the rate since the first record, so the fixed start (imports, collection, the
+isolation worker's start) is not divided by the sliver of work done after it, and none is given
+until ESTIMATE_AFTER of the run is done since then and a test has ended: an estimate from the first
+example of a run said hours for a run of minutes.
 """
 
 from __future__ import annotations
@@ -14,6 +21,7 @@ from collections.abc import Callable
 
 BAR = 20
 RUNNING_CAP = 0.95  # a running test counts as at most this much done: shrinking may run past max_examples
+ESTIMATE_AFTER = 0.05  # of the run done since the first record before the time left is estimated
 
 
 class Progress:
@@ -32,9 +40,12 @@ class Progress:
         self.skipped = 0
         self.failing: set[str] = set()  # test ids with a failing, crashing or hanging case
         self.current = ""
+        self.first: tuple[float, float] | None = None  # the clock and the fraction done at the first record
 
     def case(self, status: str, test_id: str) -> None:
         """One checked (or skipped) example of test `test_id`."""
+        if self.first is None:
+            self.first = (self.clock(), self.fraction())
         if test_id != self.current:
             self.current, self.current_cases = test_id, 0
         self.cases += 1
@@ -44,8 +55,11 @@ class Progress:
         elif status != "pass":
             self.failing.add(test_id)
 
-    def test_done(self, test_id: str, failed: bool) -> None:
+    def test_done(self, test_id: str, failed: bool, records: int | None = None) -> None:
+        """Test `test_id` ended, having left `records` records (None: one per example counted)."""
         self.tests_done += 1
+        if records is not None:
+            self.cases = self.finished_cases + records
         self.finished_cases, self.current_cases = self.cases, 0
         if failed:
             self.failing.add(test_id)
@@ -75,16 +89,27 @@ class Progress:
         running = max(self.current_cases, self.examples_per_test) if left else 0
         return self.finished_cases + running + max(left - 1, 0) * self.examples_per_test
 
+    def left(self) -> float | None:
+        """Seconds left at the rate since the first record, or None until that rate means something."""
+        done = self.fraction()
+        if self.first is None or not self.tests_done or not 0 < done < 1:
+            return None
+        since, at = self.first
+        gained = done - at
+        if gained < ESTIMATE_AFTER:
+            return None
+        return (self.clock() - since) * (1 - done) / gained
+
     def line(self) -> str:
         total = max(self.total_tests, self.tests_done)
-        done = self.fraction()
-        filled = int(BAR * done)
+        filled = int(BAR * self.fraction())
         elapsed = self.clock() - self.start
-        left = f", ~{_clock(elapsed * (1 - done) / done)} left" if 0 < done < 1 else ""
+        seconds = self.left()
+        left = "" if seconds is None else f", ~{_clock(seconds)} left"
         expected = f"/~{self.expected()}" if self.examples_per_test else ""
         where = f" | {self.current}" if self.current else ""
         return (
-            f"[{'#' * filled}{'-' * (BAR - filled)}] {self.cases}{expected} examples "
+            f"[{'#' * filled}{'-' * (BAR - filled)}] {self.cases}{expected} records "
             f"({self.skipped} skipped or refused) | {self.tests_done}/{total} tests | "
             f"{len(self.failing)} failing | {_clock(elapsed)} elapsed{left}{where}"
         )

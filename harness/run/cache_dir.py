@@ -86,6 +86,29 @@ def apply(flag: str | None = None, environ: MutableMapping[str, str] | None = No
     return entries(env)
 
 
+def problem(flag: str | None = None, environ: MutableMapping[str, str] | None = None) -> str | None:
+    """Why the cache root (`flag`, else $ATTN_HARNESS_CACHE, else the default) cannot hold the caches,
+    in one line naming it, or None. A missing root is created when its parent exists (the first run,
+    an empty CI cache); the default's parents are created too. Writability is tried by writing a file:
+    permission bits say nothing to root or on a read-only mount."""
+    env = os.environ if environ is None else environ
+    given = flag or env.get(ENV)
+    name = "--cache-dir" if flag else f"${ENV}" if given else "the cache directory"
+    top = Path(given).expanduser().resolve() if given else root(env)
+    if top.exists() and not top.is_dir():
+        return f"{name} {top}: not a directory"
+    if given and not top.exists() and not top.parent.is_dir():
+        return f"{name} {top}: no such directory, nor its parent {top.parent}"
+    try:
+        top.mkdir(parents=True, exist_ok=True)
+        probe = top / f".write-test.{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as e:
+        return f"{name} {top}: not writable ({e.strerror or e})"
+    return None
+
+
 def write_json(where: Path, doc: dict) -> None:
     """`doc` as `where` (a file in the cache directory), written whole, then renamed: runs sharing the
     directory never read half a file."""

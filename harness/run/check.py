@@ -12,6 +12,7 @@ whose `run` object is harness/run/run_info.py's.
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -27,8 +28,22 @@ if TYPE_CHECKING:
 
 JOBS_PER_GPU = 8  # default pytest processes per GPU (a process keeps a core busy, not the GPU)
 CORES_PER_JOB = 2  # a pytest process and its isolation worker
+# Memory a process of the check is given, with margin: a CPU part's pytest peaked at 0.4 GiB (torch_native's
+# prefix tests, ci profile: ru_maxrss); a CUDA part's worker holds a CUDA context and the model checks
+# load transformers on top, not measured here.
+GIB_PER_JOB = 2.0
 PYTEST_USAGE_ERROR = 4
 NO_TESTS = 5
+NOTHING_CHECKED = 3  # check's exit status when no case was checked (as repro's)
+INTERRUPTED = 130  # check's exit status when stopped by SIGINT: 128 + the signal, as a shell says
+INTERRUPT_GRACE_S = 20.0  # for an interrupted pytest to write what it checked
+# What pytest and hypothesis keep between runs goes to the run's own directory, never to the one
+# pytest runs in (the checkout, in a checkout): pytest's cache, in a check of one process (`pytest
+# cases --lf -o cache_dir=reports/latest/.pytest_cache` reruns its failures; the processes of a
+# parallel check run without it), and hypothesis's storage, with the example database of the dev
+# and thorough profiles.
+PYTEST_CACHE = ".pytest_cache"
+HYPOTHESIS_STORAGE_ENV = "HYPOTHESIS_STORAGE_DIRECTORY"
 Say = Callable[[str], None]
 
 
@@ -62,15 +77,21 @@ class CheckRequest:
     costs: Path | None = None  # the cost table a share is dealt by (default: the shipped one)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class RunResult:
-    """How a check ended: pytest's exit status (of every part, combined), its run directory, and
-    the report page when one was written."""
+    """How a check ended: pytest's exit status (of every part, combined), its run directory, the
+    report page when one was written, and its heading's word (harness/report/verdict.py);
+    `interrupted`: stopped by a SIGINT before its end; `share`: one CI share of a --shard check (a
+    share that checked nothing is not a verdict: the merge of the shares gives it)."""
 
     exit_status: int
     run_dir: Path
-    latest: Path  # the reports' `latest`, pointed at run_dir when a report was written
+    latest: Path  # the reports' `latest`, pointed at run_dir when a complete report was written
     page: Path | None = None
+    verdict: str | None = None
+    why: str = ""  # one line when nothing was checked
+    interrupted: bool = False
+    share: bool = False
 
 
 @dataclass(kw_only=True)
@@ -91,6 +112,7 @@ class Prepared:
     backends: tuple[str, ...] = field(default=())  # as asked (empty: every one)
     cuda: bool = False  # it runs the CUDA backends
     shard: dict | None = None  # a CI share's index, count and key, once dealt
+    interrupted: bool = False  # a SIGINT stopped it (Ctrl-C, a time limit)
 
 
 def default_device() -> str:
@@ -197,15 +219,30 @@ def gpus(requested: str | None, cuda: bool) -> list[str]:
     return given
 
 
-def jobs(requested: int | None, cuda: bool, gpus: int = 1) -> int:
-    """pytest processes at once: as asked; else one on the CPU (CI's two cores are busy with one)
-    and, on a CUDA machine, one per CORES_PER_JOB cores up to JOBS_PER_GPU per GPU (a check keeps
-    cores busy, not the GPU)."""
+def jobs(requested: int | None, cuda: bool, gpus: int = 1, say: Say = print) -> int:
+    """pytest processes at once: as asked, capped by the host (`job_cap`, said in one line); else one
+    on the CPU (CI's two cores are busy with one) and, on a CUDA machine, one per CORES_PER_JOB cores
+    up to JOBS_PER_GPU per GPU (a check keeps cores busy, not the GPU)."""
     if requested is not None:
         if requested < 1:
             raise RequestError(f"--jobs must be at least 1, got {requested}")
+        cap, why = job_cap()
+        if requested > cap:
+            say(f"attn-harness check: --jobs {requested} capped to {cap}: {why}")
+            return cap
         return requested
     return max(1, min(JOBS_PER_GPU * max(1, gpus), (os.cpu_count() or 1) // CORES_PER_JOB)) if cuda else 1
+
+
+def job_cap() -> tuple[int, str]:
+    """The most pytest processes this host runs at once, and why: one a core, and GIB_PER_JOB of the
+    memory available now each (a process and its isolation worker each load torch)."""
+    from harness.checks.footprint import available
+
+    cores, free = os.cpu_count() or 1, available("cpu")
+    by_memory = cores if free is None else max(1, int(free / 2**30 // GIB_PER_JOB))
+    memory = "memory unknown" if free is None else f"{free / 2**30:.1f} GiB memory available"
+    return min(cores, by_memory), f"{cores} cores, {memory} ({GIB_PER_JOB:g} GiB a process)"
 
 
 def _profile(request: CheckRequest, cuda: bool) -> str:
@@ -256,7 +293,7 @@ def prepare(request: CheckRequest, say: Say = print) -> Prepared:
 
     names = list(request.backends) or backends.names()
     slots = gpus(request.gpus, cuda)
-    count = jobs(request.jobs, cuda, len(slots))  # the schedule: harness/run/speed/schedule.py
+    count = jobs(request.jobs, cuda, len(slots), say)  # the schedule: harness/run/speed/schedule.py
     marks = _marks(request, families(request.families, request.modes), on_gpu, say)
     if request.results:
         writable(str(request.results), "--results")
@@ -264,9 +301,11 @@ def prepare(request: CheckRequest, say: Say = print) -> Prepared:
     pytest = _command(request, profile, marks, cuda, slots)
     selection = f"profile {profile}; -m {' and '.join(marks)}; -k {request.keyword or ''}"
     results = str(Path(request.results).resolve()) if request.results else None
+    run_dir = _run_dir(request.reports)
+    pytest.env[HYPOTHESIS_STORAGE_ENV] = str(run_dir / ".hypothesis")  # never the checkout's
     return Prepared(
         cmd=pytest.argv, env=pytest.env, names=names, jobs=count, gpus=slots,
-        run_dir=_run_dir(request.reports), profile=profile, results=results, selection=selection,
+        run_dir=run_dir, profile=profile, results=results, selection=selection,
         cwd=pytest.cwd, command_line=request.command_line, backends=request.backends, cuda=cuda,
     )
 
@@ -397,11 +436,42 @@ def run_single(job: Prepared, gate: WarmGate | None = None, say: Say = print) ->
     if gate is not None:
         say("\n".join(gate.join()))
     cmd = [*job.cmd, "--harness-report", str(job.run_dir), "--harness-run-id", job.run_dir.name]
+    cmd += ["-o", f"cache_dir={job.run_dir / PYTEST_CACHE}"]  # not the checkout's: see PYTEST_CACHE
     if job.results:
         cmd += ["--harness-results", job.results]
     env = {**job.env, BACKENDS_ENV: ",".join(job.backends)} if job.backends else job.env
     say(f"attn-harness check: profile {job.profile}; {shlex.join(cmd[1:])}")
-    return subprocess.run(cmd, cwd=job.cwd, env=env).returncode
+    try:
+        return run_pytest(cmd, job.cwd, env).returncode
+    except Stopped as e:
+        job.interrupted = True
+        return e.returncode
+
+
+class Stopped(Exception):
+    """pytest stopped by a SIGINT passed on to it; `returncode`: its exit status once it ended."""
+
+    def __init__(self, returncode: int) -> None:
+        super().__init__(f"pytest stopped by SIGINT (exit {returncode})")
+        self.returncode = returncode
+
+
+def run_pytest(cmd: list[str], cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
+    """One pytest process to its end. It runs in its own session, so Ctrl-C reaches this process
+    alone and is passed on as one SIGINT (a second one during pytest's own handling would stop it
+    writing its results); it then has INTERRUPT_GRACE_S to write what it checked, or a second Ctrl-C
+    ends it, and Stopped is raised with its exit status."""
+    proc = subprocess.Popen(cmd, cwd=cwd, env=env, start_new_session=True)
+    try:
+        return subprocess.CompletedProcess(cmd, proc.wait())
+    except KeyboardInterrupt:
+        proc.send_signal(signal.SIGINT)
+    try:
+        code = proc.wait(INTERRUPT_GRACE_S)
+    except (subprocess.TimeoutExpired, KeyboardInterrupt):
+        proc.kill()
+        code = proc.wait()
+    raise Stopped(code)
 
 
 def _cannot_run(name: str, device: str) -> str | None:
@@ -438,6 +508,7 @@ def run_parallel(job: Prepared, gate: WarmGate | None = None, say: Say = print) 
     parts = parallel.run(job.cmd, job.env, BACKENDS_ENV, planned.plan, parts_dir, job.cwd, **gated)
     warmed = gate.join() if gate is not None else []
     code = parallel.combined_code([p.code for p in parts])
+    job.interrupted = any(p.interrupted for p in parts)
     elapsed = time.monotonic() - t0
     records = parallel.merged_records(parts)
     if gate is None or not gate.compiled():
@@ -449,7 +520,7 @@ def run_parallel(job: Prepared, gate: WarmGate | None = None, say: Say = print) 
         command=f"{job.command_line} ({len(planned.plan.parts)} processes, {planned.plan.jobs} at once)",
         exit_status=code, jobs=planned.plan.jobs, expected_s=planned.plan.makespan,
         parts=parallel.part_records(parts), warmup_s=gate.seconds if gate is not None else None,
-        shard=job.shard,
+        shard=job.shard, interrupted={"not_run": parallel.not_run(parts)} if job.interrupted else None,
     )
     environment = next((p.environment for p in parts if p.environment), {})
     _write(job, records, run, environment, warmed + parallel.gpu_lines(parts, elapsed), say)
@@ -476,12 +547,44 @@ def _write(
 
 
 def _finish(job: Prepared, code: int) -> RunResult:
-    """Point the reports' `latest` at this run when it wrote a report; pytest's refusal of its
-    command line (exit 4) leaves an empty report and `latest` where it was."""
+    """The run's result, its heading's word read back from its results.json. The reports' `latest`
+    is pointed at the run only when it wrote a report of a whole run: pytest's refusal of its command
+    line (exit 4) leaves an empty report, an interrupted run a partial one."""
     from harness import report
+    from harness.report import results_json, verdict
 
     page, latest = job.run_dir / report.INDEX, job.run_dir.parent / report.LATEST
+    done = dict(exit_status=code, run_dir=job.run_dir, latest=latest, interrupted=job.interrupted,
+                share=job.shard is not None)
     if code == PYTEST_USAGE_ERROR or not page.is_file():
-        return RunResult(code, job.run_dir, latest)
-    report.point_latest(job.run_dir.parent, job.run_dir)
-    return RunResult(code, job.run_dir, latest, page)
+        return RunResult(**done)
+    data = results_json.load(job.run_dir / report.RESULTS)
+    word = verdict.verdict(data)
+    why = verdict.nothing_checked(data) if word == "NOTHING CHECKED" else ""
+    if not job.interrupted:
+        report.point_latest(job.run_dir.parent, job.run_dir)
+    return RunResult(**done, page=page, verdict=word, why=why)
+
+
+def conclude(result: RunResult, say: Say = print, err: Say = print) -> int:
+    """The exit status of `check` for a finished run, with its last lines (errors through `err`):
+    0 passed, 1 a failure, 2 bad input (pytest refused its command line, no test matched),
+    NOTHING_CHECKED (3) when no case was checked (but 0 for a CI share: the merge gives the verdict),
+    INTERRUPTED (130) when stopped by a SIGINT; pytest's own status otherwise (3: its internal error)."""
+    latest = result.latest
+    if result.exit_status == PYTEST_USAGE_ERROR:  # its report is empty: latest is kept
+        err(f"pytest refused its command line (exit {result.exit_status}): {latest} kept")
+        return 2
+    if result.interrupted:
+        where = f"report: {result.page}  ({latest} not moved)" if result.page else f"no report; {latest} kept"
+        err(f"attn-harness check: INTERRUPTED: what it checked is not a verdict; {where}")
+        return INTERRUPTED
+    if result.page is not None:
+        say(f"report: {result.page}  (also {latest})")
+    if result.exit_status == NO_TESTS:
+        err("no tests matched the filters")
+        return 2
+    if result.exit_status == 0 and result.verdict == "NOTHING CHECKED" and not result.share:
+        err(f"attn-harness check: NOTHING CHECKED (exit {NOTHING_CHECKED}): {result.why}")
+        return NOTHING_CHECKED
+    return int(result.exit_status)

@@ -65,6 +65,7 @@ class Part:
     records: list[dict] = field(default_factory=list)
     environment: dict[str, str] = field(default_factory=dict)
     run: dict = field(default_factory=dict)  # its results.json's run object
+    interrupted: bool = False  # stopped by the check's SIGINT, or never started because of it
 
     @property
     def name(self) -> str:
@@ -87,8 +88,12 @@ def combined_code(codes: list[int]) -> int:
 
 
 def counts(records: list[dict]) -> str:
+    """A part's records by status, in records, the unit of the summary and the report."""
     found = {s: sum(r["status"] == s for r in records) for s in STATUSES}
-    return ", ".join(f"{n} {s}" for s, n in found.items() if n) or "no cases"
+    by_status = ", ".join(f"{n} {s}" for s, n in found.items() if n)
+    if not records:
+        return "no records"
+    return f"{len(records)} record{'' if len(records) == 1 else 's'}: {by_status}"
 
 
 def parts(plan: Plan, parts_dir: Path) -> list[Part]:
@@ -131,7 +136,9 @@ def part_env(env: dict[str, str], backends_env: str, part: Part) -> dict[str, st
 
 def _start(part: Part, cmd: list[str], env: dict[str, str], backends_env: str, cwd: Path, nice: int) -> None:
     argv = [*cmd, *part.args, "--harness-results", str(part.results)]
-    part.child = Child(argv, part.log, env=part_env(env, backends_env, part), cwd=cwd, nice=nice)
+    # its own session: Ctrl-C reaches the check alone, which passes one SIGINT on (`_interrupt`)
+    env = part_env(env, backends_env, part)
+    part.child = Child(argv, part.log, env=env, cwd=cwd, nice=nice, session=True)
 
 
 def _finish(part: Part, code: int) -> None:
@@ -204,11 +211,16 @@ def _interrupt(slots: _Slots, out: IO[str]) -> None:
     print(f"interrupted: stopping {', '.join(p.name for p in slots.running)}", file=out, flush=True)
     for part in slots.running:
         part.child.interrupt()  # pytest writes its results on an interrupt
+    grace = INTERRUPT_GRACE_S
     for part in slots.running:
-        part.child.stop(INTERRUPT_GRACE_S)
+        try:
+            part.child.stop(grace)
+        except KeyboardInterrupt:  # a second Ctrl-C: no more waiting
+            grace = 0.0
+            part.child.stop(grace)
         _finish(part, INTERRUPTED)
-    for part in slots.waiting:
-        part.code = INTERRUPTED
+    for part in slots.running + slots.waiting:
+        part.code, part.interrupted = INTERRUPTED, True
 
 
 def run(
@@ -245,6 +257,19 @@ def run(
     except KeyboardInterrupt:  # stopped: what the running parts checked so far still makes the report
         _interrupt(slots, out)
     return slots.started + slots.waiting
+
+
+def not_run(parts: list[Part]) -> list[str]:
+    """What an interrupted parallel check did not check, a line each: the parts never started, and
+    what each stopped part says it did not run (or that its results were lost)."""
+    lines = []
+    for p in parts:
+        if p.child is None:
+            lines.append(f"{p.name}: never started")
+        elif p.interrupted:
+            lost = [f"{p.name}: stopped; its results were lost"] if not p.run else []
+            lines += (p.run.get("interrupted") or {}).get("not_run", []) or lost
+    return lines
 
 
 def gpu_lines(parts: list[Part], wall: float) -> list[str]:

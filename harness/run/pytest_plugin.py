@@ -18,6 +18,7 @@ plugin) leaves an `error` record with the traceback, one whose search the backen
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import pytest
@@ -43,11 +44,14 @@ _STARTED_KEY = pytest.StashKey[tuple]()
 _SHARD_KEY = pytest.StashKey[tuple]()
 _CI_SHARE_KEY = pytest.StashKey[dict]()  # a CI share's run.shard object (check --shard)
 _EXIT_KEY = pytest.StashKey[int]()  # pytest's exit status, for --harness-quick-exit
+_COLLECTED_KEY = pytest.StashKey[list]()  # (test id, backend@device, family) of every test to run
+_RUNNING_KEY = pytest.StashKey[tuple]()  # (test id, its records so far) of the suite test running
 _TIMES_KEY = pytest.StashKey[dict]()  # "collect": seconds to the end of collection; nodeid -> test wall
 PROGRESS_EVERY_S = 5.0  # while a test runs; a line is also printed when a test ends (at most 1/s)
 RECORD_LINE = "attn-harness RECORD MODE: drawn cases recorded to"
 TRACEBACK_CHARS = 20000  # of a harness error's traceback kept in its record
 NOT_FAILURES = ("pass", "xfail", "refused", "skip")  # kept whether or not the test failed
+_INTERRUPTS: list[type] = []  # pytest_keyboard_interrupt's exceptions, read once by the run's end
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -137,6 +141,36 @@ def pytest_configure(config: pytest.Config) -> None:
         config.addinivalue_line("markers", f"{name}: the {name} backend")
 
 
+def pytest_keyboard_interrupt(excinfo: pytest.ExceptionInfo) -> None:
+    """Note a SIGINT (Ctrl-C, `check` stopping its parts): pytest calls this hook for collection errors
+    too (its `Interrupted` is a KeyboardInterrupt), and those stopped nothing the user asked to stop."""
+    _INTERRUPTS.append(excinfo.type)
+
+
+def interrupted_by_signal() -> bool:
+    """Whether this run was stopped by a SIGINT, read once (a run inside another starts clean)."""
+    stopped = KeyboardInterrupt in _INTERRUPTS
+    _INTERRUPTS.clear()
+    return stopped
+
+
+def not_run(config: pytest.Config) -> list[str]:
+    """The tests an interrupted run did not run to their end, a line per backend and device: how
+    many, of which families (run.interrupted's `not_run`)."""
+    ran = config.stash[_TIMES_KEY].get("ended", set())
+    left: dict[str, list[str]] = {}
+    total: dict[str, int] = {}
+    for test_id, backend, family in config.stash.get(_COLLECTED_KEY, []):
+        total[backend] = total.get(backend, 0) + 1
+        if test_id not in ran:
+            left.setdefault(backend, []).append(family)
+    return [
+        f"{backend}: {len(fams)} of {total[backend]} tests not run to their end "
+        f"({', '.join(dict.fromkeys(fams))})"
+        for backend, fams in left.items()
+    ]
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     session.config.stash[_EXIT_KEY] = int(exitstatus)
 
@@ -144,6 +178,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 @pytest.hookimpl(trylast=True)
 def pytest_unconfigure(config: pytest.Config) -> None:
     variant_shards.configure(0, 1)  # a run inside another (pytester) must not leave its shard set
+    _INTERRUPTS.clear()
     if config.getoption("--harness-quick-exit") and _EXIT_KEY in config.stash:
         quick_exit(config.stash[_EXIT_KEY])
 
@@ -164,6 +199,7 @@ def record(request: pytest.FixtureRequest):  # noqa: ANN201 - a callable fixture
     items: list[CaseResult] = []
     request.node.stash[_ITEM_KEY] = items
     config = request.config
+    config.stash[_RUNNING_KEY] = (request.node.nodeid, items)  # an interrupt keeps what it checked
     progress = config.stash[_PROGRESS_KEY]
 
     def record(result: CaseResult) -> None:
@@ -190,11 +226,32 @@ def _print_progress(config: pytest.Config, progress: Progress) -> None:
 
 @pytest.hookimpl(trylast=True)  # after -k and -m: the shards split what is selected, evenly
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """A CI share's items (`_keep_ci_share`), this part's (`_keep_shard`), the model checks first
+    """Without the placeholders of empty parametrizations (`_drop_empty_parametrizations`), a CI
+    share's items (`_keep_ci_share`), this part's (`_keep_shard`), the model checks first
     (`_models_first`)."""
+    _drop_empty_parametrizations(config, items)
     _keep_ci_share(config, items)
     _keep_shard(config, items)
     _models_first(items)
+
+
+EMPTY_PARAMETERS = "got empty parameter set"  # the start of pytest's skip reason for such a placeholder
+
+
+def _drop_empty_parametrizations(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Deselect the item pytest makes for a test parametrized over nothing: none of the selected
+    backends has such a test (a backend that declares no deterministic mode has no determinism test;
+    `list` shows its capabilities). Kept, it was a skip record of backend `?` on device `?`."""
+    dropped = [item for item in items if _empty_parametrization(item)]
+    if dropped:
+        items[:] = [item for item in items if not _empty_parametrization(item)]
+        config.hook.pytest_deselected(items=dropped)
+
+
+def _empty_parametrization(item: pytest.Item) -> bool:
+    return any(
+        str(mark.kwargs.get("reason", "")).startswith(EMPTY_PARAMETERS) for mark in item.iter_markers("skip")
+    )
 
 
 def _keep_ci_share(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -263,6 +320,9 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     progress = session.config.stash[_PROGRESS_KEY]
     progress.total_tests = len(session.items)
     progress.examples_per_test = settings().max_examples  # of the loaded profile: the estimate's unit
+    idents = [(i.nodeid, _identity(i)) for i in session.items]
+    to_run = [(t, f"{d['backend']}@{d['device']}", d["family"]) for t, d in idents]
+    session.config.stash[_COLLECTED_KEY] = to_run
     session.config.stash[_TIMES_KEY]["collect"] = time.time() - session.config.stash[_STARTED_KEY][0]
     collected = session.config.getoption("--harness-ci-collect")
     if collected:
@@ -349,6 +409,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):  # noqa
     tests[item.nodeid] = tests.get(item.nodeid, 0.0) + report.duration
     if report.when == "teardown" or (report.when == "setup" and report.passed):
         return
+    item.config.stash[_TIMES_KEY].setdefault("ended", set()).add(item.nodeid)
     items: list[CaseResult] = item.stash.get(_ITEM_KEY, [])
     kept = [r for r in items if r.status in NOT_FAILURES]
     fails = [r for r in items if r.status not in NOT_FAILURES]  # fail, crash, hang
@@ -360,6 +421,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):  # noqa
         if probing and fails[-1].status == "fail":
             fails[-1].probe = isolation.probe_failure(t.backend(), fails[-1].case, t.device)
     out = item.config.stash[_RESULTS_KEY]
+    before = len(out)
     for r in kept:
         d = r.to_dict()
         d["test_id"] = item.nodeid
@@ -367,7 +429,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):  # noqa
     if "record" in getattr(item, "fixturenames", ()):  # a suite test: how it ended is a record too
         out += _test_records(item, report, call, kept)
     progress = item.config.stash[_PROGRESS_KEY]
-    progress.test_done(item.nodeid, report.failed)
+    progress.test_done(item.nodeid, report.failed, len(out) - before)
     if item.config.getoption("--harness-progress") and progress.due(1.0):
         _print_progress(item.config, progress)
 
@@ -391,12 +453,24 @@ def run_info(config: pytest.Config, exitstatus: int) -> RunInfo:
     )
 
 
+def _in_flight(config: pytest.Config) -> list[dict]:
+    """The records of the test an interrupt stopped, as its end would have kept them: every case
+    that is not a failure, and the last failure (the examples before it were shrinking)."""
+    test_id, items = config.stash.get(_RUNNING_KEY, ("", []))
+    if not items or test_id in config.stash[_TIMES_KEY].get("ended", set()):
+        return []
+    fails = [r for r in items if r.status not in NOT_FAILURES]
+    kept = [r for r in items if r.status in NOT_FAILURES] + fails[-1:]
+    return [r.to_dict() | {"test_id": test_id} for r in kept]
+
+
 def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config) -> None:  # noqa: ANN001
-    results = config.stash.get(_RESULTS_KEY, [])
+    interrupted = interrupted_by_signal()
+    results = config.stash.get(_RESULTS_KEY, []) + (_in_flight(config) if interrupted else [])
     if config.getoption("--harness-progress"):
         terminalreporter.write_line(config.stash[_PROGRESS_KEY].line())
     if results:
-        terminalreporter.write_sep("=", "attn-harness summary (examples per backend and family)")
+        terminalreporter.write_sep("=", "attn-harness summary (records per backend and family)")
         terminalreporter.write_line(summary_table(results))
     path, report_dir = config.getoption("--harness-results"), config.getoption("--harness-report")
     if record_mode.path():  # its passes were drawn, not checked: no results.json, no report
@@ -404,7 +478,10 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config)
         return
     if not (path or report_dir):
         return
-    data = results_json.build(results, run_info(config, exitstatus).to_dict(), environment.collect())
+    run = run_info(config, exitstatus)
+    if interrupted:
+        run = dataclasses.replace(run, interrupted={"not_run": not_run(config)})
+    data = results_json.build(results, run.to_dict(), environment.collect())
     if path:
         results_json.dump(path, data)
         terminalreporter.write_line(f"results: {path}")

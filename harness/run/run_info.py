@@ -41,12 +41,14 @@ class RunInfo:
     parts: list[dict] | None = None  # harness/run/parallel.py's part_records
     warmup_s: float | None = None  # the warm-up beside the check: within elapsed_s, not added to it
     shard: dict | None = None  # a CI share's index, count and key (harness/run/ci_shards.py)
+    interrupted: dict | None = None  # stopped before its end: {"not_run": [a line per backend left]}
 
     def to_dict(self) -> dict:
         """The object as results.json holds it, in a fixed key order."""
         order = (
             "id", "started", "configured_at", "elapsed_s", "profile", "command", "exit_status",
             "collect_s", "test_s", "jobs", "expected_s", "parts", "warmup_s", "shard",
+            "interrupted",
         )
         rounded = {"configured_at": 3, "elapsed_s": 3, "collect_s": 3, "expected_s": 1, "warmup_s": 3}
         out: dict = {}

@@ -412,7 +412,8 @@ def spread(runners: Sequence[R], items: Sequence[T], run: Callable[[R, T], Any])
 
 class Child:
     """A command run as a child process, its stdout and stderr into `log`; `nice`: how much lower its
-    priority (and its own children's) is than this process's."""
+    priority (and its own children's) is than this process's; `session`: in a session of its own, out
+    of reach of the terminal's Ctrl-C (its parent passes a SIGINT on)."""
 
     def __init__(
         self,
@@ -421,12 +422,14 @@ class Child:
         env: dict[str, str] | None = None,
         cwd: Path | None = None,
         nice: int = 0,
+        session: bool = False,
     ) -> None:
         log.parent.mkdir(parents=True, exist_ok=True)
         lower = (lambda: os.nice(nice)) if nice else None
         with log.open("w") as out:
             self.proc = subprocess.Popen(
-                cmd, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT, preexec_fn=lower
+                cmd, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT, preexec_fn=lower,
+                start_new_session=session,
             )
         self.log = log
         self.started = time.monotonic()
