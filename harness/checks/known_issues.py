@@ -178,13 +178,6 @@ def reaching_issue(backend_name: str, case: Case | GraphCase) -> tuple[KnownIssu
     return None
 
 
-def known_issue(backend_name: str, case: Case | GraphCase, device: str) -> tuple[KnownIssue, str] | None:
-    """The known issue this backend's failure on `case` is: one that reaches it on the installed
-    release and confirms itself on it (reaching_issue, confirmed)."""
-    found = reaching_issue(backend_name, case)
-    return found if found and confirmed(found[0], case, device) else None
-
-
 def excuse(backend_name: str, case: Case | GraphCase, reason: str, device: str) -> tuple[bool, str]:
     """(whether a failure is excused, the reason to record). Excused, as xfail: a known issue reaches
     the case on the installed release and confirms itself there. A case an issue reaches that the

@@ -114,7 +114,7 @@ settings.register_profile(
 )
 
 PROFILES = tuple(SIZES)
-SEED_ENV = "ATTN_HARNESS_SEED"  # a split check's seed instead of derandomized draws (fix_draws)
+SEED_ENV = "ATTN_HARNESS_SEED"  # a split check's seed instead of derandomized draws (empty: none)
 
 
 def _without_local_constants() -> None:
@@ -158,7 +158,7 @@ def fix_draws() -> None:
     source and release, run after run), or, where SEED_ENV gives a seed, seeded with it: a nightly
     passes a new seed each night, so it explores new draws and its shares still agree."""
     name = current()
-    seed = os.environ.get(SEED_ENV)
+    seed = os.environ.get(SEED_ENV) or None
     if seed is not None and not seed.strip().isdigit():
         raise ValueError(f"${SEED_ENV}={seed!r} must be a non-negative integer")
     fixed = {"derandomize": seed is None, "database": None}
@@ -176,7 +176,7 @@ def derandomized(name: str | None = None) -> bool:
 
 def seeded() -> bool:
     """Whether SEED_ENV gives a split check its seed (fix_draws)."""
-    return os.environ.get(SEED_ENV) is not None
+    return bool(os.environ.get(SEED_ENV))
 
 
 def steers_by_target() -> bool:
