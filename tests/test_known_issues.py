@@ -8,6 +8,7 @@ from harness.backends import load
 from harness.checks import known_issues
 from harness.checks.numeric import check_case
 from harness.core.case import Case, Request
+from harness.core.graph_case import GraphCase
 from harness.core.results import summary_table
 from harness.mutants import by_name
 from harness.report import junit
@@ -311,3 +312,71 @@ def test_a_model_check_failure_a_known_issue_reaches_is_xfail_on_its_version_onl
     assert res.status == "xfail" and res.reason.startswith("known issue flashinfer-sink-module-name")
     version("0.7.1")
     assert model_check.check_model(wrong, "gpt_oss", "cpu", determinism=False).status == "fail"
+
+
+class _Stream:
+    def wait_stream(self, other) -> None:
+        pass
+
+
+class _Replayed:
+    """A stand-in CUDA graph: a replay runs the captured forward again into the captured output."""
+
+    def __init__(self, forward, out) -> None:
+        self.forward, self.out = forward, out
+
+    def replay(self) -> None:
+        self.out.copy_(self.forward())
+
+
+@pytest.fixture
+def graph_driver_on_the_cpu(monkeypatch):
+    """The graph confirmation's driver on the CPU: the FlashInfer fake as the library, torch.cuda's
+    stream calls as no-ops, a capture that replays by running its forward again."""
+    import contextlib
+
+    import torch
+
+    from harness.checks import flashinfer_graph_confirm as driver
+
+    fake.install(monkeypatch)
+    for name, stub in {
+        "synchronize": lambda *a: None,
+        "Stream": _Stream,
+        "current_stream": _Stream,
+        "stream": lambda s: contextlib.nullcontext(),
+        "graph_pool_handle": lambda: None,
+    }.items():
+        monkeypatch.setattr(torch.cuda, name, stub)
+
+    def capture(forward, mempool):
+        out = forward()
+        return _Replayed(forward, out), out
+
+    monkeypatch.setattr(driver, "capture", capture)
+    return driver
+
+
+def test_the_graph_confirmations_driver_is_right_where_the_library_is_and_says_where_it_is_not(
+    graph_driver_on_the_cpu, monkeypatch
+):
+    """Its tables, pages and comparison on the fake (right on every graph): every replay right; with
+    the fake's decode run dropping the last request's output, the replay is reported wrong."""
+    driver = graph_driver_on_the_cpu
+    layer = dict(num_q_heads=8, num_kv_heads=2, head_dim=64, deterministic=True, dtype="bfloat16")
+    batches = (
+        Case(mode="TARGET_VERIFY", requests=(Request(300, 3, tree=(-1, 0, 1)),) * 2, window_left=40, **layer),
+        Case(mode="TARGET_VERIFY", requests=(Request(17, 3, tree=(-1, 0, 1)),) * 3, window_left=40, **layer),
+    )
+    g = GraphCase(batches, 3, 400)
+    assert driver.drive(g, "cpu", driver.Step()).startswith("RIGHT")
+    run = fake.BatchDecodeWithPagedKVCacheWrapper.run
+
+    def last_row_lost(self, q, *args, **kw):
+        out = run(self, q, *args, **kw)
+        out = out[0] if isinstance(out, tuple) else out
+        out[-3:] = 0
+        return out
+
+    monkeypatch.setattr(fake.BatchDecodeWithPagedKVCacheWrapper, "run", last_row_lost)
+    assert driver.drive(g, "cpu", driver.Step()).startswith("REPRODUCED: batch 0 replayed at size 2")

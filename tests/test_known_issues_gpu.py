@@ -51,9 +51,10 @@ def test_the_noncausal_window_issue_does_not_confirm_where_the_kernel_is_right(t
 def graph(kv_heads: int, q_len: int, window: int, max_kv: int, lens: list[int]) -> GraphCase:
     """The script's shape as a GraphCase: deterministic, page 16, one batch of `lens` keys."""
     mode = "DECODE" if q_len == 1 else "TARGET_VERIFY"
+    chain = None if q_len == 1 else tuple(range(-1, q_len - 1))  # a verify chain: [-1, 0, 1, ...]
     batch = Case(
         mode=mode,
-        requests=tuple(Request(n - q_len, q_len) for n in lens),
+        requests=tuple(Request(n - q_len, q_len, tree=chain) for n in lens),
         window_left=window,
         deterministic=True,
         page_size=16,

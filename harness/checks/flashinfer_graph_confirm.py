@@ -15,9 +15,12 @@ and exits 1 when the library is wrong or faults, 0 when every replay is right, 2
 
 from __future__ import annotations
 
+import functools
 import os
 import subprocess
 import sys
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -131,6 +134,23 @@ class Pool:
         return self.k, self.v
 
 
+def warm_up(forward: Callable[[], torch.Tensor]) -> None:
+    """Run the forward once on a side stream, as the harness does before a capture."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        forward()
+    torch.cuda.current_stream().wait_stream(side)
+
+
+def capture(forward: Callable[[], torch.Tensor], mempool: object) -> tuple[Any, torch.Tensor]:
+    """The forward captured into a CUDA graph in the shared memory pool; (the graph, its output)."""
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, pool=mempool):
+        out = forward()
+    return graph, out
+
+
 class Graphs:
     """FlashInfer's graph decode wrappers and their captured graphs, one per captured size, over
     page-table buffers for the largest (module doc)."""
@@ -172,15 +192,9 @@ class Graphs:
             poison(self.wrappers[bs])
             self.plan(bs, [capture_kv] * bs, [0] * bs)
             step(f"run the dummy batch of {bs} (before capture)")
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
-                self.forward(bs)
-            torch.cuda.current_stream().wait_stream(side)
+            warm_up(functools.partial(self.forward, bs))
             step(f"capture size {bs}")
-            self.graphs[bs] = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(self.graphs[bs], pool=mempool):
-                self.outs[bs] = self.forward(bs)
+            self.graphs[bs], self.outs[bs] = capture(functools.partial(self.forward, bs), mempool)
 
     def replay(self, i: int, batch: Case, inputs: Inputs, step: Step) -> str | None:
         """Batch i planned (padded with fill-value requests on the reserved page), replayed, judged:
