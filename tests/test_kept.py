@@ -25,7 +25,8 @@ WINDOW_IGNORED = "torch_native~window_ignored"  # sees the whole context: a wind
 def record(status: str, case: Case, test: str = "t", **extra) -> dict:
     return {
         "status": status, "backend": "torch_native", "device": "cpu", "family": "prefix", "test_id": test,
-        "case": case.to_dict(), **({"extra": extra} if extra else {}),
+        "case": case.to_dict(), "mode": str(case.mode), "features": [], "reason": "",
+        **({"extra": extra} if extra else {}),
     }
 
 
@@ -150,3 +151,21 @@ def test_the_run_object_says_whether_its_draws_were_fixed():
         id="r", started="s", elapsed_s=1, profile="ci", command="c", exit_status=0, derandomized=True
     )
     assert info.to_dict()["derandomized"] is True
+
+
+def test_the_check_replays_a_pins_file_and_keeps_its_failures_in_another(tmp_path):
+    """check --pins names the file to the suite's processes; check --keep-failures adds the run's
+    failing cases (from its results.json) to its file."""
+    pins = tmp_path / "pins.json"
+    kept.add_failures(doc(record("fail", PREFIX)), pins)
+    request = check.CheckRequest(backends=("torch_native",), pins=pins, reports=tmp_path / "reports")
+    assert check.prepare(request).env[kept.PINS_ENV] == str(pins.resolve())
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    results_json.dump(run_dir / "results.json", doc(record("fail", PREFIX.replace(window_left=5))))
+    result = check.RunResult(exit_status=1, run_dir=run_dir, latest=run_dir)
+    said = []
+    check.keep_failures(check.CheckRequest(keep_failures=pins), result, said.append)
+    assert len(kept.read(pins)["cases"]["prefix"]) == 2 and said == [
+        f"attn-harness check: 1 new failing case(s) kept in {pins}"
+    ]
