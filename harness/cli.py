@@ -81,6 +81,8 @@ def add_check(p: argparse.ArgumentParser) -> None:
         "(also $ATTN_HARNESS_SHARD; docs/ci.md)")
     opt("--costs", metavar="FILE", help="with --shard: deal the shares by this cost table (a results.json or "
         "test id or backend -> seconds) instead of the shipped one")
+    opt("--pins", metavar="FILE", help="check this pins file's cases first in every search (docs/ci.md)")
+    opt("--keep-failures", metavar="FILE", help="add this run's failing cases to this pins file (docs/ci.md)")
 
 
 def cmd_check(args: argparse.Namespace) -> int:
@@ -98,12 +100,11 @@ def cmd_check(args: argparse.Namespace) -> int:
         gpus=args.gpus,
         reports=Path(args.reports),
         results=Path(args.results) if args.results else None,
-        progress=not args.no_progress,
-        probe=not args.no_probe,
-        warmup=not args.no_warmup,
+        progress=not args.no_progress, probe=not args.no_probe, warmup=not args.no_warmup,
         command_line=args.command_line,
         shard=args.shard or settings.current().shard,
         costs=Path(args.costs) if args.costs else None,
+        pins=args.pins, keep_failures=args.keep_failures,
     )
     return check.conclude(check.run_check(request, say), say, lambda line: print(line, file=sys.stderr))
 

@@ -24,6 +24,7 @@ FILLED = {
     r'"\$\$?profile"|"\$PROFILE"': "gpu",
     r"\$\$?previous": "--previous last/results.json",
     r'"\$\$last"': "last.json",
+    r"\$\$?pins": "--pins attn-harness-pins.json",
 }
 
 
@@ -87,3 +88,20 @@ def test_the_buildkite_pipeline_waits_for_every_share_then_merges():
     assert check["matrix"]["setup"]["shard"] == ["1", "2", "3", "4"]
     assert wait == {"wait": None, "continue_on_failure": True}
     assert "attn-harness merge" in merge["command"] and "artifact download" in merge["command"]
+
+
+@pytest.mark.parametrize(
+    "scripts,template",
+    [(github_scripts, GITHUB), (buildkite_scripts, BUILDKITE)],
+    ids=["github", "buildkite"],
+)
+def test_every_run_replays_the_pins_file_and_the_nightly_adds_its_failures_to_it(scripts, template):
+    """docs/ci.md: every check replays the pins file first; the nightly is seeded (new draws, the
+    same on every share) and keeps every failing case of its merged results in the pins file."""
+    commands = [argv for script in scripts() for argv in harness_commands(script)]
+    checks = [cli.parser().parse_args(argv) for argv in commands if argv[0] == "check"]
+    assert checks and all(args.pins == "attn-harness-pins.json" for args in checks)
+    lines = [line for script in scripts() for line in script.splitlines()]
+    keeps = [line for line in lines if "-m harness.search.kept" in line]
+    assert keeps and all("merged" in line and "results.json" in line for line in keeps)
+    assert "ATTN_HARNESS_SEED" in template.read_text()

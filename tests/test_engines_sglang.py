@@ -16,7 +16,7 @@ from harness.backends.engines.sglang.engine import SGLANG
 from harness.backends.engines.sglang.flex import SglangFlex
 from harness.backends.engines.sglang.torch_native import SglangTorchNative
 from harness.backends.versions import SupportedRange, distribution_version
-from harness.checks.known_issues import known_issue
+from harness.checks.known_issues import reaching_issue
 from harness.mutants import catalogue, hunt
 from harness.search import profiles
 
@@ -91,7 +91,7 @@ def test_sglang_mutant_is_caught(mutant):
     d = hunt(mutant, mutant.families[0], device="cpu")
     assert not d.skipped, d.skipped
     assert d.caught, f"mutant {mutant.name} ({mutant.bug}) survived: {d.reason}"
-    assert known_issue(mutant.backend, d.shrunk) is None, "caught only where sglang itself is wrong"
+    assert reaching_issue(mutant.backend, d.shrunk) is None, "caught only where sglang itself is wrong"
     print(f"{mutant.name}: caught ({d.status}) after {d.examples} examples; shrunk to {d.shrunk.to_json()}")
 
 

@@ -376,21 +376,48 @@ def test_flashinfer_paged_refuses_deterministic_mode_under_a_graph_with_the_meas
     assert paged.graph_supports(dataclasses.replace(case, deterministic=False)) is None
 
 
+def graph_library_confirms(monkeypatch, wrong: bool = True) -> None:
+    """The graph entry's confirmation stubbed: FlashInfer called directly on the GraphCase is `wrong`
+    (the fake does not model the library's bug; tests/test_known_issues_gpu.py runs the real one)."""
+    stand_in = [
+        dataclasses.replace(i, confirm=lambda g, device: wrong) if i.on_replay else i
+        for i in known_issues.KNOWN_ISSUES
+    ]
+    monkeypatch.setattr(known_issues, "KNOWN_ISSUES", tuple(stand_in))
+    monkeypatch.setattr(known_issues, "_CONFIRMED", {})
+
+
 def test_a_graph_known_issue_excuses_a_replay_failure_on_its_version_only(monkeypatch):
     """flashinfer-graph-unsplit-plan (FlashInfer writes the split bookkeeping only when a plan splits):
-    a deterministic dec_tc graph failure with an unsplit plan is xfail on the releases it names and a
-    failure on any other; the same failure on the eager path is not excused."""
+    a deterministic dec_tc graph failure with an unsplit plan is xfail on the releases it names, where
+    the library called directly is wrong on it too, and a failure on any other; the same failure on
+    the eager path is not excused."""
     wrong = next(m for m in MUTANTS if m.name.endswith("replay_capture_seq_lens")).make()
     wrong = fake.on_cpu(wrong)
     wrong.name = "flashinfer_dec_tc"
     g = GraphCase((decode(40, 3, deterministic=True), decode(7, 2, deterministic=True)), 2, 80)
     assert known_issues.has_unsplit_plan(g, FlashInferDecTC.split_tokens)  # the second replay (chunk 16)
+    graph_library_confirms(monkeypatch)
     monkeypatch.setattr(known_issues, "distribution_version", lambda dist: "0.6.18.post1")
     res = replay_result(wrong, g, "cpu")
     assert res.status == "xfail" and res.reason.startswith("known issue flashinfer-graph-unsplit-plan (")
     assert "known_issues/flashinfer_graph_unsplit_plan.py" in res.reason and "replay " in res.reason
-    assert known_issues.expected_failure("flashinfer_dec_tc", g.layer, "err") is None  # eager: not reached
+    assert not known_issues.excuse("flashinfer_dec_tc", g.layer, "err", "cpu")[0]  # eager: not reached
     monkeypatch.setattr(known_issues, "distribution_version", lambda dist: "0.7.1")
+    assert replay_result(wrong, g, "cpu").status == "fail"
+
+
+def test_a_graph_failure_the_library_gets_right_is_the_glues(monkeypatch):
+    """The same failure, on a release the entry names, where FlashInfer called directly is right (or,
+    as on this CPU, cannot run the graph at all): a failure, saying why it is not excused."""
+    wrong = fake.on_cpu(next(m for m in MUTANTS if m.name.endswith("replay_capture_seq_lens")).make())
+    wrong.name = "flashinfer_dec_tc"
+    g = GraphCase((decode(40, 3, deterministic=True), decode(7, 2, deterministic=True)), 2, 80)
+    monkeypatch.setattr(known_issues, "distribution_version", lambda dist: "0.6.18.post1")
+    monkeypatch.setattr(known_issues, "_CONFIRMED", {})
+    res = replay_result(wrong, g, "cpu")  # the real confirmation: no CUDA here, nothing confirmed
+    assert res.status == "fail" and "not known issue flashinfer-graph-unsplit-plan" in res.reason
+    graph_library_confirms(monkeypatch, wrong=False)
     assert replay_result(wrong, g, "cpu").status == "fail"
 
 
@@ -400,6 +427,7 @@ def test_a_graph_known_issue_excuses_a_capture_crash_and_keeps_its_traceback(mon
             raise RuntimeError("CUDA error: operation not supported on global/shared address space")
 
     g = GraphCase((decode(40, 3, deterministic=True, window_left=9),), 2, 80)
+    graph_library_confirms(monkeypatch)
     monkeypatch.setattr(known_issues, "distribution_version", lambda dist: "0.6.18.post1")
     res = replay_result(fake.on_cpu(FaultsAtCapture()), g, "cpu")
     assert res.status == "xfail" and "capture: backend raised RuntimeError" in res.reason

@@ -1,14 +1,18 @@
 """A known library bug is an expected failure on the versions it names, and only there."""
 
+import dataclasses
+
 import pytest
 
 from harness.backends import load
 from harness.checks import known_issues
 from harness.checks.numeric import check_case
 from harness.core.case import Case, Request
+from harness.core.graph_case import GraphCase
 from harness.core.results import summary_table
 from harness.mutants import by_name
 from harness.report import junit
+from tests import flashinfer_fake as fake
 
 LONG_WINDOWED = Case(mode="ENCODER_ONLY", requests=(Request(0, 300),), window_left=4, dtype="float32")
 
@@ -22,11 +26,11 @@ def wrong_as(name: str):
 
 def reached_by_paged(monkeypatch) -> None:
     """The sink entry as it stood before the glue worked around it (reached by flashinfer_paged's sink
-    cases): a stand-in for the hooks' tests below."""
-    import dataclasses
-
+    cases, and confirmed on each: a library wrong on every one): a stand-in for the hooks' tests below."""
     stand_in = [
-        dataclasses.replace(i, backends=frozenset({"flashinfer_paged"}), worked_around="")
+        dataclasses.replace(
+            i, backends=frozenset({"flashinfer_paged"}), worked_around="", confirm=lambda case, device: True
+        )
         if i.id == "flashinfer-sink-module-name"
         else i
         for i in known_issues.KNOWN_ISSUES
@@ -38,16 +42,101 @@ def reached_by_paged(monkeypatch) -> None:
 def version(monkeypatch):
     def installed(v):
         monkeypatch.setattr(known_issues, "distribution_version", lambda dist: v)
+        monkeypatch.setattr(known_issues, "_CONFIRMED", {})
 
     return installed
 
 
-def test_a_failure_the_known_issue_reaches_is_xfail_on_its_version(version):
+def windowless_past_256(run):
+    """The ragged fake's run() with the library's bug put in: a non-causal window dropped once a
+    request has more than 256 keys (what known_issues/flashinfer_noncausal_window.py shows)."""
+
+    def buggy(self, q, k, v, *args, **rest):
+        longest = max(b - a for a, b in zip(self._kv, self._kv[1:]))
+        if not self._causal and self._window_left >= 0 and longest > 256:
+            self._window_left = -1
+        return run(self, q, k, v, *args, **rest)
+
+    return buggy
+
+
+@pytest.fixture
+def flashinfer_with_bug(monkeypatch):
+    """The FlashInfer fake, installed, with the non-causal window bug in its ragged wrapper."""
+    fake.install(monkeypatch)
+    ragged = fake.BatchPrefillWithRaggedKVCacheWrapper
+    monkeypatch.setattr(ragged, "run", windowless_past_256(ragged.run))
+
+
+def test_a_failure_the_known_issue_reaches_and_confirms_is_xfail_on_its_version(version, flashinfer_with_bug):
     version("0.7.2.post1")
     res = check_case(wrong_as("flashinfer_ragged"), LONG_WINDOWED)
-    assert res.status == "xfail"
+    assert res.status == "xfail", res.reason
     assert res.reason.startswith("known issue flashinfer-noncausal-window (flashinfer-python 0.7.2.post1, ")
     assert "known_issues/flashinfer_noncausal_window.py" in res.reason and "err " in res.reason
+    assert "confirmed: the library called directly on this case is wrong too" in res.reason
+
+
+def test_without_the_library_a_failure_the_known_issue_reaches_counts(version):
+    """Nothing confirms the issue where FlashInfer is not installed: the failure is a failure."""
+    version("0.7.2.post1")
+    res = check_case(wrong_as("flashinfer_ragged"), LONG_WINDOWED)
+    assert res.status == "fail"
+    assert "not known issue flashinfer-noncausal-window (flashinfer-python 0.7.2.post1)" in res.reason
+
+
+def posing(mutant: str):
+    """A FlashInfer mutant on the CPU (the fake serves it) under its adapter's name, as the suite
+    would run that adapter with the bug in its glue."""
+    backend = fake.on_cpu(by_name(mutant).make())
+    backend.name = mutant.split("~")[0]
+    return backend
+
+
+ENCODER_IN_REACH = Case(
+    mode="ENCODER_ONLY", requests=(Request(0, 300), Request(0, 40)), window_left=4, head_dim=64
+)
+
+
+@pytest.mark.parametrize(
+    "mutant", ["flashinfer_ragged~encoder_causal", "flashinfer_ragged~no_window"]
+)
+def test_a_glue_bug_inside_the_issues_reach_fails_where_the_library_is_right(version, monkeypatch, mutant):
+    """On the CPU with the FlashInfer fake (right where the real kernel is, e.g. 4096 tokens with
+    window 64): an encoder glue bug of flashinfer_ragged on a case the entry's predicate reaches, on
+    a release it names (where the predicate alone made it an xfail), is a FAIL."""
+    fake.install(monkeypatch)
+    version("0.7.2.post1")
+    assert known_issues.reaching_issue("flashinfer_ragged", ENCODER_IN_REACH) is not None
+    assert check_case(fake.on_cpu(load("flashinfer_ragged")), ENCODER_IN_REACH).status == "pass"
+    res = check_case(posing(mutant), ENCODER_IN_REACH)
+    assert res.status == "fail", res.reason
+    assert "not known issue flashinfer-noncausal-window" in res.reason
+    assert "the failure is the glue's" in res.reason
+
+
+def test_the_same_glue_bug_is_excused_where_the_library_is_wrong_too(version, flashinfer_with_bug):
+    version("0.7.2.post1")
+    res = check_case(posing("flashinfer_ragged~encoder_causal"), ENCODER_IN_REACH)
+    assert res.status == "xfail", res.reason
+    version("0.7.1")  # another release: the entry does not reach it, whatever the library does
+    res = check_case(posing("flashinfer_ragged~encoder_causal"), ENCODER_IN_REACH)
+    assert res.status == "fail" and "known issue" not in res.reason
+
+
+def test_a_confirmation_runs_once_per_case_and_device(version, monkeypatch):
+    version("0.7.2.post1")
+    asked = []
+    issue = known_issues.KNOWN_ISSUES[0]
+    stand_in = [
+        dataclasses.replace(i, confirm=lambda c, d: asked.append(d) or True) if i.id == issue.id else i
+        for i in known_issues.KNOWN_ISSUES
+    ]
+    monkeypatch.setattr(known_issues, "KNOWN_ISSUES", tuple(stand_in))
+    for _ in range(3):
+        assert known_issues.excuse("flashinfer_ragged", LONG_WINDOWED, "err", "cpu")[0]
+    assert known_issues.excuse("flashinfer_ragged", LONG_WINDOWED, "err", "cuda")[0]
+    assert asked == ["cpu", "cuda"]
 
 
 @pytest.mark.parametrize("installed", [None, "0.7.3", "0.6.18", "0.6.17", "0.7.2"])
@@ -112,6 +201,46 @@ def test_every_known_issue_names_a_repro_script_that_exists():
         assert (root / issue.repro).is_file(), issue.repro
         assert issue.versions and (issue.backends or issue.worked_around)
         assert not (issue.backends and issue.worked_around), issue.id  # worked around: reached by none
+        assert issue.confirm or not issue.backends, issue.id  # an issue a backend reaches can confirm itself
+
+
+def test_an_issue_that_cannot_confirm_excuses_nothing(version, monkeypatch):
+    """Where the library is not there to call (or has no way to confirm), a failure counts."""
+    version("0.7.2.post1")
+    stand_in = [dataclasses.replace(i, confirm=None) for i in known_issues.KNOWN_ISSUES]
+    monkeypatch.setattr(known_issues, "KNOWN_ISSUES", tuple(stand_in))
+    assert known_issues.reaching_issue("flashinfer_ragged", LONG_WINDOWED)
+    assert known_issues.excuse("flashinfer_ragged", LONG_WINDOWED, "err", "cpu") == (
+        False,
+        "err; not known issue flashinfer-noncausal-window (flashinfer-python 0.7.2.post1): the library "
+        "called directly on this case is right, or could not run it, so the failure is the glue's",
+    )
+
+
+def test_a_confirmation_that_raises_confirms_nothing(version, monkeypatch):
+    version("0.7.2.post1")
+
+    def refuses(case, device):
+        raise ValueError("the library refused the case")
+
+    stand_in = [dataclasses.replace(i, confirm=refuses) for i in known_issues.KNOWN_ISSUES]
+    monkeypatch.setattr(known_issues, "KNOWN_ISSUES", tuple(stand_in))
+    assert not known_issues.excuse("flashinfer_ragged", LONG_WINDOWED, "err", "cpu")[0]
+
+
+def test_the_engine_and_graph_confirmations_confirm_nothing_without_their_library():
+    """No vLLM, sglang, FlashInfer or CUDA here: each confirmation says so by confirming nothing."""
+    from harness.checks import engine_confirm, flashinfer_graph_confirm
+    from harness.core.graph_case import GraphCase
+
+    fp8 = Case(mode="DECODE", requests=(Request(9, 1),), kv_dtype="float8_e4m3fn", k_scale=0.3)
+    assert not engine_confirm.vllm_fp8_write_truncates(fp8, "cpu")
+    assert not engine_confirm.vllm_fp8_e4m3_subnormals(fp8, "cpu")
+    plain = fp8.replace(window_left=0, kv_dtype=None, k_scale=1.0)
+    assert not engine_confirm.sglang_window_zero(plain, "cpu")
+    g = GraphCase((Case(mode="DECODE", requests=(Request(9, 1),), deterministic=True, window_left=3),), 1, 16)
+    assert not flashinfer_graph_confirm.graph_unsplit_plan(g, "cpu")
+    assert not flashinfer_graph_confirm.graph_unsplit_plan(g, "cuda")
 
 
 def test_a_sink_failure_is_not_excused_by_the_worked_around_module_name_bug(version):
@@ -133,7 +262,7 @@ def test_a_sink_failure_is_not_excused_by_the_worked_around_module_name_bug(vers
     assert check_case(wrong, case).status == "fail"
 
 
-def test_xfail_is_counted_in_the_summary_and_is_a_skip_in_junit(version):
+def test_xfail_is_counted_in_the_summary_and_is_a_skip_in_junit(version, flashinfer_with_bug):
     version("0.7.2.post1")
     rec = check_case(wrong_as("flashinfer_ragged"), LONG_WINDOWED).to_dict()
     table = summary_table([rec])
@@ -183,3 +312,71 @@ def test_a_model_check_failure_a_known_issue_reaches_is_xfail_on_its_version_onl
     assert res.status == "xfail" and res.reason.startswith("known issue flashinfer-sink-module-name")
     version("0.7.1")
     assert model_check.check_model(wrong, "gpt_oss", "cpu", determinism=False).status == "fail"
+
+
+class _Stream:
+    def wait_stream(self, other) -> None:
+        pass
+
+
+class _Replayed:
+    """A stand-in CUDA graph: a replay runs the captured forward again into the captured output."""
+
+    def __init__(self, forward, out) -> None:
+        self.forward, self.out = forward, out
+
+    def replay(self) -> None:
+        self.out.copy_(self.forward())
+
+
+@pytest.fixture
+def graph_driver_on_the_cpu(monkeypatch):
+    """The graph confirmation's driver on the CPU: the FlashInfer fake as the library, torch.cuda's
+    stream calls as no-ops, a capture that replays by running its forward again."""
+    import contextlib
+
+    import torch
+
+    from harness.checks import flashinfer_graph_confirm as driver
+
+    fake.install(monkeypatch)
+    for name, stub in {
+        "synchronize": lambda *a: None,
+        "Stream": _Stream,
+        "current_stream": _Stream,
+        "stream": lambda s: contextlib.nullcontext(),
+        "graph_pool_handle": lambda: None,
+    }.items():
+        monkeypatch.setattr(torch.cuda, name, stub)
+
+    def capture(forward, mempool):
+        out = forward()
+        return _Replayed(forward, out), out
+
+    monkeypatch.setattr(driver, "capture", capture)
+    return driver
+
+
+def test_the_graph_confirmations_driver_is_right_where_the_library_is_and_says_where_it_is_not(
+    graph_driver_on_the_cpu, monkeypatch
+):
+    """Its tables, pages and comparison on the fake (right on every graph): every replay right; with
+    the fake's decode run dropping the last request's output, the replay is reported wrong."""
+    driver = graph_driver_on_the_cpu
+    layer = dict(num_q_heads=8, num_kv_heads=2, head_dim=64, deterministic=True, dtype="bfloat16")
+    batches = (
+        Case(mode="TARGET_VERIFY", requests=(Request(300, 3, tree=(-1, 0, 1)),) * 2, window_left=40, **layer),
+        Case(mode="TARGET_VERIFY", requests=(Request(17, 3, tree=(-1, 0, 1)),) * 3, window_left=40, **layer),
+    )
+    g = GraphCase(batches, 3, 400)
+    assert driver.drive(g, "cpu", driver.Step()).startswith("RIGHT")
+    run = fake.BatchDecodeWithPagedKVCacheWrapper.run
+
+    def last_row_lost(self, q, *args, **kw):
+        out = run(self, q, *args, **kw)
+        out = out[0] if isinstance(out, tuple) else out
+        out[-3:] = 0
+        return out
+
+    monkeypatch.setattr(fake.BatchDecodeWithPagedKVCacheWrapper, "run", last_row_lost)
+    assert driver.drive(g, "cpu", driver.Step()).startswith("REPRODUCED: batch 0 replayed at size 2")

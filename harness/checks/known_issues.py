@@ -18,6 +18,7 @@ from typing import Any
 
 from harness.backends.flashinfer_dec import FlashInferDecTC
 from harness.backends.versions import distribution_version
+from harness.checks import engine_confirm, flashinfer_confirm, flashinfer_graph_confirm
 from harness.core.case import Case
 from harness.core.graph_case import GraphCase, kv_extents
 from harness.core.modes import Mode
@@ -32,6 +33,9 @@ class KnownIssue:
     title: str
     repro: str  # the standalone script (torch + the library only)
     reaches: Callable[[Any], bool]  # of a Case, or of a GraphCase where on_replay
+    # (case, device) -> whether the library called directly on the case is wrong: harness/checks/*_confirm.py.
+    # None: nothing confirms it, so it excuses no failure.
+    confirm: Callable[[Any, str], bool] | None = None
     # Where the glue avoids the bug, if it does: then no backend reaches it (`backends` is empty), so
     # no suite failure is excused by it, and a GPU test runs the library itself to keep it in view.
     worked_around: str = ""
@@ -68,6 +72,7 @@ KNOWN_ISSUES = (
         reaches=lambda c: (
             c.mode == Mode.ENCODER_ONLY and c.window_left >= 0 and any(r.extend_len > 256 for r in c.requests)
         ),
+        confirm=flashinfer_confirm.noncausal_window,
     ),
     KnownIssue(
         id="flashinfer-sink-module-name",
@@ -92,6 +97,7 @@ KNOWN_ISSUES = (
         "bookkeeping stale or absent: wrong outputs or NaN (0.6.18.post1), an illegal memory access (both)",
         repro="known_issues/flashinfer_graph_unsplit_plan.py",
         reaches=lambda g: has_unsplit_plan(g, FlashInferDecTC.split_tokens),
+        confirm=flashinfer_graph_confirm.graph_unsplit_plan,
         on_replay=True,
     ),
     KnownIssue(
@@ -103,6 +109,7 @@ KNOWN_ISSUES = (
         "(the AMX kernel, x86 with AMX): keys and values under 2^-6 times their scale are lost",
         repro="known_issues/vllm_cpu_fp8_e4m3_bf16_values.py",
         reaches=lambda c: c.kv_dtype == "float8_e4m3fn" and c.dtype == "bfloat16",
+        confirm=engine_confirm.vllm_fp8_e4m3_subnormals,
     ),
     KnownIssue(
         id="vllm-cpu-fp8-write-truncates",
@@ -115,6 +122,7 @@ KNOWN_ISSUES = (
         reaches=lambda c: c.kv_dtype is not None
         and c.dtype != "float32"
         and not (power_of_two(c.k_scale) and power_of_two(c.v_scale)),
+        confirm=engine_confirm.vllm_fp8_write_truncates,
     ),
     KnownIssue(
         id="vllm-cpu-amx-permission",
@@ -137,13 +145,30 @@ KNOWN_ISSUES = (
         "key) becomes no window, and the backend attends over the whole context",
         repro="known_issues/sglang_window_zero.py",
         reaches=lambda c: c.window_left == 0 and c.mode != Mode.CROSS,
+        confirm=engine_confirm.sglang_window_zero,
     ),
 )
 
 
-def known_issue(backend_name: str, case: Case | GraphCase) -> tuple[KnownIssue, str] | None:
-    """The known issue (and the installed version) this backend's failure on `case` is, if any: an
-    on_replay issue for a GraphCase, any other for a Case."""
+_CONFIRMED: dict[tuple[str, str, str], bool] = {}  # (issue id, case JSON, device) -> confirm's answer
+
+
+def confirmed(issue: KnownIssue, case: Case | GraphCase, device: str) -> bool:
+    """Whether `issue` confirms itself on `case` (its library, called directly, is wrong there), once
+    per case and device in a process. An issue without `confirm`, or whose confirmation raises (the
+    library refused the case: then it did not show the bug), is not confirmed."""
+    key = (issue.id, case.to_json(), str(device))
+    if key not in _CONFIRMED:
+        try:
+            _CONFIRMED[key] = bool(issue.confirm and issue.confirm(case, str(device)))
+        except Exception:  # noqa: BLE001 - a library that cannot run the case did not reproduce the bug
+            _CONFIRMED[key] = False
+    return _CONFIRMED[key]
+
+
+def reaching_issue(backend_name: str, case: Case | GraphCase) -> tuple[KnownIssue, str] | None:
+    """The known issue (and the installed version) whose predicate reaches this backend's `case` on
+    the installed release, confirmed or not: an on_replay issue for a GraphCase, any other for a Case."""
     replay = isinstance(case, GraphCase)
     for issue in KNOWN_ISSUES:
         if issue.on_replay == replay and backend_name in issue.backends and issue.reaches(case):
@@ -153,10 +178,20 @@ def known_issue(backend_name: str, case: Case | GraphCase) -> tuple[KnownIssue, 
     return None
 
 
-def expected_failure(backend_name: str, case: Case | GraphCase, reason: str) -> str | None:
-    """The xfail reason for a failing case that is a known issue on the installed version, else None."""
-    found = known_issue(backend_name, case)
+def excuse(backend_name: str, case: Case | GraphCase, reason: str, device: str) -> tuple[bool, str]:
+    """(whether a failure is excused, the reason to record). Excused, as xfail: a known issue reaches
+    the case on the installed release and confirms itself there. A case an issue reaches that the
+    library gets right (or cannot run) is the glue's failure, and its reason says so."""
+    found = reaching_issue(backend_name, case)
     if found is None:
-        return None
+        return False, reason
     issue, version = found
-    return f"known issue {issue.id} ({issue.library} {version}, {issue.repro}): {issue.title}; {reason}"
+    if not confirmed(issue, case, device):
+        return False, (
+            f"{reason}; not known issue {issue.id} ({issue.library} {version}): the library called directly "
+            "on this case is right, or could not run it, so the failure is the glue's"
+        )
+    return True, (
+        f"known issue {issue.id} ({issue.library} {version}, {issue.repro}; confirmed: the library called "
+        f"directly on this case is wrong too): {issue.title}; {reason}"
+    )

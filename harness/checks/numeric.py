@@ -10,7 +10,7 @@ import torch
 from harness.backends.base import Backend, ContractError, checked_output
 from harness.checks import crossref
 from harness.checks.errormap import error_map
-from harness.checks.known_issues import expected_failure
+from harness.checks.known_issues import excuse
 from harness.core.batch import Inputs, build_batch, make_inputs
 from harness.core.case import Case
 from harness.core.compare import compare, uninformative
@@ -98,10 +98,10 @@ def check_case(backend: Backend, case: Case, device: str = "cpu") -> CaseResult:
         verdict = compare(case, result.out, exact.out, native.out, result.lse, exact.lse, native.lse, **extra)
         if verdict.nonfinite:
             verdict.reason += ": " + nonfinite_cause(backend, case, inputs, device, exact.lse)
-        status, reason = ("pass", verdict.reason) if verdict.passed else ("fail", verdict.reason)
-        known = None if verdict.passed else expected_failure(backend.name, case, verdict.reason)
-        if known:
-            status, reason = "xfail", known
+        status, reason = "pass", verdict.reason
+        if not verdict.passed:
+            excused, reason = excuse(backend.name, case, verdict.reason, device)
+            status = "xfail" if excused else "fail"
         took = time.perf_counter() - start
         res = CaseResult(
             status=status,

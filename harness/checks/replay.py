@@ -27,7 +27,7 @@ import torch
 from harness.backends.base import Backend
 from harness.backends.graph_glue import GraphGlue, GraphLimits, StaticInputs, capture_sizes, padded_size
 from harness.backends.graphs import GraphFactory
-from harness.checks.known_issues import expected_failure
+from harness.checks.known_issues import excuse
 from harness.checks.numeric import REFERENCES
 from harness.core.batch import Batch, Inputs, build_batch, make_inputs
 from harness.core.compare import compare
@@ -189,13 +189,15 @@ class _Report:
         seq = sequence_text(self.g, capture_sizes(self.g.max_batch))
         where = "capture" if at < 0 else f"replay {at}"
         text = f"{where}: {reason}; {seq}" if status != "pass" else f"{reason}; {seq}"
-        known = expected_failure(self.backend.name, self.g, text) if status in ("fail", "crash") else None
+        excused = False
+        if status in ("fail", "crash"):
+            excused, text = excuse(self.backend.name, self.g, text, self.device)
         return CaseResult(
-            status="xfail" if known else status,
+            status="xfail" if excused else status,
             backend=self.backend.name,
             device=self.device,
             case=self.g.batches[max(at, 0)],
-            reason=known or text,
+            reason=text,
             seconds=time.perf_counter() - self.start,
             extra={**self.extra, "replay": at, **more},
         )

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.core.vocab import STATUSES
+from harness.report.draws import fingerprint
 
 FORMAT = "attn-harness-results"
 VERSION = 1
@@ -83,7 +84,9 @@ def _decode(x: Any) -> Any:
 
 def build(results: list[dict], run: dict, environment: dict[str, str]) -> dict:
     """The document: format, version, run (id, started, elapsed_s, profile, command, exit_status),
-    environment (label -> version), results (one record per checked case or skipped test)."""
+    environment (label -> version), results (one record per checked case or skipped test). The run
+    gets `draws`, the fingerprint of the cases its records checked (harness/report/draws.py)."""
+    run = {**run, "draws": fingerprint(results)}
     return {"format": FORMAT, "version": VERSION, "run": run, "environment": environment, "results": results}
 
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from harness.report.draws import same_set
+
 FAILING = ("fail", "error", "crash", "hang")
 
 
@@ -22,6 +24,7 @@ class Trend:
     still_failing: list[str]
     only_tonight: int
     only_last: int
+    draws: str = ""  # whether the two runs drew the same set (harness/report/draws.py)
 
     def line(self) -> str:
         """The one line at the top of the report."""
@@ -29,7 +32,7 @@ class Trend:
         return (
             f"against the last run: {head}: {len(self.new_failures)} new failures, {len(self.fixed)} "
             f"fixed, {len(self.still_failing)} still failing ({self.only_tonight} tests new tonight, "
-            f"{self.only_last} gone)"
+            f"{self.only_last} gone)" + (f"; {self.draws}" if self.draws else "")
         )
 
     def to_dict(self) -> dict:
@@ -39,6 +42,7 @@ class Trend:
             "still_failing": self.still_failing,
             "only_tonight": self.only_tonight,
             "only_last": self.only_last,
+            "draws": self.draws,
             "line": self.line(),
         }
 
@@ -62,4 +66,5 @@ def compare(tonight: dict, last: dict) -> Trend:
         still_failing=[k for k in both if now[k] and before[k]],
         only_tonight=len(set(now) - set(before)),
         only_last=len(set(before) - set(now)),
+        draws=same_set(tonight["run"], last["run"]),
     )

@@ -75,6 +75,8 @@ class CheckRequest:
     command_line: str = "python -m harness check"
     shard: str | None = None  # "I/N": the Ith of N CI shares (harness/run/ci_shards.py)
     costs: Path | None = None  # the cost table a share is dealt by (default: the shipped one)
+    pins: str | Path | None = None  # a pins file whose cases every search checks first (search/kept.py)
+    keep_failures: str | Path | None = None  # the pins file every failing case of this run is added to
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -299,6 +301,7 @@ def prepare(request: CheckRequest, say: Say = print) -> Prepared:
         writable(str(request.results), "--results")
     _share_request(request)
     pytest = _command(request, profile, marks, cuda, slots)
+    pytest.env.update(_pins_env(request))
     selection = f"profile {profile}; -m {' and '.join(marks)}; -k {request.keyword or ''}"
     results = str(Path(request.results).resolve()) if request.results else None
     run_dir = _run_dir(request.reports)
@@ -308,6 +311,35 @@ def prepare(request: CheckRequest, say: Say = print) -> Prepared:
         run_dir=run_dir, profile=profile, results=results, selection=selection,
         cwd=pytest.cwd, command_line=request.command_line, backends=request.backends, cuda=cuda,
     )
+
+
+def _pins_env(request: CheckRequest) -> dict[str, str]:
+    """The pins file the suite replays first (kept.PINS_ENV), read once here so a bad one is a
+    RequestError before anything runs; --keep-failures' file must be a pins file (or not exist yet)."""
+    from harness.search import kept
+
+    try:
+        for path in (request.pins, request.keep_failures):
+            if path is not None:
+                kept.read(path)
+    except kept.PinsError as e:
+        raise RequestError(str(e)) from None
+    if request.pins is not None and not Path(request.pins).is_file():
+        raise RequestError(f"--pins {request.pins}: no such file")
+    return {kept.PINS_ENV: str(Path(request.pins).resolve())} if request.pins else {}
+
+
+def keep_failures(request: CheckRequest, result: RunResult, say: Say = print) -> None:
+    """Add the run's failing cases (its results.json, where the run wrote one) to the pins file
+    request.keep_failures names, and say how many were new."""
+    from harness.report import results_json
+    from harness.search import kept
+
+    path = Path(request.results) if request.results else result.run_dir / "results.json"
+    if request.keep_failures is None or not path.is_file():
+        return
+    added = kept.add_failures(results_json.load(path), request.keep_failures)
+    say(f"attn-harness check: {added} new failing case(s) kept in {request.keep_failures}")
 
 
 def _share_request(request: CheckRequest) -> None:
@@ -423,7 +455,9 @@ def run_check(request: CheckRequest, say: Say = print) -> RunResult:
         code = run_parallel(job, gate, say)
     else:
         code = run_single(job, gate, say)
-    return _finish(job, code)
+    result = _finish(job, code)
+    keep_failures(request, result, say)
+    return result
 
 
 def run_single(job: Prepared, gate: WarmGate | None = None, say: Say = print) -> int:
@@ -495,6 +529,7 @@ def run_parallel(job: Prepared, gate: WarmGate | None = None, say: Say = print) 
     from harness.run import parallel
     from harness.run.speed import costs
     from harness.run.speed.parts import plan_check
+    from harness.search import profiles
 
     started, t0 = started_now()[1], time.monotonic()
     unavailable_here = functools.partial(_cannot_run, device="cuda" if job.gpus else "cpu")
@@ -517,6 +552,7 @@ def run_parallel(job: Prepared, gate: WarmGate | None = None, say: Say = print) 
         say(f"timings not saved to {planned.kept / costs.TIMINGS}: the warm-up compiled beside the check")
     run = RunInfo(
         id=job.run_dir.name, started=started, elapsed_s=elapsed, profile=job.profile,
+        derandomized=profiles.derandomized(job.profile) or (job.shard is not None and not profiles.seeded()),
         command=f"{job.command_line} ({len(planned.plan.parts)} processes, {planned.plan.jobs} at once)",
         exit_status=code, jobs=planned.plan.jobs, expected_s=planned.plan.makespan,
         parts=parallel.part_records(parts), warmup_s=gate.seconds if gate is not None else None,

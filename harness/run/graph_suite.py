@@ -24,7 +24,7 @@ from harness.core.modes import FAMILY_MODE
 from harness.core.results import GRAPH_CHECK, CaseResult
 from harness.run import isolation
 from harness.run.suite import WINDOWS, Target, judge
-from harness.search import profiles
+from harness.search import kept, profiles
 from harness.search.pinned import PINNED_GRAPHS
 from harness.search.refusals import search_with_refusals
 from harness.search.strategies import GRAPH_FAMILIES, graph_cases
@@ -65,8 +65,9 @@ def params() -> list:
 
 
 def pinned_graphs(graph_family: str, windowed: bool) -> list[GraphCase]:
-    """The GraphCases pinned for this graph family (harness/search/pinned.py), windowed or not."""
-    pins = [GraphCase.from_dict(d) for d in PINNED_GRAPHS.get(graph_family, [])]
+    """The GraphCases pinned for this graph family (harness/search/pinned.py, then the pins file a
+    run replays: harness/search/kept.py), windowed or not."""
+    pins = [GraphCase.from_dict(d) for d in PINNED_GRAPHS.get(graph_family, [])] + kept.graphs(graph_family)
     return [g for g in pins if (g.layer.window_left >= 0) == windowed]
 
 

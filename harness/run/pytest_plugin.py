@@ -445,6 +445,7 @@ def run_info(config: pytest.Config, exitstatus: int) -> RunInfo:
         configured_at=start,
         elapsed_s=time.time() - start,
         profile=profiles.current(),
+        derandomized=profiles.derandomized(),
         command=command,
         exit_status=exitstatus,
         collect_s=times.get("collect", 0.0),

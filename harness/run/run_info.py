@@ -31,6 +31,7 @@ class RunInfo:
     started: str
     elapsed_s: float
     profile: str
+    derandomized: bool | None = None  # whether the profile drew a fixed set (hypothesis derandomize)
     command: str
     exit_status: int
     configured_at: float | None = None  # epoch seconds at pytest's configure
@@ -46,7 +47,8 @@ class RunInfo:
     def to_dict(self) -> dict:
         """The object as results.json holds it, in a fixed key order."""
         order = (
-            "id", "started", "configured_at", "elapsed_s", "profile", "command", "exit_status",
+            "id", "started", "configured_at", "elapsed_s", "profile", "derandomized", "command",
+            "exit_status",
             "collect_s", "test_s", "jobs", "expected_s", "parts", "warmup_s", "shard",
             "interrupted",
         )

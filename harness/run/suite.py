@@ -21,7 +21,7 @@ from harness.core.modes import FAMILY_MODE, Mode
 from harness.core.results import CaseResult
 from harness.run import isolation
 from harness.run.speed import variant_shards
-from harness.search import profiles
+from harness.search import kept, profiles
 from harness.search.pinned import PINNED
 from harness.search.refusals import as_refused, search_with_refusals
 from harness.search.strategies import cases
@@ -83,8 +83,9 @@ def _probe_reason(backend: Backend, t: Target) -> str | None:
 
 
 def pinned_examples(family: str) -> list[Case]:
-    """Cases pinned in harness/search/pinned.py for this family (every bug ever found is one)."""
-    return [Case.from_dict(d) for d in PINNED.get(family, [])]
+    """Cases pinned in harness/search/pinned.py for this family (every bug ever found is one), then
+    those of the pins file a run replays (`check --pins`, harness/search/kept.py)."""
+    return [Case.from_dict(d) for d in PINNED.get(family, [])] + kept.cases(family)
 
 
 def judge(

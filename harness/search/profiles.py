@@ -8,9 +8,11 @@ Select with `--hypothesis-profile NAME` or `load(name)`; default `ci`.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 from hypothesis import HealthCheck, Phase, settings
+from hypothesis import core as hypothesis_core
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -112,6 +114,7 @@ settings.register_profile(
 )
 
 PROFILES = tuple(SIZES)
+SEED_ENV = "ATTN_HARNESS_SEED"  # a split check's seed instead of derandomized draws (empty: none)
 
 
 def _without_local_constants() -> None:
@@ -150,11 +153,30 @@ def current() -> str:
 
 
 def fix_draws() -> None:
-    """Make the active profile draw the same cases on every machine (derandomized, no example
-    database): a CI share must draw what the same share draws on any other runner."""
+    """Make the active profile draw the same cases on every machine (no example database): a CI share
+    must draw what the same share draws on any other runner. Derandomized (the same set for a given
+    source and release, run after run), or, where SEED_ENV gives a seed, seeded with it: a nightly
+    passes a new seed each night, so it explores new draws and its shares still agree."""
     name = current()
-    settings.register_profile(name, parent=settings.get_profile(name), derandomize=True, database=None)
+    seed = os.environ.get(SEED_ENV) or None
+    if seed is not None and not seed.strip().isdigit():
+        raise ValueError(f"${SEED_ENV}={seed!r} must be a non-negative integer")
+    fixed = {"derandomize": seed is None, "database": None}
+    settings.register_profile(name, parent=settings.get_profile(name), **fixed)
     settings.load_profile(name)
+    if seed is not None:
+        hypothesis_core.global_force_seed = int(seed)
+
+
+def derandomized(name: str | None = None) -> bool:
+    """Whether profile `name` (default: the active one) draws a fixed set of cases, the same for a
+    given source and release on every run, as ci and gpu do; a nightly thorough run explores."""
+    return bool((settings.get_profile(name) if name else settings()).derandomize)
+
+
+def seeded() -> bool:
+    """Whether SEED_ENV gives a split check its seed (fix_draws)."""
+    return bool(os.environ.get(SEED_ENV))
 
 
 def steers_by_target() -> bool:

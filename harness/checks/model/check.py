@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from harness.backends.base import Backend
-from harness.checks.known_issues import expected_failure
+from harness.checks.known_issues import excuse
 from harness.checks.model.engine import Work
 from harness.checks.model.serving import (
     ATTN_NAME,
@@ -505,13 +505,16 @@ def _three_models(
     return upcast, native, served
 
 
-def _mark_known_bug(res: ModelResult, backend_name: str, served: list) -> None:
-    """A failure that a known library bug explains, reached by a layer call of this model: xfail."""
+def _mark_known_bug(res: ModelResult, backend_name: str, served: list, device: str) -> None:
+    """A failure that a known library bug explains, reached and confirmed on a layer call of this
+    model: xfail."""
     if res.status != "fail":
         return
-    known = next((k for c in served if (k := expected_failure(backend_name, c, res.reason))), None)
-    if known:
-        res.status, res.reason = "xfail", known
+    for case in served:
+        excused, reason = excuse(backend_name, case, res.reason, device)
+        if excused:
+            res.status, res.reason = "xfail", reason
+            return
 
 
 def _check_model(
@@ -569,6 +572,6 @@ def _check_model(
             res.reason += "; deterministic mode: " + res.deterministic
     else:
         res.deterministic = backend.capabilities.reason("deterministic", "no deterministic mode")
-    _mark_known_bug(res, backend.name, run.served)
+    _mark_known_bug(res, backend.name, run.served, device)
     res.seconds = time.perf_counter() - start
     return res

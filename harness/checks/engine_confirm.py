@@ -1,0 +1,99 @@
+"""Whether an engine itself, called directly on a case, shows its known issue (vLLM's CPU ops, sglang).
+
+Each function calls the engine as the entry's script in known_issues/ does, on what the harness
+draws for the case, never through the adapter: True when the engine is wrong there, False when it
+is right or cannot be imported (then a failure the entry reaches is the adapter's own).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from harness.checks.library_verdict import library
+from harness.core.batch import build_batch, make_inputs
+from harness.core.case import Case
+from harness.core.vocab import TORCH_DTYPES
+
+BLOCK, HEADS, DIM = 32, 1, 32  # the vLLM scripts' one-key requests
+VLLM_KV_DTYPES = {"float8_e4m3fn": "fp8_e4m3", "float8_e5m2": "fp8_e5m2"}
+E4M3_SMALLEST_NORMAL = 2.0**-6
+
+
+def vllm_isa(dtype: torch.dtype) -> str:
+    """The kernel vLLM's CPU attention picks: "amx" for bf16 where the CPU has AMX tiles, else "vec"."""
+    return "amx" if dtype == torch.bfloat16 and torch.cpu._is_amx_tile_supported() else "vec"
+
+
+def vllm_read_back(dtype: torch.dtype, values: torch.Tensor, kv_dtype: str, scale: float) -> torch.Tensor:
+    """values [n] -> what vLLM's CPU attention over one cached key, whose V row is all that value
+    (written with `scale` by cpu_attn_reshape_and_cache), returns: the value as the cache holds it.
+    As known_issues/vllm_cpu_fp8_write_truncates.py reads values back."""
+    ops = library("vllm._custom_ops")
+    isa = vllm_isa(dtype)
+    if isa == "amx":
+        torch._C._cpu._init_amx()  # as the scripts (and a serving process's linear layers) do
+    n = values.numel()
+    cache = torch.zeros(n + 1, HEADS, BLOCK, 2 * DIM, dtype=torch.uint8)  # block 0 unused
+    key_cache, value_cache = cache.view(n + 1, HEADS, 2 * BLOCK, DIM).chunk(2, dim=2)
+    v = values.view(n, 1, 1).expand(n, HEADS, DIM).to(dtype).contiguous()
+    k = torch.zeros_like(v)
+    slots = (torch.arange(n) + 1) * BLOCK  # request r's key: first slot of block r + 1
+    ops.cpu_attn_reshape_and_cache(k, v, key_cache, value_cache, slots, isa, scale, scale, kv_dtype)
+    q = torch.ones(n, HEADS, DIM, dtype=dtype)
+    qo = torch.arange(n + 1, dtype=torch.int32)
+    seq = torch.ones(n, dtype=torch.int32)
+    meta = ops.cpu_attn_get_scheduler_metadata(
+        n, HEADS, HEADS, DIM, seq, dtype, qo, True, -1, isa, False, kv_cache_dtype=kv_dtype
+    )
+    out = torch.empty_like(q)
+    table = (torch.arange(n, dtype=torch.int32) + 1).view(n, 1)
+    ops.cpu_attention_with_kv_cache(
+        q, key_cache, value_cache, out, qo, seq, DIM**-0.5, True, None, -1, table, 0.0, meta, None,
+        k_scale=scale, v_scale=scale, kv_cache_dtype=kv_dtype,
+    )
+    return out[:, 0, 0].float()
+
+
+def vllm_fp8_write_truncates(case: Case, device: str) -> bool:
+    """Known issue vllm-cpu-fp8-write-truncates: this forward's new K and V (the values the adapter has
+    vLLM write), written and read back through vLLM with the case's scales, where some value comes
+    back a code nearer zero than torch's rounding to nearest gives."""
+    if library("vllm._custom_ops") is None or case.kv_dtype is None:
+        return False
+    batch = build_batch(case, make_inputs(case, device), device)
+    fp8, dtype = getattr(torch, case.kv_dtype), TORCH_DTYPES[case.dtype]
+    for new, scale in ((batch.k_new, case.k_scale), (batch.v_new, case.v_scale)):
+        values = new.flatten().unique()
+        got = vllm_read_back(dtype, values, VLLM_KV_DTYPES[case.kv_dtype], scale)
+        nearest = ((values.float() / scale).to(fp8).float() * scale).to(dtype).float()
+        if bool((got.abs() < nearest.abs()).any()):
+            return True
+    return False
+
+
+def vllm_fp8_e4m3_subnormals(case: Case, device: str) -> bool:
+    """Known issue vllm-cpu-fp8-e4m3-bf16-subnormals: the subnormal e4m3 codes the case's cache holds
+    (its K/V over their scales), written and read back through vLLM in the case dtype with scale 1,
+    where one comes back changed."""
+    if library("vllm._custom_ops") is None or case.kv_dtype != "float8_e4m3fn":
+        return False
+    inputs = make_inputs(case, device)
+    codes = torch.cat([inputs.kv_all[0].flatten() / case.k_scale, inputs.kv_all[1].flatten() / case.v_scale])
+    codes = codes.to(torch.float8_e4m3fn).float().unique()
+    subnormal = codes[(codes != 0) & (codes.abs() < E4M3_SMALLEST_NORMAL)]
+    if not subnormal.numel():
+        return False
+    got = vllm_read_back(TORCH_DTYPES[case.dtype], subnormal, "fp8_e4m3", 1.0)
+    return bool((got != subnormal).any())
+
+
+def sglang_window_zero(case: Case, device: str) -> bool:
+    """Known issue sglang-window-zero: sglang's RadixAttention built with the case's window, as
+    known_issues/sglang_window_zero.py builds it, reports no window (-1) for the case's window of 0."""
+    radix = library("sglang.srt.layers.radix_attention")
+    if radix is None or case.window_left != 0:
+        return False
+    layer = radix.RadixAttention(
+        case.num_q_heads, case.head_dim, case.scale, case.num_kv_heads, layer_id=0, sliding_window_size=0
+    )
+    return layer.sliding_window_size != 0

@@ -1,0 +1,36 @@
+"""The verdict on a library's own output for a case: what a known issue's confirmation judges.
+
+A known issue excuses a failing case only when the library, called directly with the case's inputs
+(outside the backend's glue), is wrong too (harness/checks/known_issues.py). This judges that direct
+output the way the numeric check judges a backend's: the same references, the same budget.
+"""
+
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+
+import torch
+
+from harness.core.batch import Inputs
+from harness.core.case import Case
+from harness.core.compare import Verdict, compare
+from references.torch_ref import references
+
+
+def library(module: str) -> ModuleType | None:
+    """The library's module, or None where it is not installed (then nothing is confirmed)."""
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        return None
+
+
+def library_verdict(case: Case, inputs: Inputs, out: torch.Tensor, device: str) -> Verdict:
+    """Judge `out` (the library's output for every query of the case) against the references."""
+    fp8 = case.kv_dtype is not None
+    exact, native, *rounded = references(
+        case, inputs, ("exact", "native", "rounded_kv") if fp8 else ("exact", "native"), device
+    )
+    extra = {"ref_rounded_kv": rounded[0].out} if fp8 else {}
+    return compare(case, out, exact.out, native.out, **extra)

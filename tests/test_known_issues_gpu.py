@@ -1,0 +1,77 @@
+"""On the GPU: each FlashInfer known issue confirms itself on its own script's shapes, and only there.
+
+A known issue excuses a failing case only when the library, called directly on it, is wrong too
+(harness/checks/known_issues.py). The non-causal window bug shows at 257 and 513 tokens with windows
+1 and 8 (known_issues/flashinfer_noncausal_window.py) and not at 4096 tokens with windows 1, 8, 64
+and 333, nor at 257 tokens with window 333 (measured on an H200, flashinfer 0.7.2.post1): there a
+glue bug must count. The graph entry confirms on its script's cases A to C and not on its control D.
+Skipped, with the reason, without CUDA or a supported flashinfer.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from harness.backends.flashinfer_glue import why_unavailable
+from harness.checks import known_issues
+from harness.checks.flashinfer_confirm import noncausal_window
+from harness.checks.flashinfer_graph_confirm import graph_unsplit_plan
+from harness.core.case import Case, Request
+from harness.core.graph_case import GraphCase
+
+SKIP = (
+    "no CUDA device: torch.cuda.is_available() is False"
+    if not torch.cuda.is_available()
+    else why_unavailable()
+)
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(SKIP is not None, reason=str(SKIP))]
+
+SCRIPT = dict(num_q_heads=8, num_kv_heads=8, head_dim=128, dtype="bfloat16")
+
+
+def encoder(tokens: int, window: int) -> Case:
+    return Case(mode="ENCODER_ONLY", requests=(Request(0, tokens),), window_left=window, **SCRIPT)
+
+
+@pytest.mark.parametrize("tokens,window", [(257, 1), (513, 1), (257, 8), (513, 8)])
+def test_the_noncausal_window_issue_confirms_on_its_scripts_shape(tokens, window):
+    assert noncausal_window(encoder(tokens, window), "cuda")
+
+
+@pytest.mark.parametrize("tokens,window", [(4096, 1), (4096, 8), (4096, 64), (4096, 333), (257, 333)])
+def test_the_noncausal_window_issue_does_not_confirm_where_the_kernel_is_right(tokens, window):
+    """Inside the entry's predicate, yet the kernel is right: a failure there is the glue's."""
+    case = encoder(tokens, window)
+    (issue,) = [i for i in known_issues.KNOWN_ISSUES if i.id == "flashinfer-noncausal-window"]
+    assert issue.reaches(case)
+    assert not noncausal_window(case, "cuda")
+
+
+def graph(kv_heads: int, q_len: int, window: int, max_kv: int, lens: list[int]) -> GraphCase:
+    """The script's shape as a GraphCase: deterministic, page 16, one batch of `lens` keys."""
+    mode = "DECODE" if q_len == 1 else "TARGET_VERIFY"
+    chain = None if q_len == 1 else tuple(range(-1, q_len - 1))  # a verify chain: [-1, 0, 1, ...]
+    batch = Case(
+        mode=mode,
+        requests=tuple(Request(n - q_len, q_len, tree=chain) for n in lens),
+        window_left=window,
+        deterministic=True,
+        page_size=16,
+        **{**SCRIPT, "num_kv_heads": kv_heads},
+    )
+    return GraphCase((batch,), len(lens), max_kv)
+
+
+@pytest.mark.parametrize(
+    "g,wrong",
+    [
+        (graph(8, 1, -1, 2049, [1, 1]), True),  # A: capture split, replay unsplit
+        (graph(8, 3, -1, 2049, [3, 3, 3]), True),  # B: verify, the same
+        (graph(2, 1, 745, 3200, [276, 745, 193]), True),  # C: a window under the chunk
+        (graph(8, 1, -1, 2049, [2049, 2049]), False),  # D: the replay splits too
+    ],
+    ids=["A", "B", "C", "D"],
+)
+def test_the_graph_issue_confirms_on_its_scripts_cases_and_not_on_the_control(g, wrong):
+    assert graph_unsplit_plan(g, "cuda") is wrong
