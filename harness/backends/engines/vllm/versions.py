@@ -29,7 +29,10 @@ GPU_RANGE = SupportedRange(
     why_lowest=WHY_LOWEST,
 )
 
-# From this release on, CPU_ATTN takes a layer's sink logits in float32 (it casts other dtypes to it);
-# before it, its kernel reads them in the layer's dtype only (0.28.0 raises "expected scalar type
-# BFloat16 but found Float" for float32 sinks in a bf16 layer), as a model's sinks parameter is.
+# From this release on, CPU_ATTN takes a layer's sink logits in float32 or bf16 (it casts other dtypes to
+# float32); before it, the layer passes them unconverted and its kernel reads bf16 only (0.28.0 raises
+# "expected scalar type BFloat16 but found Float" or "... found Half"): known issue vllm-cpu-sinks-bf16-only.
 CPU_SINKS_FLOAT32 = "0.32.0"
+# From this release on (the first one checked that does), CPU_ATTN's kernel blocks are multiples of 32
+# (get_supported_kernel_block_sizes: MultipleOf(32)); 0.28.0 declares multiples of 16.
+CPU_BLOCKS_OF_32 = "0.32.0"
