@@ -161,7 +161,7 @@ MUTANTS: list[Mutant] = [
         "the softmax subtracts no row max: 2^s overflows float32 once a logit passes 88.7 (128 in "
         "base 2), and underflows to no weight when every logit of a row is below -103",
         "weights",
-        ("prefill", "decode"),
+        ("decode", "prefill"),
         False,
         _NoRowMax,
     ),
@@ -187,7 +187,7 @@ MUTANTS: list[Mutant] = [
         "tie_dropped",
         "keys tied at a row's max: only one keeps the max's term (weight 1), the others drop out",
         "weights",
-        ("prefill", "decode"),
+        ("prefix", "decode"),
         False,
         _TieDropped,
     ),
