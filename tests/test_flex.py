@@ -389,7 +389,8 @@ def test_direct_block_mask_is_create_block_mask(family, window):
     @settings(max_examples=6, derandomize=True, database=None, deadline=None)
     @given(strategy)
     def check(c):  # noqa: ANN001, ANN202
-        batch = batch_of(c.replace(sinks=c.sinks or c.seed % 2 == 0))
+        sinks = c.sinks or (c.seed % 2 == 0 and c.logit_offset >= 0)  # a Case refuses sinks under -L
+        batch = batch_of(c.replace(sinks=sinks))
         for backend in backends:
             for requests in backend.launches(batch):
                 launch = backend.pack(batch, requests)

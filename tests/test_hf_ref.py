@@ -139,7 +139,8 @@ def test_with_an_fp8_cache_both_references_agree_over_the_dequantized_values(fam
     @settings(max_examples=6, derandomize=True, database=None, deadline=None)
     @given(cases(family, family != "cross", ALL_CAPS, TINY), fp8)
     def check(c, cache):
-        c = c.replace(kv_dtype=cache[0], k_scale=cache[1], v_scale=cache[2])
+        # a logit pattern needs the key component an FP8 cache cannot hold: those cases stay plain
+        c = c.replace(kv_dtype=cache[0], k_scale=cache[1], v_scale=cache[2], logits="plain", logit_offset=0.0)
         assert_references_agree(c)
 
     check()

@@ -11,9 +11,11 @@ from hypothesis import HealthCheck, Phase, find, given, settings
 from harness.backends import load
 from harness.core.batch import kv_len
 from harness.core.case import Case
+from harness.core.logits import PATTERNS
 from harness.core.modes import FAMILIES, Mode, tree_depths
 from harness.search.profiles import SIZES
 from harness.search.strategies import cases, tile_edges
+from references.masks import case_masks
 
 CAPS = load("torch_native").capabilities
 S = SIZES["ci"]
@@ -221,3 +223,54 @@ def test_a_modules_constants_do_not_change_the_draws(tmp_path, monkeypatch):
     spec.loader.exec_module(module)
     monkeypatch.setitem(sys.modules, "constant_laden_plugin", module)  # loaded while drawing
     assert first_cases() == without
+
+
+# --- the value space's extremes, measured over the suite's own draws ----------------------------
+
+
+def test_each_logit_pattern_is_drawn():
+    """Each pattern (harness/core/logits.py) in about one case of fourteen over every family (FP8
+    cases stay plain): none without the draw, where every case was plain."""
+    each = {p: round(rate(FAMILIES, lambda c, p=p: [c.logits == p]), 3) for p in PATTERNS if p != "plain"}
+    assert min(each.values()) >= 0.05, each
+
+
+def test_rows_far_above_and_far_below_zero():
+    """Every logit of a row past exp's float32 range (above 88.7, below -103.3) in either direction,
+    and below every finite mask sentinel (-1e4): none without the patterns (the ordinary logits of
+    the ci profile stay within a few hundred of 0, and a row's spread with them)."""
+    for sign in (-1, 1):
+        far = rate(FAMILIES, lambda c, sign=sign: [c.logits != "plain" and sign * c.logit_offset > 103.3])
+        assert far >= 0.04, (sign, far)
+    assert rate(FAMILIES, lambda c: [c.logit_offset <= -1e4]) >= 0.015
+
+
+def test_the_gpu_profile_draws_the_extremes_too():
+    gpu = SIZES["gpu"]
+    for cond in (
+        lambda c: c.logits == "dominant" and c.logit_offset <= -1e4,
+        lambda c: c.logits == "ties",
+        lambda c: c.logits == "offset" and c.logit_offset < 0,
+        lambda c: (c.sm_scale or 0) >= 2 and c.soft_cap > 0,
+    ):
+        find(cases("prefix", True, CAPS, gpu), cond, settings=FIND)
+
+
+def test_rows_of_one_key():
+    """A query that sees exactly one key, in every family: a fresh request's first token, an empty
+    cache's decode step, a window of 0, a one-token encoder input. The lengths and windows draw them
+    without a bias of their own: from 24% of cases (prefix, encoder) to all (prefill)."""
+
+    def one_key(c: Case) -> list[bool]:
+        return [any(bool((m.dense().sum(-1) == 1).any()) for m in case_masks(c))]
+
+    each = {f: round(rate([f], one_key), 3) for f in FAMILIES}
+    assert min(each.values()) >= 0.15, each
+
+
+def test_a_large_softmax_scale_with_and_without_a_soft_cap():
+    """sm_scale 2.0 (16 times the default's spread at head_dim 64), capped or not: none without it
+    (the largest scale drawn was 0.3)."""
+    for capped in (False, True):
+        got = rate(FAMILIES, lambda c, capped=capped: [(c.sm_scale or 0) >= 2 and (c.soft_cap > 0) == capped])
+        assert got >= 0.04, (capped, got)

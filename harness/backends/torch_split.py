@@ -262,13 +262,18 @@ class TorchSplit(EngineGlue):
         s = torch.matmul(q, k.transpose(-1, -2))  # [splits, R, Hkv, G * E, n]
         if case.soft_cap > 0:
             s = torch.tanh(s) * (case.soft_cap * LOG2E)
-        s = torch.where(mask[:, :, None], s.view(splits, r, hq, -1, n), float("-inf"))
-        base = torch.nan_to_num(s.amax(-1), nan=math.nan, neginf=0.0)  # no visible key: 0
-        p = torch.exp2(s - base.unsqueeze(-1))
-        total = p.sum(-1)  # at least 1 where a key is visible: the maximum weighs exactly 1
+        p, base = self.weights(s.view(splits, r, hq, -1, n), mask[:, :, None])
+        total = p.sum(-1)  # 0 only where no key is visible (the maximum weighs 1): output 0, LSE -inf
         o = torch.matmul(p.to(TORCH_DTYPES[case.dtype]).float().view(splits, r, hkv, -1, n), v)
-        o = o.view(splits, r, hq, -1, d) / total.clamp_min(1.0).unsqueeze(-1)
+        o = o.view(splits, r, hq, -1, d) / torch.where(total > 0, total, 1.0).unsqueeze(-1)
         return Partial(o, base + torch.log2(total))  # LSE -inf where no key is visible
+
+    def weights(self, s: torch.Tensor, visible: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """A tile's unnormalised softmax: base-2 scores s [..., n] with the keys not `visible` hidden
+        (-inf) -> (2^(s - max), max) over the last dimension; a row with no visible key has max 0."""
+        s = torch.where(visible, s, float("-inf"))
+        base = torch.nan_to_num(s.amax(-1), nan=math.nan, neginf=0.0)  # no visible key: 0
+        return torch.exp2(s - base.unsqueeze(-1)), base
 
     def scaled_queries(self, batch: Batch, lay: dict[str, torch.Tensor]) -> torch.Tensor:
         """A group's queries as attend takes them, float, times the scale and log2 e (or over the soft

@@ -15,7 +15,7 @@ from functools import cached_property
 import numpy as np
 import torch
 
-from harness.core import modes, pool
+from harness.core import logits, modes, pool
 from harness.core.case import Case
 from harness.core.metadata import Metadata, upload_metadata
 from harness.core.modes import Mode
@@ -89,8 +89,9 @@ def kv_len(case: Case, r: int) -> int:
 def make_inputs(case: Case, device: torch.device | str = "cpu") -> Inputs:
     """Seeded logical inputs: drawn in float32 on `device` from a torch.Generator seeded with the
     case's seed, then rounded to the case dtype: every query of the batch in one draw, then every key
-    and value in one, then the sinks. With an FP8 kv_dtype, K and V are quantized with their scales
-    (pool.quantize, as the cache write does) and kept as the float32 values of those codes.
+    and value in one, then the sinks, then the keys a logit pattern lifts (`_pattern`). With an FP8
+    kv_dtype, K and V are quantized with their scales (pool.quantize, as the cache write does) and
+    kept as the float32 values of those codes.
 
     A case replays exactly on the same kind of device and torch version; the CPU and a GPU draw
     different values from one seed (both are valid draws of the case). Drawing on the GPU takes the
@@ -107,11 +108,35 @@ def make_inputs(case: Case, device: torch.device | str = "cpu") -> Inputs:
         return torch.randn(*shape, generator=gen, device=device)
 
     q_all = randn(sum(q_lens), hq, d)
-    q_all = (q_all if case.q_amplitude == 1 else q_all * case.q_amplitude).to(dt)  # x * 1 is x
+    q_all = q_all if case.q_amplitude == 1 else q_all * case.q_amplitude  # x * 1 is x
     kv_all = randn(2, sum(kv_lens), hkv, d)
-    kv_all = kv_all.to(dt) if case.kv_dtype is None else _fp8_values(case, kv_all)
     sinks = (randn(hq) * 2.0).float() if case.sinks else None
+    if case.logits != "plain":
+        _pattern(case, q_all, kv_all[0], kv_lens, gen)
+    q_all = q_all.to(dt)
+    kv_all = kv_all.to(dt) if case.kv_dtype is None else _fp8_values(case, kv_all)
     return Inputs(q_all=q_all, kv_all=kv_all, q_lens=q_lens, kv_lens=kv_lens, sinks=sinks)
+
+
+def _pattern(
+    case: Case, q_all: torch.Tensor, k_all: torch.Tensor, kv_lens: tuple[int, ...], gen: torch.Generator
+) -> None:
+    """Write the case's logit pattern (harness/core/logits.py) into the float32 draws, in place: every
+    query's feature 0 is a, every key's c; per request and KV head, a dominant key (drawn) gets c + g,
+    or the tied keys (drawn, distinct) take one key's vector with c + g at feature 0."""
+    a, c, g = logits.components(case.logits, case.logit_offset, case.scale, case.q_amplitude, case.head_dim)
+    q_all[..., 0] = a
+    k_all[..., 0] = c
+    if case.logits == "offset":
+        return
+    at = 0
+    for n in kv_lens:
+        for h in range(case.num_kv_heads):
+            order = torch.randperm(n, generator=gen, device=gen.device)
+            top = order[: 1 if case.logits == "dominant" else min(logits.TIED_KEYS, n)] + at
+            k_all[top, h] = k_all[top[:1], h]
+            k_all[top, h, 0] = c + g
+        at += n
 
 
 def _fp8_values(case: Case, kv: torch.Tensor) -> torch.Tensor:

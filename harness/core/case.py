@@ -12,6 +12,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from harness.core import logits
 from harness.core.modes import Mode, tree_depths
 from harness.core.vocab import CASE_FEATURES, DTYPES, KV_DTYPES, SHAPE_TRAITS
 
@@ -36,6 +37,8 @@ SCALE_RANGE = (1e-30, 1e30)
 # Fields a Case without an FP8 KV cache leaves out of its JSON (their defaults), so that its JSON,
 # repro command and reports read as they did before FP8 caches existed.
 FP8_FIELDS = ("kv_dtype", "k_scale", "v_scale")
+# Fields a Case with plain logits leaves out of its JSON, likewise (harness/core/logits.py).
+LOGIT_FIELDS = ("logits", "logit_offset")
 
 
 class CaseError(ValueError):
@@ -123,6 +126,8 @@ class Case:
     kv_dtype: str | None = None
     k_scale: float = 1.0
     v_scale: float = 1.0
+    logits: str = "plain"  # a logit pattern (harness/core/logits.py): plain, offset, dominant, ties
+    logit_offset: float = 0.0  # the pattern's common offset L added to every logit of every row
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -145,6 +150,8 @@ class Case:
         d: dict[str, Any] = {}
         for f in dataclasses.fields(self):
             if self.kv_dtype is None and f.name in FP8_FIELDS:
+                continue
+            if self.logits == "plain" and f.name in LOGIT_FIELDS:
                 continue
             value = getattr(self, f.name)
             d[f.name] = [r.to_dict() for r in value] if f.name == "requests" else value
@@ -256,7 +263,8 @@ def _validate_request(case: Case, i: int, r: Request) -> None:
 def _validate_logit_range(case: Case) -> None:
     """Reject a case whose logits can pass float32's range: no kernel and no reference can compute
     it. Half the range is the limit, so no rounding on the way can reach infinity."""
-    reach = case.scale * case.q_amplitude * case.head_dim * DRAW_BOUND**2
+    pattern = logits.reach(case.logits, case.logit_offset, case.scale, case.q_amplitude, case.head_dim)
+    reach = case.scale * case.q_amplitude * case.head_dim * DRAW_BOUND**2 + pattern
     if reach > FLOAT32_MAX / 2:
         raise CaseError(
             f"sm_scale={shown(case.sm_scale)} with q_amplitude={shown(case.q_amplitude)} and "
@@ -305,6 +313,45 @@ def _validate_windows(case: Case) -> None:
         raise CaseError("swa_pool_exact=true needs hybrid_swa_pool=true")
 
 
+def _validate_logits(case: Case) -> None:
+    """logits: a pattern of harness/core/logits.py; logit_offset: its common offset, 0 with plain
+    logits, within what the case dtype resolves for `offset`. The pattern writes one component of
+    the queries and keys, which an FP8 cache could not hold."""
+    _choice("logits", case.logits, logits.PATTERNS)
+    offset = _number("logit_offset", case.logit_offset)
+    if not abs(offset) <= logits.MAX_OFFSET:
+        bound = f"{logits.MAX_OFFSET:g}"
+        raise CaseError(f"logit_offset={case.logit_offset!r} must be in [-{bound}, {bound}]")
+    if case.logits == "plain" and offset:
+        raise CaseError(f"logit_offset={case.logit_offset!r} needs a logits pattern (logits is plain)")
+    if case.logits == "plain":
+        return
+    if case.logits == "offset" and not offset:
+        raise CaseError("logits='offset' needs a nonzero logit_offset: the offset is the pattern")
+    if case.kv_dtype is not None:
+        raise CaseError(
+            f"logits={case.logits!r} needs kv_dtype null: an FP8 cache cannot hold the key component "
+            "that makes the pattern"
+        )
+    if case.sinks and offset < 0:
+        raise CaseError(
+            f"logit_offset={case.logit_offset!r} with sinks=true: a sink outweighs every key by about "
+            f"e^{-offset:g}, and the output underflows the dtype (no tolerance can judge it)"
+        )
+    resolved = logits.OFFSET_RESOLVED[case.dtype]
+    if case.logits == "offset" and abs(offset) > resolved:
+        raise CaseError(
+            f"logit_offset={case.logit_offset!r} with logits='offset' must be within +-{resolved:g} in "
+            f"{case.dtype}: past it the dtype's rounding of every logit is more than the tolerance can judge"
+        )
+    largest = logits.largest_component(case.logits, offset, case.scale, case.q_amplitude, case.head_dim)
+    if largest > logits.FLOAT_MAX[case.dtype] / 4:
+        raise CaseError(
+            f"logits={case.logits!r} with logit_offset={case.logit_offset!r} and sm_scale={case.sm_scale!r} "
+            f"needs a query or key component of {largest:.3g}, past a quarter of {case.dtype}'s range"
+        )
+
+
 def validate(case: Case) -> None:
     """Raise CaseError naming the first bad field; a valid Case describes a real batch."""
     _choice("mode", case.mode, tuple(m.value for m in Mode))
@@ -338,6 +385,7 @@ def validate(case: Case) -> None:
             raise CaseError(f"{name}={shown(getattr(case, name))} must be true or false")
     if not 0 < _number("q_amplitude", case.q_amplitude) <= 1000:
         raise CaseError(f"q_amplitude={shown(case.q_amplitude)} must be in (0, 1000]")
+    _validate_logits(case)
     _validate_logit_range(case)
     _int("seed", case.seed, 0, MAX_SEED)
     _validate_kv_cache(case)

@@ -58,6 +58,35 @@ class _Fp8KScaleForV(TorchSplit):
         return batch.case.k_scale, batch.case.k_scale  # the paged pass's output scaled by k_scale
 
 
+class _NoRowMax(TorchSplit):
+    def weights(self, s: torch.Tensor, visible: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        s = torch.where(visible, s, float("-inf"))
+        return torch.exp2(s), torch.zeros_like(s[..., 0])  # no row max subtracted: 2^s as it is
+
+
+class _MaxFloorZero(TorchSplit):
+    def weights(self, s: torch.Tensor, visible: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        s = torch.where(visible, s, float("-inf"))
+        base = torch.nan_to_num(s.amax(-1), neginf=0.0).clamp_min(0.0)  # the running max starts at 0
+        return torch.exp2(s - base.unsqueeze(-1)), base
+
+
+class _SentinelFinite(TorchSplit):
+    def weights(self, s: torch.Tensor, visible: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        s = torch.where(visible, s, -1e4)  # a finite sentinel: hidden keys are only 1e4 below 0
+        base = s.amax(-1)
+        return torch.exp2(s - base.unsqueeze(-1)), base
+
+
+class _TieDropped(TorchSplit):
+    def weights(self, s: torch.Tensor, visible: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        s = torch.where(visible, s, float("-inf"))
+        base = torch.nan_to_num(s.amax(-1), neginf=0.0)
+        p = torch.exp2(s - base.unsqueeze(-1))
+        first = torch.zeros_like(p, dtype=torch.bool).scatter_(-1, s.argmax(-1, keepdim=True), True)
+        return torch.where((p == 1.0) & ~first, 0.0, p), base  # the max's term kept for one key only
+
+
 _m = mutants_of("torch_split")
 
 MUTANTS: list[Mutant] = [
@@ -126,5 +155,40 @@ MUTANTS: list[Mutant] = [
         ("decode", "prefix"),
         False,
         _Fp8KScaleForV,
+    ),
+    _m(
+        "no_row_max",
+        "the softmax subtracts no row max: 2^s overflows float32 once a logit passes 88.7 (128 in "
+        "base 2), and underflows to no weight when every logit of a row is below -103",
+        "weights",
+        ("decode", "prefill"),
+        False,
+        _NoRowMax,
+    ),
+    _m(
+        "max_floor_zero",
+        "the softmax's running max starts at 0, not -inf: a row whose every logit is far below 0 "
+        "underflows to no weight at all",
+        "weights",
+        ("prefill", "decode"),
+        False,
+        _MaxFloorZero,
+    ),
+    _m(
+        "mask_sentinel_finite",
+        "hidden keys get a finite sentinel (-1e4 in base-2 logits) instead of -inf: when every visible "
+        "logit of a row is below it, the hidden keys take the row",
+        "weights",
+        ("prefill", "prefix"),
+        False,
+        _SentinelFinite,
+    ),
+    _m(
+        "tie_dropped",
+        "keys tied at a row's max: only one keeps the max's term (weight 1), the others drop out",
+        "weights",
+        ("prefix", "decode"),
+        False,
+        _TieDropped,
     ),
 ]

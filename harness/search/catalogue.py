@@ -216,6 +216,22 @@ CATALOGUE: tuple[Entry, ...] = (
         dtype="float16",
         sm_scale=0.3,
     ),
+    _entry(
+        "logits_below_every_sentinel",
+        "every logit about -30000, below any finite mask sentinel, each row carried by one key",
+        Mode.EXTEND,
+        [Request(10, 6)],
+        logits="dominant",
+        logit_offset=-3e4,
+    ),
+    _entry(
+        "tied_top_keys",
+        "four keys tied at the top of every row that sees them, every logit past exp's float32 range",
+        Mode.EXTEND,
+        [Request(12, 5)],
+        logits="ties",
+        logit_offset=120.0,
+    ),
 )
 
 BY_NAME: dict[str, Entry] = {e.name: e for e in CATALOGUE}

@@ -2,7 +2,9 @@
 
 Shapes are drawn first and the seed last, so shrinking walks towards a small batch with the same
 structure. Lengths are biased to where bugs live: just around the window (W, W+1, 2W+1), around
-page boundaries, empty prefixes, single requests, and extreme logits; and to coincidences between
+page boundaries, empty prefixes, single requests, and extreme logits (large queries, a large sm_scale
+with and without a soft cap, and the logit patterns of harness/core/logits.py: a large common offset,
+a row carried by one key, a tie at the top); and to coincidences between
 dimensions, where kernels take special paths: as many queries as keys (no prefix; a CROSS decoder
 as long as its encoder), a prefix as long as the extend, key counts at a multiple of a kernel tile
 (32, 64, 128) or one either side, requests of equal lengths side by side, and a window at least as
@@ -29,6 +31,16 @@ TILES = (32, 64, 128)  # key-tile widths of the kernels' main loops; a multiple 
 # K/V span e4m3's range: 448 * 0.0173 = 7.75), and two more; 0.0173 and 3.7 are not powers of two, so
 # dequantizing into the case dtype rounds. K and V draw theirs independently.
 KV_SCALES = (1.0, 0.0173, 0.5, 3.7)
+# The softmax scales drawn: the model's default (None, the minimal draw), two of its own, and a large
+# one (the logits' spread grows 16-fold over the default at head_dim 64) that a soft cap then folds.
+SM_SCALES = (None, None, None, 0.05, 0.3, 2.0)
+# Logit patterns (harness/core/logits.py), each one draw in seven: `plain` (the minimal draw) the rest.
+# `offset`: past exp's float32 range (88.7 above, 103 below 0) in both directions, within what
+# bfloat16 resolves. `dominant` and `ties` with no offset, the same, or below every finite mask
+# sentinel a kernel might use in place of -inf (-1e4 here, in natural or base-2 units).
+LOGIT_PATTERNS = ("offset", "dominant", "ties")
+TOP_OFFSETS = (0.0, -120.0, 120.0, -3e4)
+OFFSETS = {"offset": (-120.0, 120.0), "dominant": TOP_OFFSETS, "ties": TOP_OFFSETS}
 
 
 def tile_edges(tile: int, lo: int, hi: int) -> list[int]:
@@ -196,17 +208,24 @@ def _features(
     if caps.kv_dtypes and draw(st.integers(0, 3)) == 3:
         kv_dtype = draw(st.sampled_from(sorted(caps.kv_dtypes)))
         k_scale, v_scale = draw(st.sampled_from(KV_SCALES)), draw(st.sampled_from(KV_SCALES))
+    logits, logit_offset = "plain", 0.0  # a pattern writes a key component an FP8 cache cannot hold
+    kind = draw(st.integers(0, 6))
+    if kind >= 4 and kv_dtype is None:
+        logits = LOGIT_PATTERNS[kind - 4]
+        logit_offset = draw(st.sampled_from([o for o in OFFSETS[logits] if o >= 0 or not sinks]))
     return dict(
         window_right=window_right,
         soft_cap=soft_cap,
         sinks=sinks,
-        sm_scale=draw(st.sampled_from((None, None, None, 0.05, 0.3))),
+        sm_scale=draw(st.sampled_from(SM_SCALES)),
         hybrid_swa_pool=hybrid,
         deterministic=deterministic,
         q_amplitude=draw(st.sampled_from((1.0, 1.0, 1.0, 8.0, 30.0))),
         kv_dtype=kv_dtype,
         k_scale=k_scale,
         v_scale=v_scale,
+        logits=logits,
+        logit_offset=logit_offset,
     )
 
 
