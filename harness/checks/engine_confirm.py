@@ -97,3 +97,28 @@ def sglang_window_zero(case: Case, device: str) -> bool:
         case.num_q_heads, case.head_dim, case.scale, case.num_kv_heads, layer_id=0, sliding_window_size=0
     )
     return layer.sliding_window_size != 0
+
+
+def vllm_sinks_bf16_only(case: Case, device: str) -> bool:
+    """Known issue vllm-cpu-sinks-bf16-only: vLLM's CPU kernel, given a one-key attention in the case's
+    dtype with sinks in that dtype (as a model holds them), raises where it reads sinks as bf16 only,
+    as known_issues/vllm_cpu_sinks_bf16_only.py calls it."""
+    ops = library("vllm._custom_ops")
+    if ops is None or not case.sinks:
+        return False
+    dt, heads, dim, block = TORCH_DTYPES[case.dtype], 4, 32, 32
+    cache = torch.zeros(2, heads, block, 2 * dim, dtype=dt)
+    key_cache, value_cache = cache.view(2, heads, 2 * block, dim).chunk(2, dim=2)
+    kv = torch.randn(1, heads, dim, generator=torch.Generator().manual_seed(case.seed)).to(dt)
+    ops.cpu_attn_reshape_and_cache(kv, kv, key_cache, value_cache, torch.tensor([block]), "vec")
+    qo, seq = torch.tensor([0, 1], dtype=torch.int32), torch.tensor([1], dtype=torch.int32)
+    meta = ops.cpu_attn_get_scheduler_metadata(1, heads, heads, dim, seq, dt, qo, True, -1, "vec", False)
+    table, out = torch.tensor([[1]], dtype=torch.int32), torch.empty_like(kv)
+    try:
+        ops.cpu_attention_with_kv_cache(
+            kv, key_cache, value_cache, out, qo, seq, 1.0, True, None, -1, table, 0.0, meta,
+            torch.zeros(heads, dtype=dt),
+        )
+    except RuntimeError as e:
+        return "BFloat16" in str(e)
+    return False

