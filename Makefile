@@ -47,11 +47,13 @@ check: $(SETUP)
 # engine adapters' suites in their own environments, which are built in the background meanwhile (their
 # installs wait on the network, the tests on the CPU; the build's log is .engines-build.log). pytest's exit
 # status 5 (nothing collected, e.g. every test deselected) is reported, not mistaken for success.
+# TEST_JOBS pytest processes (pytest-xdist) share the tests out file by file; TEST_JOBS=0 runs them in one.
+TEST_JOBS ?= 2
 test: $(SETUP)
 	@if [ "$(INSTALL)" = yes ]; then \
 	  echo "make test: building the engines' environments beside the tests (.engines-build.log)"; \
 	  $(MAKE) --no-print-directory engine-sglang engine-vllm > .engines-build.log 2>&1 & fi; \
-	$(PYTHON) -m pytest -q tests cases $(ARGS); rc=$$?; \
+	$(PYTHON) -m pytest -q -n $(TEST_JOBS) --dist loadfile tests cases $(ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests (exit 5)"; fi; \
 	if [ "$(INSTALL)" != yes ]; then \
 	  echo "make test: INSTALL=no, so the engines' adapters are left to make test-sglang and make test-vllm"; \

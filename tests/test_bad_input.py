@@ -522,7 +522,7 @@ def requests_made(monkeypatch):
 
     def run_check(request, say):
         made.append(request)
-        return check.RunResult(0, Path("run"), Path("latest"))
+        return check.RunResult(exit_status=0, run_dir=Path("run"), latest=Path("latest"))
 
     monkeypatch.setattr(check, "run_check", run_check)
     return made
