@@ -115,6 +115,30 @@ def sglang_window_zero(case: Case, device: str) -> bool:
     return layer.sliding_window_size != 0
 
 
+def vllm_one_key(
+    ops: object,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    isa: str,
+    softcap: float = 0.0,
+    sinks: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """One query [1, heads, dim] over one key and value of that shape, cached in block 1 through vLLM's
+    CPU cache write and attended by its CPU kernel (scale 1, causal), as the vllm_cpu scripts call them."""
+    dt, (_, heads, dim) = q.dtype, q.shape
+    cache = torch.zeros(2, heads, BLOCK, 2 * dim, dtype=dt)
+    key_cache, value_cache = cache.view(2, heads, 2 * BLOCK, dim).chunk(2, dim=2)
+    ops.cpu_attn_reshape_and_cache(k, v, key_cache, value_cache, torch.tensor([BLOCK]), isa)
+    qo, seq = torch.tensor([0, 1], dtype=torch.int32), torch.tensor([1], dtype=torch.int32)
+    meta = ops.cpu_attn_get_scheduler_metadata(1, heads, heads, dim, seq, dt, qo, True, -1, isa, False)
+    table, out = torch.tensor([[1]], dtype=torch.int32), torch.empty_like(q)
+    ops.cpu_attention_with_kv_cache(
+        q, key_cache, value_cache, out, qo, seq, 1.0, True, None, -1, table, softcap, meta, sinks
+    )
+    return out
+
+
 def vllm_sinks_bf16_only(case: Case, device: str) -> bool:
     """Known issue vllm-cpu-sinks-bf16-only: vLLM's CPU kernel, given a one-key attention in the case's
     dtype with sinks in that dtype (as a model holds them), raises where it reads sinks as bf16 only,
@@ -122,31 +146,10 @@ def vllm_sinks_bf16_only(case: Case, device: str) -> bool:
     ops = library("vllm._custom_ops")
     if ops is None or not case.sinks:
         return False
-    dt, heads, dim, block = TORCH_DTYPES[case.dtype], 4, 32, 32
-    cache = torch.zeros(2, heads, block, 2 * dim, dtype=dt)
-    key_cache, value_cache = cache.view(2, heads, 2 * block, dim).chunk(2, dim=2)
-    kv = torch.randn(1, heads, dim, generator=torch.Generator().manual_seed(case.seed)).to(dt)
-    ops.cpu_attn_reshape_and_cache(kv, kv, key_cache, value_cache, torch.tensor([block]), "vec")
-    qo, seq = torch.tensor([0, 1], dtype=torch.int32), torch.tensor([1], dtype=torch.int32)
-    meta = ops.cpu_attn_get_scheduler_metadata(1, heads, heads, dim, seq, dt, qo, True, -1, "vec", False)
-    table, out = torch.tensor([[1]], dtype=torch.int32), torch.empty_like(kv)
+    dt, heads = TORCH_DTYPES[case.dtype], 4
+    kv = torch.randn(1, heads, DIM, generator=torch.Generator().manual_seed(case.seed)).to(dt)
     try:
-        ops.cpu_attention_with_kv_cache(
-            kv,
-            key_cache,
-            value_cache,
-            out,
-            qo,
-            seq,
-            1.0,
-            True,
-            None,
-            -1,
-            table,
-            0.0,
-            meta,
-            torch.zeros(heads, dtype=dt),
-        )
+        vllm_one_key(ops, kv, kv, kv, "vec", sinks=torch.zeros(heads, dtype=dt))
     except RuntimeError as e:
         return "BFloat16" in str(e)
     return False
@@ -159,23 +162,14 @@ def vllm_softcap_nan(case: Case, device: str) -> bool:
     ops = library("vllm._custom_ops")
     if ops is None or not case.soft_cap or case.logits == "plain":
         return False
-    dt, heads, dim, block = TORCH_DTYPES[case.dtype], 4, 32, 32
+    dt, heads = TORCH_DTYPES[case.dtype], 4
     isa = vllm_isa(dt)
     if isa == "amx":
         torch._C._cpu._init_amx()
-    cache = torch.zeros(2, heads, block, 2 * dim, dtype=dt)
-    key_cache, value_cache = cache.view(2, heads, 2 * block, dim).chunk(2, dim=2)
     k, v, q = (
-        torch.zeros(1, heads, dim, dtype=dt),
-        torch.ones(1, heads, dim, dtype=dt),
-        torch.zeros(1, heads, dim, dtype=dt),
+        torch.zeros(1, heads, DIM, dtype=dt),
+        torch.ones(1, heads, DIM, dtype=dt),
+        torch.zeros(1, heads, DIM, dtype=dt),
     )
     k[..., 0], q[..., 0] = 1.0, case.logit_offset
-    ops.cpu_attn_reshape_and_cache(k, v, key_cache, value_cache, torch.tensor([block]), isa)
-    qo, seq = torch.tensor([0, 1], dtype=torch.int32), torch.tensor([1], dtype=torch.int32)
-    meta = ops.cpu_attn_get_scheduler_metadata(1, heads, heads, dim, seq, dt, qo, True, -1, isa, False)
-    table, out = torch.tensor([[1]], dtype=torch.int32), torch.empty_like(q)
-    ops.cpu_attention_with_kv_cache(
-        q, key_cache, value_cache, out, qo, seq, 1.0, True, None, -1, table, case.soft_cap, meta, None
-    )
-    return bool(out.isnan().any())
+    return bool(vllm_one_key(ops, q, k, v, isa, softcap=case.soft_cap).isnan().any())
