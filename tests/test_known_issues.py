@@ -383,3 +383,19 @@ def test_the_graph_confirmations_driver_is_right_where_the_library_is_and_says_w
 
     monkeypatch.setattr(fake.BatchDecodeWithPagedKVCacheWrapper, "run", last_row_lost)
     assert driver.drive(g, "cpu", driver.Step()).startswith("REPRODUCED: batch 0 replayed at size 2")
+
+
+def test_a_failure_two_issues_reach_is_excused_by_the_one_that_confirms(version, monkeypatch):
+    """Two entries can reach one case (an FP8 case both vLLM cache entries reach): the failure is the
+    library's when any of them confirms, not only when the first does."""
+    version("0.7.2.post1")
+    first = dataclasses.replace(known_issues.KNOWN_ISSUES[0], id="first", confirm=lambda c, d: False)
+    second = dataclasses.replace(known_issues.KNOWN_ISSUES[0], id="second", confirm=lambda c, d: True)
+    monkeypatch.setattr(known_issues, "KNOWN_ISSUES", (first, second))
+    excused, reason = known_issues.excuse("flashinfer_ragged", LONG_WINDOWED, "err", "cpu")
+    assert excused and reason.startswith("known issue second ")
+    version("0.7.2.post1")  # confirmations are kept per issue and case within a process
+    monkeypatch.setattr(known_issues, "KNOWN_ISSUES", (first, dataclasses.replace(second, confirm=None)))
+    assert known_issues.excuse("flashinfer_ragged", LONG_WINDOWED, "err", "cpu")[1].startswith(
+        "err; not known issue first (flashinfer-python 0.7.2.post1), second (flashinfer-python 0.7.2.post1)"
+    )
