@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from harness.run.pytest_command import PytestCommand, command
-from harness.run.run_info import RunInfo, started_now
+from harness.run.run_info import INTERRUPTED_EXIT, RunInfo, started_now
 from harness.run.speed import settings
 
 if TYPE_CHECKING:
@@ -35,7 +35,7 @@ GIB_PER_JOB = 2.0
 PYTEST_USAGE_ERROR = 4
 NO_TESTS = 5
 NOTHING_CHECKED = 3  # check's exit status when no case was checked (as repro's)
-INTERRUPTED = 130  # check's exit status when stopped by SIGINT: 128 + the signal, as a shell says
+INTERRUPTED = INTERRUPTED_EXIT  # check's exit status when stopped by SIGINT
 INTERRUPT_GRACE_S = 20.0  # for an interrupted pytest to write what it checked
 # What pytest and hypothesis keep between runs goes to the run's own directory, never to the one
 # pytest runs in (the checkout, in a checkout): pytest's cache, in a check of one process (`pytest
@@ -554,7 +554,8 @@ def run_parallel(job: Prepared, gate: WarmGate | None = None, say: Say = print) 
         id=job.run_dir.name, started=started, elapsed_s=elapsed, profile=job.profile,
         derandomized=profiles.derandomized(job.profile) or (job.shard is not None and not profiles.seeded()),
         command=f"{job.command_line} ({len(planned.plan.parts)} processes, {planned.plan.jobs} at once)",
-        exit_status=code, jobs=planned.plan.jobs, expected_s=planned.plan.makespan,
+        exit_status=INTERRUPTED if job.interrupted else code,
+        jobs=planned.plan.jobs, expected_s=planned.plan.makespan,
         parts=parallel.part_records(parts), warmup_s=gate.seconds if gate is not None else None,
         shard=job.shard, interrupted={"not_run": parallel.not_run(parts)} if job.interrupted else None,
     )

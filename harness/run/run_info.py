@@ -11,6 +11,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+INTERRUPTED_EXIT = 130  # the exit status of a run stopped by SIGINT: 128 + the signal, as a shell says
+
 
 def started_now() -> tuple[float, str]:
     """This moment as (epoch seconds, the local time as results.json writes it)."""
