@@ -12,13 +12,14 @@ sglang 0.5.17's code (SGLANG_GPU's range); docs/engines.md lists them.
 from __future__ import annotations
 
 import contextlib
+import importlib
 from collections.abc import Iterator
 from functools import cache
 from types import SimpleNamespace
 from typing import Any
 
 from harness.backends.engines.base import Engine, StandIn, model_dir
-from harness.backends.engines.sglang.engine import SglangAdapter
+from harness.backends.engines.sglang.engine import SglangAdapter, declare_torchvision_schemas
 from harness.backends.versions import SupportedRange
 from harness.core.batch import Batch
 from harness.core.modes import Mode
@@ -115,10 +116,9 @@ class SglangGpuAdapter(SglangAdapter):
     attention_backend_name: str  # sglang's --attention-backend for this backend
 
     def gpu(self) -> SimpleNamespace:
-        """sglang's runtime context, server args, model config, allocator and speculative modules."""
-        import importlib
-
-        self.engine_modules()
+        """sglang's runtime context, server args, model config, allocator and speculative modules
+        (imported without the backend's module, which needs the CUDA kernels)."""
+        declare_torchvision_schemas()
         return SimpleNamespace(**{k: importlib.import_module(m) for k, m in GPU_MODULES.items()})
 
     # --- the stand-ins --------------------------------------------------------------------------
