@@ -12,8 +12,13 @@ yet (docs/engines.md).
 
 from __future__ import annotations
 
+from typing import Any
+
+import torch
+
 from harness.backends.base import Capabilities
 from harness.backends.engines.sglang.gpu import SglangGpuAdapter
+from harness.core.batch import Batch
 from harness.core.case import PAGE_SIZES
 from harness.core.modes import Mode
 
@@ -60,6 +65,12 @@ class SglangFA3(SglangGpuAdapter):
     engine_backend = "sglang.srt.layers.attention.flashattention_backend:FlashAttentionBackend"
     attention_backend_name = "fa3"
     capabilities = FA3
+
+    def forward_kwargs(self, batch: Batch) -> dict[str, Any]:
+        """The layer's sink logits [Hq] in float32: the case's values exactly. sglang's gpt_oss.py holds
+        them in bfloat16 for this backend (float32 for trtllm_mha only); rounding them there would
+        move the logits away from the reference's, so the adapter hands the kernel float32."""
+        return {"sinks": batch.sinks.to(torch.float32)} if batch.sinks is not None else {}
 
 
 BACKENDS = {"sglang_fa3": SglangFA3}

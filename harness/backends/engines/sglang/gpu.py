@@ -200,8 +200,3 @@ class SglangGpuAdapter(SglangAdapter):
             layer.v_scale = torch.tensor(v, dtype=torch.float32, device=batch.device)
             layer.k_scale_float, layer.v_scale_float = k, v
         return layer
-
-    def forward_kwargs(self, batch: Batch) -> dict[str, Any]:
-        """The layer's sink logits [Hq] in float32, as a model holds them, where the case has sinks."""
-        return {"sinks": batch.sinks.float()} if batch.sinks is not None else {}
-
