@@ -285,3 +285,18 @@ def test_the_cuda_adapters_and_their_stand_ins_are_documented(cls):
     section = text[text.index("### Stand-ins of the CUDA adapters"):]
     for stand_in in cls.stand_ins:
         assert f"| {stand_in.what} |" in section, stand_in.what
+
+
+def test_the_gpu_smoke_runs_cases_both_cuda_adapters_declare():
+    """engines/sglang-gpu-smoke.py's decode and extend are cases each CUDA adapter declares, so its one
+    try on a GPU runs them instead of skipping."""
+    path = Path(__file__).resolve().parent.parent / "engines" / "sglang-gpu-smoke.py"
+    spec = importlib.util.spec_from_file_location("sglang_gpu_smoke", path)
+    assert spec is not None and spec.loader is not None
+    smoke = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(smoke)
+    assert set(smoke.ADAPTERS) == {cls.name for cls in GPU_ADAPTERS}
+    assert {case.mode for case in smoke.CASES.values()} == {"DECODE", "EXTEND"}
+    for cls in GPU_ADAPTERS:
+        for case in smoke.CASES.values():
+            assert cls().supports(case) is None, (cls.name, case)
