@@ -18,6 +18,8 @@ from functools import cache
 from types import SimpleNamespace
 from typing import Any
 
+import torch
+
 from harness.backends.engines.base import Engine, StandIn, model_dir
 from harness.backends.engines.sglang.engine import SglangAdapter, declare_torchvision_schemas
 from harness.backends.versions import SupportedRange
@@ -193,8 +195,6 @@ class SglangGpuAdapter(SglangAdapter):
         """engine.py's RadixAttention, with the KV_SCALES stand-in for an FP8 cache."""
         layer = super().layer(batch)
         if batch.case.kv_dtype is not None:
-            import torch
-
             k, v = batch.case.k_scale, batch.case.v_scale
             layer.k_scale = torch.tensor(k, dtype=torch.float32, device=batch.device)
             layer.v_scale = torch.tensor(v, dtype=torch.float32, device=batch.device)
