@@ -13,10 +13,13 @@ without the engine lists its adapters as unavailable, with the reason.
 from __future__ import annotations
 
 import importlib
+import json
 import pkgutil
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
+from pathlib import Path
 from types import ModuleType
 
 from harness.backends.base import Backend, BackendBroken
@@ -53,6 +56,27 @@ class Engine:
         return self.supported.why_unsupported(release)
 
 
+@cache
+def model_dir(num_q_heads: int, num_kv_heads: int, head_dim: int) -> str:
+    """A local model directory whose config.json is a one-layer Llama of the case's attention geometry:
+    what an engine's model config reads (heads, head size) where a served model's would come from the hub."""
+    path = Path(tempfile.mkdtemp(prefix="attn-harness-model-"))
+    config = {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": num_q_heads * head_dim,
+        "num_attention_heads": num_q_heads,
+        "num_key_value_heads": num_kv_heads,
+        "head_dim": head_dim,
+        "num_hidden_layers": 1,
+        "intermediate_size": 4 * num_q_heads * head_dim,
+        "vocab_size": 256,
+        "max_position_embeddings": 1 << 20,
+    }
+    (path / "config.json").write_text(json.dumps(config))
+    return str(path)
+
+
 class EngineAdapter(Backend):
     """A harness Backend over one of an engine's own attention backends.
 
@@ -65,6 +89,8 @@ class EngineAdapter(Backend):
     engine: Engine
     engine_backend: str
     stand_ins: tuple[StandIn, ...] = ()
+    # Other distributions the engine's backend needs (pip name, what it is), e.g. its CUDA kernels.
+    requires: tuple[tuple[str, str], ...] = ()
 
     @property
     def library(self) -> str:  # type: ignore[override]  # the report's library column: the engine
@@ -79,14 +105,19 @@ class EngineAdapter(Backend):
         return self.engine.release()
 
     def available(self, device: str) -> str | None:
-        """Why not here: the device, or the engine not installed (a reason); an installed release
-        outside the range or an engine that fails to import raises BackendBroken (an error)."""
+        """Why not here: the device, or the engine or a distribution it requires not installed (a
+        reason); an installed release outside the range or an engine that fails to import raises
+        BackendBroken (an error)."""
         why = super().available(device)
         if why is not None:
             return why
         if self.release() is None:
             return f"{self.engine.supported.distribution} is not installed here (supported: " \
                 f"{self.engine.supported.spec}; docs/engines.md says how to install it)"
+        for distribution, what in self.requires:
+            if distribution_version(distribution) is None:
+                return f"{distribution} ({what}) is not installed here; {self.name} needs it beside " \
+                    f"{self.engine.name} {self.release()} (docs/engines.md says how to install it)"
         refusal = self.engine.refusal()
         if refusal is not None:
             raise BackendBroken(refusal)

@@ -10,8 +10,10 @@ method, so that a mutant (harness/mutants/sglang.py) can change exactly one engi
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
+from contextlib import AbstractContextManager
 from types import ModuleType, SimpleNamespace
 from typing import Any
 
@@ -221,15 +223,29 @@ class SglangAdapter(EngineAdapter):
         """The MODEL_RUNNER stand-in."""
         return SimpleNamespace(device=str(batch.device), req_to_token_pool=r2t, token_to_kv_pool=kv)
 
+    def serving_context(self, batch: Batch) -> AbstractContextManager[Any]:
+        """What a serving process holds while its attention runs (published server args, parallel
+        state); the CPU backends read none of it."""
+        return contextlib.nullcontext()
+
+    def attention_backend(self, batch: Batch, r2t: Any, kv: Any) -> Any:
+        """sglang's backend, constructed over the model runner as sglang's ModelRunner constructs it."""
+        return self.backend_class()(self.model_runner(batch, r2t, kv))
+
+    def forward_kwargs(self, batch: Batch) -> dict[str, Any]:
+        """Keyword arguments of the backend's forward beyond q, k, v, layer and the batch."""
+        return {}
+
     def run(self, batch: Batch) -> BackendOutput:
-        rows = self.req_pool_indices(batch)
-        r2t = self.req_to_token_pool(batch, rows)
-        kv = self.token_to_kv_pool(batch)
-        backend = self.backend_class()(self.model_runner(batch, r2t, kv))
-        fb = self.forward_batch(batch, rows)
-        layer = self.layer(batch)
-        backend.init_forward_metadata(fb)
-        k, v = self.new_kv(batch)
-        q = batch.q.reshape(batch.q.shape[0], -1)
-        o = backend.forward(q, k, v, layer, fb)
+        with self.serving_context(batch):
+            rows = self.req_pool_indices(batch)
+            r2t = self.req_to_token_pool(batch, rows)
+            kv = self.token_to_kv_pool(batch)
+            backend = self.attention_backend(batch, r2t, kv)
+            fb = self.forward_batch(batch, rows)
+            layer = self.layer(batch)
+            backend.init_forward_metadata(fb)
+            k, v = self.new_kv(batch)
+            q = batch.q.reshape(batch.q.shape[0], -1)
+            o = backend.forward(q, k, v, layer, fb, **self.forward_kwargs(batch))
         return BackendOutput(out=o.view(batch.q.shape[0], batch.case.num_q_heads, -1))

@@ -13,11 +13,7 @@ importing this module costs nothing where vLLM is not installed.
 from __future__ import annotations
 
 import dataclasses
-import json
 import sys
-import tempfile
-from functools import cache
-from pathlib import Path
 from types import ModuleType
 from typing import Any
 
@@ -25,7 +21,7 @@ import numpy as np
 import torch
 
 from harness.backends.base import BackendOutput
-from harness.backends.engines.base import Engine, EngineAdapter, StandIn
+from harness.backends.engines.base import Engine, EngineAdapter, StandIn, model_dir
 from harness.backends.engines.vllm.versions import CPU_RANGE, GPU_RANGE
 from harness.core.batch import Batch
 from harness.core.modes import Mode
@@ -35,27 +31,6 @@ from harness.core.vocab import TORCH_DTYPES
 LAYER_NAME = "model.layers.0.self_attn.attn"
 # vLLM's KV-cache dtype names for a Case's kv_dtype.
 CACHE_DTYPES = {None: "auto", "float8_e4m3fn": "fp8_e4m3", "float8_e5m2": "fp8_e5m2"}
-
-
-@cache
-def model_dir(num_q_heads: int, num_kv_heads: int, head_dim: int) -> str:
-    """A local model directory whose config.json is a one-layer Llama of the case's attention geometry:
-    what vLLM's ModelConfig reads (heads, head size) where a served model's would come from the hub."""
-    path = Path(tempfile.mkdtemp(prefix="attn-harness-vllm-model-"))
-    config = {
-        "architectures": ["LlamaForCausalLM"],
-        "model_type": "llama",
-        "hidden_size": num_q_heads * head_dim,
-        "num_attention_heads": num_q_heads,
-        "num_key_value_heads": num_kv_heads,
-        "head_dim": head_dim,
-        "num_hidden_layers": 1,
-        "intermediate_size": 4 * num_q_heads * head_dim,
-        "vocab_size": 256,
-        "max_position_embeddings": 1 << 20,
-    }
-    (path / "config.json").write_text(json.dumps(config))
-    return str(path)
 
 
 CPU_ENGINE = Engine("vllm", CPU_RANGE)

@@ -1,0 +1,65 @@
+"""First contact of the CUDA sglang adapters with a GPU: each adapter is built, then one small decode and
+one small extend (with a cached prefix) run against the reference, through the harness's own check_case.
+Every failure prints its full traceback, so a single try on a GPU machine says as much as it can.
+
+    python engines/sglang-gpu-smoke.py [ADAPTER ...]     # default: sglang_flashinfer sglang_fa3
+
+Exit status 0 when every case passes, 1 otherwise.
+"""
+
+from __future__ import annotations
+
+import sys
+import traceback
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout's harness first
+
+from harness.api import BackendBroken, Case, Request, check_case, load  # noqa: E402 - after the path
+
+ADAPTERS = ("sglang_flashinfer", "sglang_fa3")
+CASES = {
+    "decode": Case(mode="DECODE", requests=(Request(37, 1), Request(5, 1)), page_size=16),
+    "extend": Case(mode="EXTEND", requests=(Request(19, 6), Request(0, 9)), page_size=16),
+}
+
+
+def smoke(name: str) -> bool:
+    """Build the adapter and run each case; print what happened; True when everything passed."""
+    print(f"== {name}", flush=True)
+    try:
+        backend = load(name)
+        why = backend.available("cuda")
+    except BackendBroken as e:
+        print(f"   broken: {e}")
+        traceback.print_exc()
+        return False
+    if why is not None:
+        print(f"   unavailable: {why}")
+        return False
+    print(f"   {backend.library} {backend.release()} ({backend.supported.status(backend.release() or '')})")
+    ok = True
+    for label, case in CASES.items():
+        try:
+            result = check_case(backend, case, "cuda")
+        except Exception:  # noqa: BLE001 - the point is to print whatever goes wrong, then go on
+            print(f"   {label}: raised outside the backend")
+            traceback.print_exc()
+            ok = False
+            continue
+        v = result.verdict
+        error = f", error {v.err:.3g} (budget {v.budget:.3g})" if v is not None else ""
+        print(f"   {label}: {result.status}{error}: {result.reason}")
+        if "traceback" in result.extra:
+            print(result.extra["traceback"])
+        ok = ok and result.status == "pass"
+    return ok
+
+
+def main(argv: list[str]) -> int:
+    results = [smoke(name) for name in (argv or ADAPTERS)]
+    return 0 if all(results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,76 @@
+"""sglang_fa3: sglang's own FlashAttentionBackend with FA3 (sgl_kernel.flash_attn), on a Hopper GPU
+with sglang's CUDA build; elsewhere unavailable with the reason.
+
+What it supports is read from its code (sglang/srt/layers/attention/flashattention_backend.py, 0.5.17):
+decode and extend over a page table of the pool's pages, a sliding window (`window_size =
+(layer.sliding_window_size, 0)`, both ends inclusive: W + 1 keys, the harness's count), the layer's
+soft cap (`softcap=layer.logit_cap`), sinks (forward's `sinks`, handed to the kernel), cross layers
+(the encoder's pages, is_encoder_decoder), encoder-only layers (causal False) and an FP8 E4M3 cache
+(the query cast to the cache dtype, k_descale / v_descale from the layer's scales). Not run on a GPU
+yet (docs/engines.md).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from harness.backends.base import Capabilities
+from harness.backends.engines.sglang.gpu import SglangGpuAdapter
+from harness.core.batch import Batch
+from harness.core.case import PAGE_SIZES
+from harness.core.modes import Mode
+
+WHERE = "flashattention_backend.py"
+NO_SPEC = (
+    "the adapter does not build sglang's spec_info (EagleVerifyInput / EagleDraftInput) yet: "
+    f"FlashAttentionBackend reads TARGET_VERIFY's and DRAFT_EXTEND's drafts from spec_info ({WHERE})"
+)
+
+FA3 = Capabilities.with_features(
+    "window",
+    "soft_cap",
+    "sinks",
+    modes=frozenset({Mode.DECODE, Mode.EXTEND, Mode.CROSS, Mode.ENCODER_ONLY}),
+    dtypes=frozenset({"bfloat16", "float16"}),
+    head_dims=frozenset({64, 96, 128, 192, 256}),
+    page_sizes=frozenset(PAGE_SIZES),
+    kv_dtypes=frozenset({"float8_e4m3fn"}),
+    exclusive=frozenset({("window", "ENCODER_ONLY")}),
+    why_not={
+        str(Mode.TARGET_VERIFY): NO_SPEC,
+        str(Mode.DRAFT_EXTEND_V2): NO_SPEC,
+        "tree": NO_SPEC,
+        "window+ENCODER_ONLY": "FlashAttentionBackend.forward_extend gives a non-causal layer the window "
+        "(W, W): the left window on the right too",
+        "window_right": "FlashAttentionBackend.forward_extend's two-sided window is (W, W), one "
+        "sliding_window_size for both sides, not a separate right edge",
+        "kv_dtype": "FA3 reads an FP8 cache as E4M3 only (forward_extend casts q to the cache dtype and "
+        "passes k_descale / v_descale)",
+        "hybrid_pool": "the adapter builds an MHATokenToKVPool, not sglang's SWAKVPool "
+        "(use_sliding_window_kv_pool): not driven yet",
+        "deterministic": "the adapter leaves ServerArgs.enable_deterministic_inference off (num_splits 1 "
+        "for the whole process)",
+        "returns_lse": "FlashAttentionBackend.forward returns the output only",
+        "graph": "the adapter does not drive init_cuda_graph_state / "
+        "init_forward_metadata_capture_cuda_graph / init_forward_metadata_replay_cuda_graph yet",
+        "kv_layout": "MHATokenToKVPool is NHD unless SGLANG_USE_HND_KVCACHE, which the adapter does not set",
+    },
+)
+
+
+class SglangFA3(SglangGpuAdapter):
+    name = "sglang_fa3"
+    engine_backend = "sglang.srt.layers.attention.flashattention_backend:FlashAttentionBackend"
+    attention_backend_name = "fa3"
+    capabilities = FA3
+
+    def forward_kwargs(self, batch: Batch) -> dict[str, Any]:
+        """The layer's sink logits [Hq] in float32: the case's values exactly. sglang's gpt_oss.py holds
+        them in bfloat16 for this backend (float32 for trtllm_mha only); rounding them there would
+        move the logits away from the reference's, so the adapter hands the kernel float32."""
+        return {"sinks": batch.sinks.to(torch.float32)} if batch.sinks is not None else {}
+
+
+BACKENDS = {"sglang_fa3": SglangFA3}

@@ -1,0 +1,72 @@
+"""sglang_flashinfer: sglang's own FlashInferAttnBackend (FlashInfer's paged and ragged wrappers), on a
+GPU with sglang's CUDA build and flashinfer-python; elsewhere unavailable with the reason.
+
+What it supports is read from its code (sglang/srt/layers/attention/flashinfer_backend.py, 0.5.17):
+decode and extend (with or without a cached prefix) over token-granular KV indices (the wrappers are
+planned with page size 1 whatever the pool's page size), a sliding window (the model runner's
+`sliding_window_size` gives two wrappers, WrapperDispatch.SLIDING_WINDOW; a decode keeps the last W + 1
+keys, `seq_lens` clamped to `sliding_window_size + 1`, and extend passes `window_left` =
+`layer.sliding_window_size`: W + 1 keys, the harness's count), the layer's soft cap, encoder-only
+layers (non-causal ragged prefill) and an FP8 cache read with the layer's k_scale / v_scale. Not run on
+a GPU yet (docs/engines.md).
+"""
+
+from __future__ import annotations
+
+from harness.backends.base import Capabilities
+from harness.backends.engines.sglang.gpu import SglangGpuAdapter
+from harness.core.case import PAGE_SIZES
+from harness.core.modes import Mode
+
+WHERE = "flashinfer_backend.py"
+NO_SPEC = (
+    "the adapter does not build sglang's spec_info (EagleVerifyInput / EagleDraftInput) yet: "
+    "FlashInferAttnBackend plans TARGET_VERIFY and DRAFT_EXTEND from "
+    f"spec_info.generate_attn_arg_prefill ({WHERE})"
+)
+
+FLASHINFER = Capabilities.with_features(
+    "window",
+    "soft_cap",
+    modes=frozenset({Mode.DECODE, Mode.EXTEND, Mode.ENCODER_ONLY}),
+    dtypes=frozenset({"bfloat16", "float16"}),
+    head_dims=frozenset({64, 128, 256}),
+    page_sizes=frozenset(PAGE_SIZES),
+    kv_dtypes=frozenset({"float8_e4m3fn", "float8_e5m2"}),
+    exclusive=frozenset({("window", "ENCODER_ONLY")}),
+    why_not={
+        str(Mode.TARGET_VERIFY): NO_SPEC,
+        str(Mode.DRAFT_EXTEND_V2): NO_SPEC,
+        "tree": NO_SPEC,
+        str(Mode.CROSS): "forward_extend's ragged path (taken unless deterministic inference or "
+        "SGLANG_FLASHINFER_USE_PAGED) plans K/V at the queries' own indptr "
+        "(FlashInferIndicesUpdaterPrefill.call_begin_forward: wrapper_ragged.begin_forward(qo_indptr, "
+        "qo_indptr, ...)) and, for a cross layer given no K/V, reads the pool's buffer from slot 0",
+        "window+ENCODER_ONLY": "an encoder-only extend without a prefix runs prefill_wrapper_ragged.forward, "
+        "which is given no window_left (FlashInferAttnBackend.forward_extend)",
+        "window_right": "RadixAttention has no right edge for a window",
+        "sinks": "FlashInferAttnBackend.forward_extend / forward_decode take no sinks",
+        "hybrid_pool": "the adapter builds an MHATokenToKVPool, not sglang's SWAKVPool, whose slots "
+        "_resolve_swa_kv_pool translates: not driven yet",
+        "deterministic": "the adapter leaves ServerArgs.enable_deterministic_inference off (it changes the "
+        "split tile sizes and turns off ragged prefill for the whole process)",
+        "returns_lse": "FlashInferAttnBackend.forward returns the output only",
+        "graph": "the adapter does not drive init_cuda_graph_state / "
+        "init_forward_metadata_capture_cuda_graph / init_forward_metadata_replay_cuda_graph yet",
+        "kv_layout": "FlashInferAttnBackend builds every wrapper with the 'NHD' layout",
+    },
+)
+
+
+class SglangFlashInfer(SglangGpuAdapter):
+    name = "sglang_flashinfer"
+    engine_backend = "sglang.srt.layers.attention.flashinfer_backend:FlashInferAttnBackend"
+    attention_backend_name = "flashinfer"
+    requires = (
+        *SglangGpuAdapter.requires,
+        ("flashinfer-python", "FlashInfer, whose wrappers the backend plans and runs"),
+    )
+    capabilities = FLASHINFER
+
+
+BACKENDS = {"sglang_flashinfer": SglangFlashInfer}

@@ -1,0 +1,202 @@
+"""What sglang's CUDA attention backends read from a serving process, made here: the model runner,
+the model config, the published server args and a one-rank parallel state (the stand-ins), and the
+adapter base that drives a CUDA backend through engine.py's translation.
+
+sglang's FlashInferAttnBackend and FlashAttentionBackend read far more of the ModelRunner at
+construction than the CPU backends (heads, context length, page size, KV dtype, the model's window,
+the speculative algorithm, the parallel sizes) and, through sglang.srt.runtime_context, the server
+args its scheduler published and the parallel topology. Each read is carried here, enumerated from
+sglang 0.5.17's code (SGLANG_GPU's range); docs/engines.md lists them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+from collections.abc import Iterator
+from functools import cache
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+
+from harness.backends.engines.base import Engine, StandIn, model_dir
+from harness.backends.engines.sglang.engine import SglangAdapter, declare_torchvision_schemas
+from harness.backends.versions import SupportedRange
+from harness.core.batch import Batch
+from harness.core.modes import Mode
+
+SGLANG_GPU = Engine(
+    "sglang",
+    SupportedRange(
+        distribution="sglang",
+        module="sglang",
+        lowest="0.5.17",
+        below="0.5.18",
+        tested=(),
+        why_lowest="the stand-ins carry what 0.5.17's FlashInferAttnBackend and FlashAttentionBackend "
+        "read (ModelRunner attributes, runtime_context's get_parallel() and published ServerArgs); other "
+        "releases read other things (0.5.23: a kv_index_translator and per-phase backend names of the "
+        "model runner)",
+    ),
+)
+
+# sglang's modules the CUDA adapters use beyond engine.MODULES, by short name.
+GPU_MODULES = {
+    "context": "sglang.srt.runtime_context",
+    "server_args": "sglang.srt.server_args",
+    "model_config": "sglang.srt.configs.model_config",
+    "allocator": "sglang.srt.mem_cache.allocator.token",
+    "spec": "sglang.srt.speculative.spec_info",
+}
+
+# The Case's FP8 KV dtypes as sglang's --kv-cache-dtype names them (ModelRunner.kv_cache_dtype_str).
+KV_CACHE_DTYPE_STR = {None: "auto", "float8_e4m3fn": "fp8_e4m3", "float8_e5m2": "fp8_e5m2"}
+
+MODEL_RUNNER = StandIn(
+    "model runner",
+    "sglang's real pools and TokenToKVPoolAllocator; device, dtype (the case's), page_size, kv_cache_dtype "
+    "and kv_cache_dtype_str (the pool's), sliding_window_size (the layer's window, None without one), "
+    "attention_chunk_size None, is_draft_worker False, spec_algorithm (SpeculativeAlgorithm of the server "
+    "args), ps (sglang's get_parallel()), server_args and model_config (below)",
+    "the backends read only these attributes of the ModelRunner at construction (0.5.17); a real one loads "
+    "a model, captures graphs and starts distributed groups, nothing of which reaches attention",
+)
+MODEL_CONFIG = StandIn(
+    "model config",
+    "num_attention_heads, get_num_kv_heads(tp), get_max_num_attention_heads(), head_dim, v_head_dim, "
+    "context_len (the row width), is_encoder_decoder (a cross layer), is_multimodal False, "
+    "is_local_attention_model False, attention_arch MHA, attention_chunk_size None, hf_config.architectures "
+    "['LlamaForCausalLM'], hf_text_config (num_attention_heads, attn_logit_softcapping: the case's soft cap)",
+    "sglang's ModelConfig parses a served model's config and weights index; the backends read only the "
+    "attention geometry and these flags from it",
+)
+SERVER_ARGS = StandIn(
+    "server args",
+    "sglang's own ServerArgs for a local one-layer Llama of the case's heads (config.json only), "
+    "attention_backend the adapter's, published with sglang's set_global_server_args_for_scheduler",
+    "a scheduler publishes its ServerArgs before it builds the model runner; the backends read their "
+    "switches (deterministic inference, multi-item scoring, speculative settings, graph batch sizes) from "
+    "them, all left at sglang's defaults",
+)
+PARALLEL_STATE = StandIn(
+    "parallel state",
+    "a one-rank topology (every *_size 1, every *_rank 0) through sglang's own "
+    "runtime_context.get_parallel().override, while the backend is built and runs",
+    "get_parallel() reads the sizes from distributed groups a serving process initialises over NCCL; the "
+    "harness runs one rank, where every size is 1, and no group is used on the attention path",
+)
+KV_SCALES = StandIn(
+    "KV-cache scales",
+    "the layer's k_scale/v_scale tensors and k_scale_float/v_scale_float, set to the case's FP8 scales",
+    "a checkpoint with KV-cache scales leaves them so after loading (BaseKVCacheMethod."
+    "process_weights_after_loading); there is no checkpoint",
+)
+
+
+def one_rank_topology(fields: frozenset[str]) -> dict[str, int]:
+    """The values of sglang's parallel fields (runtime_context._PARALLEL_FIELDS) in a one-rank world:
+    every size 1, every rank 0; flags and groups are left to sglang."""
+    return {f: 1 if f.endswith("_size") else 0 for f in fields if f.endswith(("_size", "_rank"))}
+
+
+@cache
+def server_args(cls: type, attention_backend: str, model_path: str, device: str) -> Any:
+    """sglang's ServerArgs for a model directory, attention backend and device, built once per process:
+    its __post_init__ reads the model's config and resolves every default (seconds)."""
+    return cls(
+        model_path=model_path, attention_backend=attention_backend, device=device, skip_tokenizer_init=True
+    )
+
+
+class SglangGpuAdapter(SglangAdapter):
+    """A CUDA sglang backend: engine.py's translation, with the stand-ins above around it."""
+
+    engine = SGLANG_GPU
+    requires = (("sglang-kernel", "sglang's CUDA kernels, sgl_kernel"),)
+    stand_ins = (MODEL_RUNNER, MODEL_CONFIG, SERVER_ARGS, PARALLEL_STATE, KV_SCALES)
+    attention_backend_name: str  # sglang's --attention-backend for this backend
+
+    def gpu(self) -> SimpleNamespace:
+        """sglang's runtime context, server args, model config, allocator and speculative modules
+        (imported without the backend's module, which needs the CUDA kernels)."""
+        declare_torchvision_schemas()
+        return SimpleNamespace(**{k: importlib.import_module(m) for k, m in GPU_MODULES.items()})
+
+    # --- the stand-ins --------------------------------------------------------------------------
+
+    def server_args(self, batch: Batch) -> Any:
+        """The SERVER_ARGS stand-in (not yet published)."""
+        case = batch.case
+        return server_args(
+            self.gpu().server_args.ServerArgs,
+            self.attention_backend_name,
+            model_dir(case.num_q_heads, case.num_kv_heads, case.head_dim),
+            batch.device.type,
+        )
+
+    def model_config(self, batch: Batch) -> SimpleNamespace:
+        """The MODEL_CONFIG stand-in."""
+        case = batch.case
+        arch = self.gpu().model_config.AttentionArch
+        cap = case.soft_cap or None
+        text = SimpleNamespace(num_attention_heads=case.num_q_heads, attn_logit_softcapping=cap)
+        return SimpleNamespace(
+            num_attention_heads=case.num_q_heads,
+            get_num_kv_heads=lambda tp_size: max(1, case.num_kv_heads // tp_size),
+            get_max_num_attention_heads=lambda: case.num_q_heads,
+            head_dim=case.head_dim,
+            v_head_dim=case.head_dim,
+            context_len=max(1, batch.req_to_token.shape[1]),
+            is_encoder_decoder=batch.mode == Mode.CROSS,
+            is_multimodal=False,
+            is_local_attention_model=False,
+            attention_arch=arch.MHA,
+            attention_chunk_size=None,
+            hf_config=SimpleNamespace(architectures=["LlamaForCausalLM"]),
+            hf_text_config=text,
+        )
+
+    def model_runner(self, batch: Batch, r2t: Any, kv: Any) -> SimpleNamespace:
+        """The MODEL_RUNNER stand-in, over sglang's real pools and allocator."""
+        case, g = batch.case, self.gpu()
+        args = self.server_args(batch)
+        window = self.window_left(batch)
+        return SimpleNamespace(
+            device=str(batch.device),
+            dtype=batch.q.dtype,
+            page_size=case.page_size,
+            req_to_token_pool=r2t,
+            token_to_kv_pool=kv,
+            token_to_kv_pool_allocator=g.allocator.TokenToKVPoolAllocator(
+                size=kv.size, dtype=kv.dtype, device=str(batch.device), kvcache=kv, need_sort=False
+            ),
+            kv_cache_dtype=kv.dtype,
+            kv_cache_dtype_str=KV_CACHE_DTYPE_STR[case.kv_dtype],
+            sliding_window_size=window if window >= 0 else None,
+            attention_chunk_size=None,
+            is_draft_worker=False,
+            spec_algorithm=g.spec.SpeculativeAlgorithm.from_string(args.speculative_algorithm),
+            ps=g.context.get_parallel(),
+            server_args=args,
+            model_config=self.model_config(batch),
+        )
+
+    @contextlib.contextmanager
+    def serving_context(self, batch: Batch) -> Iterator[None]:
+        """SERVER_ARGS published and PARALLEL_STATE in force while the backend is built and runs."""
+        g = self.gpu()
+        g.server_args.set_global_server_args_for_scheduler(self.server_args(batch))
+        topology = one_rank_topology(g.context._PARALLEL_FIELDS)
+        with g.context.get_parallel().override(**topology):
+            yield
+
+    def layer(self, batch: Batch) -> Any:
+        """engine.py's RadixAttention, with the KV_SCALES stand-in for an FP8 cache."""
+        layer = super().layer(batch)
+        if batch.case.kv_dtype is not None:
+            k, v = batch.case.k_scale, batch.case.v_scale
+            layer.k_scale = torch.tensor(k, dtype=torch.float32, device=batch.device)
+            layer.v_scale = torch.tensor(v, dtype=torch.float32, device=batch.device)
+            layer.k_scale_float, layer.v_scale_float = k, v
+        return layer
