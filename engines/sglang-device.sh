@@ -6,7 +6,8 @@
 # lacks (/work/.library/device/KINDS.md lists what it has), into .device/sglang/; it splits the kernel
 # wheel with ../shared/device/chunk.sh (one part a call); sglang and the small wheels go as one bundle.
 # On the device, after the kernel's parts are taken: `bash engines/sglang-device.sh install` (pip, no
-# index, no deps, into the site), which ends by importing both backends.
+# index, no deps, into $SGLANG_SITE (/root/sglang-site), beside the image's packages; put it first on
+# PYTHONPATH to use sglang), which ends by importing both backends.
 set -euo pipefail
 SGLANG=${SGLANG:-0.5.17}
 KERNEL=${KERNEL:-0.4.5}
@@ -36,10 +37,11 @@ download)
   pip download -q --no-deps --python-version 3.12 --only-binary=:all: --platform manylinux2014_x86_64 \
     -d "$OUT/kernel" "sglang-kernel==$KERNEL"
   du -sh "$OUT/bundle" "$OUT"/kernel/*.whl
-  bash ../shared/device/chunk.sh split "$(ls "$OUT"/kernel/sglang_kernel-*.whl)" ;;
+  bash "${CHUNK:-../shared/device/chunk.sh}" split "$(ls "$OUT"/kernel/sglang_kernel-*.whl)" ;;
 install)
-  pip install -q --no-index --no-deps /root/chunks/sglang_kernel-*.whl "$OUT"/bundle/*.whl
-  python3 -c "import torch, flashinfer, sgl_kernel, $IMPORTS; from importlib.metadata import version as v; \
+  site=${SGLANG_SITE:-/root/sglang-site}
+  python3 -m pip install -q --no-index --no-deps --no-compile --target "$site" /root/chunks/sglang_kernel-*.whl "$OUT"/bundle/*.whl
+  PYTHONPATH=$site${PYTHONPATH:+:$PYTHONPATH} python3 -c "import torch, flashinfer, sgl_kernel, $IMPORTS; from importlib.metadata import version as v; \
 print(*(f'{d} {v(d)}' for d in ('sglang', 'sglang-kernel', 'flashinfer-python', 'torch')))" ;;
 *) echo "usage: engines/sglang-device.sh download | install" >&2; exit 2 ;;
 esac
