@@ -87,6 +87,18 @@ def _error(out, case, inputs):
     return float((out.float() - ref.float()).abs().max())
 
 
+@pytest.mark.parametrize(("cached", "pages"), [(1, 1), (40, 3)])
+def test_the_block_table_has_unit_stride_in_its_last_dimension(cached, pages):
+    """vLLM's FA3 refuses a page table whose last dimension is strided ("page_table must have
+    contiguous last dimension"); a [B, 1] slice of a req_to_token narrower than a page is one
+    unless copied (seen on an H200 with vLLM 0.26)."""
+    case = Case(mode="DECODE", requests=(Request(cached, 1),) * 2, page_size=16, dtype="float16")
+    batch = build_batch(case, make_inputs(case, "cpu"), "cpu")
+    table = VllmCpuAttn().block_table(batch)
+    assert table.shape == (2, pages) and table.stride() == (pages, 1), table.stride()
+    assert table.tolist() == (batch.req_to_token[:, ::16] // 16).tolist()
+
+
 def _with_sliding_window(adapter, s):
     """The adapter with vLLM's layer `sliding_window` set to `s` directly (no translation)."""
     return type("Pinned", (adapter,), {"sliding_window": lambda self, batch: s})()

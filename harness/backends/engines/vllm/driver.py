@@ -117,10 +117,13 @@ class VllmEngine(EngineAdapter):
     def block_table(self, batch: Batch) -> torch.Tensor:
         """[B, pages] int32 block ids in this layer's cache: each request's pages in order, read from
         `req_to_token` (the first slot of each page), through the SWA map on a hybrid pool's window
-        layer; pages past a request's row are block 0 (vLLM's null block)."""
+        layer; pages past a request's row are block 0 (vLLM's null block). Row-major with unit stride
+        in its last dimension, as vLLM's own block table is: FA3 refuses a page table whose last
+        dimension is strided, which a [B, 1] slice of `req_to_token` can be."""
         ps = batch.case.page_size
         first = batch.req_to_token[:, ::ps].long()
-        return (translate_slots(first, batch.full_to_swa) // ps).to(torch.int32)
+        pages = (translate_slots(first, batch.full_to_swa) // ps).to(torch.int32)
+        return pages.clone(memory_format=torch.contiguous_format)
 
     def slot_mapping(self, batch: Batch) -> torch.Tensor:
         """[sum E] int64: the cache slot of each new token (`out_cache_loc`, in this layer's cache)."""
