@@ -7,6 +7,7 @@ runs this file in .venv-sglang, where they run.
 
 import ast
 import importlib.util
+import pickle
 import subprocess
 import sys
 from pathlib import Path
@@ -300,3 +301,13 @@ def test_the_gpu_smoke_runs_cases_both_cuda_adapters_declare():
     for cls in GPU_ADAPTERS:
         for case in smoke.CASES.values():
             assert cls().supports(case) is None, (cls.name, case)
+
+
+@pytest.mark.parametrize("adapter", [SglangTorchNative, SglangFlex, SglangFlashInfer, SglangFA3])
+def test_an_adapter_that_imported_sglang_still_goes_to_an_isolation_worker(adapter):
+    """A CUDA check sends each backend to its isolation worker pickled; an adapter holding sglang's
+    modules could not go ("cannot pickle 'module' object"). The worker imports its own."""
+    backend = adapter()
+    backend._sg = SimpleNamespace(backend=torch, batch=sys)  # what import_engine leaves: modules
+    sent = pickle.loads(pickle.dumps(backend))
+    assert type(sent) is adapter and sent._sg is None

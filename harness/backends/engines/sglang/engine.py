@@ -107,6 +107,11 @@ class SglangAdapter(EngineAdapter):
             self._sg = import_sglang(module)
         return self._sg.backend
 
+    def __getstate__(self) -> dict:
+        """Sent to an isolation worker without sglang's modules (modules do not pickle); the worker
+        imports its own on first use."""
+        return {k: v for k, v in self.__dict__.items() if k != "_sg"}
+
     def sg(self) -> SimpleNamespace:
         """sglang's modules (imported on first use)."""
         self.engine_modules()

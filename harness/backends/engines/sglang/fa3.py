@@ -67,10 +67,10 @@ class SglangFA3(SglangGpuAdapter):
     capabilities = FA3
 
     def forward_kwargs(self, batch: Batch) -> dict[str, Any]:
-        """The layer's sink logits [Hq] in float32: the case's values exactly. sglang's gpt_oss.py holds
-        them in bfloat16 for this backend (float32 for trtllm_mha only); rounding them there would
-        move the logits away from the reference's, so the adapter hands the kernel float32."""
-        return {"sinks": batch.sinks.to(torch.float32)} if batch.sinks is not None else {}
+        """The layer's sink logits [Hq] in bfloat16, as sglang's gpt_oss.py holds them for this backend:
+        sgl_kernel's FA3 takes no other dtype (float32 sinks raise "sinks must have dtype bfloat16",
+        seen on an H200 with sglang-kernel 0.4.5)."""
+        return {"sinks": batch.sinks.to(torch.bfloat16)} if batch.sinks is not None else {}
 
 
 BACKENDS = {"sglang_fa3": SglangFA3}
