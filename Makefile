@@ -48,6 +48,8 @@ check: $(SETUP)
 # installs wait on the network, the tests on the CPU; the build's log is .engines-build.log). pytest's exit
 # status 5 (nothing collected, e.g. every test deselected) is reported, not mistaken for success.
 # TEST_JOBS pytest processes (pytest-xdist) share the tests out file by file; TEST_JOBS=0 runs them in one.
+# The two engines' suites (one pytest process each) then run side by side, each one's output shown
+# whole when it ends.
 TEST_JOBS ?= 2
 test: $(SETUP)
 	@if [ "$(INSTALL)" = yes ]; then \
@@ -60,8 +62,7 @@ test: $(SETUP)
 	  exit $$rc; fi; \
 	if ! wait $$!; then tail -20 .engines-build.log; echo "make test: the engines' environments did not build"; \
 	  exit 1; fi; \
-	$(MAKE) --no-print-directory test-sglang || rc=1; \
-	$(MAKE) --no-print-directory test-vllm || rc=1; \
+	$(MAKE) --no-print-directory -j2 --output-sync=target test-sglang test-vllm || rc=1; \
 	exit $$rc
 
 # The environments are installed with uv (pip installs it first into .venv): the engines' take about 2

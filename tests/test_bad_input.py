@@ -439,6 +439,60 @@ def test_a_plugin_that_breaks_the_contract_is_one_line_naming_what_it_wants(
     one_line_error(capsys, [*command, "--backend", spec], f"backend {spec!r}", message, "docs/backends.md")
 
 
+def install_plugin(monkeypatch, tmp_path, value: str) -> None:
+    """A distribution myattn-engine 2.3.1 on sys.path whose entry point `myattn` in the backends'
+    group is `value`; beside it a module, raises_on_import, whose import raises."""
+    info = tmp_path / "myattn_engine-2.3.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: myattn-engine\nVersion: 2.3.1\n")
+    (info / "entry_points.txt").write_text(f"[attn_harness.backends]\nmyattn = {value}\n")
+    broken = 'raise OSError("libmyattn.so: cannot open shared object")\n'
+    (tmp_path / "raises_on_import.py").write_text(broken)
+    monkeypatch.syspath_prepend(str(tmp_path))
+
+
+ENTRY = (
+    "backend plugin 'myattn' (entry point myattn = {} in attn_harness.backends, registered by "
+    "myattn-engine 2.3.1)"
+)
+BROKEN_PLUGINS = [
+    (
+        "raises_on_import:make",
+        "cannot load " + ENTRY.format("raises_on_import:make"),
+        "OSError: libmyattn.so: cannot open shared object (it must name an importable module:factory that "
+        "returns a harness Backend",
+    ),
+    (
+        "tests.test_bad_input:NoRun",
+        ENTRY.format("tests.test_bad_input:NoRun") + ": class NoRun does not implement run(batch)",
+        "which must return a BackendOutput(out=[sum E, Hq, D] tensor, lse=None or [sum E, Hq] tensor) "
+        '(docs/backends.md, "The contract")',
+    ),
+]
+
+
+@pytest.mark.parametrize(("value", "named", "wants"), BROKEN_PLUGINS, ids=["import-raises", "no-run"])
+@pytest.mark.parametrize("command", [["check"], ["check", "--backend", "myattn"], ["list"]])
+def test_a_broken_entry_point_plugin_stops_a_check_that_does_not_name_it_in_one_line(
+    capsys, monkeypatch, tmp_path, no_run, command, value, named, wants
+):
+    """A plain check (no --backend) checks every registered backend: an installed plugin whose import
+    raises or that breaks the contract stops it before running, exit 2, in the same line as naming
+    it with --backend and as `list` gives: the plugin, its entry point and what the contract wants
+    (not a traceback from pytest's collection)."""
+    install_plugin(monkeypatch, tmp_path, value)
+    monkeypatch.chdir(tmp_path)  # a check's reports/ would be made here
+    one_line_error(capsys, command, named, wants)
+    assert not (tmp_path / "reports").exists()
+
+
+def test_a_plugin_that_loads_is_checked_by_a_plain_check(monkeypatch, tmp_path, no_run):
+    """The other side: a plugin that meets the contract is among the backends a plain check runs."""
+    install_plugin(monkeypatch, tmp_path, "tests.test_bad_input:Zeros")
+    job = check.prepare(check.CheckRequest(device="cpu", reports=tmp_path), lambda line: None)
+    assert "myattn" in job.names and "torch_native" in job.names
+
+
 @pytest.mark.parametrize(
     ("plugin", "got"), [("BareTensor", "a Tensor"), ("TensorPair", "BackendOutput(out=tuple")]
 )

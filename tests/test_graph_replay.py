@@ -465,3 +465,27 @@ def test_the_pinned_graphs_are_checked_first_in_their_family(monkeypatch):
     (pin,) = pinned_graphs("decode", windowed=False)
     assert pin.max_kv == 2049 and pin.layer.deterministic
     assert [r.status for r in records if r.repro_target == pin] == ["pass"]
+
+
+def test_a_sequence_whose_reference_no_output_could_fail_is_refused_not_passed(monkeypatch, capsys):
+    """k_scale = v_scale = 1e30 round every cached value to FP8 code 0: each batch's exact reference is
+    all 0, its budget 0, and an output of zeros (a graph that attends to nothing) meets it. The replay
+    check refuses the sequence in one line before capturing, as the numeric check refuses such a case,
+    and `repro` says nothing was checked; scales that keep the values are judged and pass."""
+    from harness.cli import main
+    from harness.run.repro import NOTHING_CHECKED
+
+    fp8 = dict(kv_dtype="float8_e4m3fn", k_scale=1e30, v_scale=1e30)
+    vacuous = GraphCase((decode(40, 3, seed=1, **fp8), decode(70, seed=2, **fp8)), 2, 80)
+    fake.reset()
+    res = replay_result(backend(), vacuous, "cpu")
+    assert res.status == "skip", res.reason
+    assert res.reason.startswith("replay 0: refused: every element of the exact reference is 0 ")
+    assert "\n" not in res.reason and not fake.calls("decode.plan")  # refused before any capture
+    load = backends.load
+    monkeypatch.setattr(backends, "load", lambda name: fake.on_cpu(load(name)))
+    code = main(["repro", vacuous.to_json(), "--backend", "flashinfer_dec_tc", "--device", "cpu"])
+    out = capsys.readouterr().out
+    assert code == NOTHING_CHECKED and "PASS" not in out and "every element of the exact reference" in out
+    judged = vacuous.replace_layer(k_scale=0.5, v_scale=3.7)
+    assert replay_result(backend(), judged, "cpu").status == "pass"

@@ -16,7 +16,7 @@ import os
 import pkgutil
 from collections.abc import Callable
 from functools import cache
-from importlib.metadata import entry_points
+from importlib.metadata import EntryPoint, entry_points
 
 from harness.backends.base import Backend, BackendBroken, BackendOutput, Capabilities, contract_problem
 
@@ -64,7 +64,7 @@ def builtin() -> dict[str, Callable[[], Backend]]:
     return dict(sorted(found.items(), key=lambda kv: (kv[0] != FIRST, kv[0])))
 
 
-def _plugins() -> dict[str, object]:
+def _plugins() -> dict[str, EntryPoint]:
     return {ep.name: ep for ep in entry_points(group=ENTRY_POINT_GROUP)}
 
 
@@ -80,21 +80,36 @@ def selected() -> list[str]:
     return list(dict.fromkeys(chosen)) or names()  # a backend named twice is checked once
 
 
-def _from_spec(spec: str) -> Backend:
+def _from_spec(spec: str, what: str) -> Backend:
+    """The backend the factory `spec` (module:factory) makes; `what` names it in a BackendError's one
+    line (import failure, factory failure, or the contract broken)."""
     module, _, attr = spec.partition(":")
     try:
         obj = getattr(importlib.import_module(module), attr)
     except Exception as e:  # ImportError, AttributeError, or whatever the module raises on import
-        raise BackendError(f"cannot load backend {spec!r}: {type(e).__name__}: {e}") from None
+        raise BackendError(
+            f"cannot load {what}: {type(e).__name__}: {_first_line(e)} (it must name an importable "
+            f'module:factory that returns a harness Backend: docs/backends.md, "Registering a plugin")'
+        ) from None
     try:
         backend = obj() if callable(obj) else obj
     except Exception as e:  # a plugin's own failure: one line naming the spec, not a traceback
-        first = (str(e).splitlines() or [""])[0]
-        raise BackendError(f"backend {spec!r}: its factory raised {type(e).__name__}: {first}") from None
+        raise BackendError(f"{what}: its factory raised {type(e).__name__}: {_first_line(e)}") from None
     problem = contract_problem(backend)
     if problem:
-        raise BackendError(f'backend {spec!r}: {problem} (docs/backends.md, "The contract")')
+        raise BackendError(f'{what}: {problem} (docs/backends.md, "The contract")')
     return backend
+
+
+def _first_line(e: Exception) -> str:
+    return (str(e).splitlines() or [""])[0]
+
+
+def _plugin_label(name: str, ep: EntryPoint) -> str:
+    """How an error names an entry-point plugin: its name, the entry point and the distribution
+    that registers it."""
+    dist = f", registered by {ep.dist.name} {ep.dist.version}" if ep.dist is not None else ""
+    return f"backend plugin {name!r} (entry point {ep.name} = {ep.value} in {ENTRY_POINT_GROUP}{dist})"
 
 
 def load(name: str) -> Backend:
@@ -104,7 +119,10 @@ def load(name: str) -> Backend:
         return known[name]()
     plugins = _plugins()
     if name in plugins or ":" in name:
-        backend = _from_spec(plugins[name].value if name in plugins else name)
+        if name in plugins:
+            backend = _from_spec(plugins[name].value, _plugin_label(name, plugins[name]))
+        else:
+            backend = _from_spec(name, f"backend {name!r}")
         # Named as it was asked for (entry-point name or spec), whatever its class says, so a report's
         # rows and its repro command name the backend that `load` finds again.
         backend.name = name

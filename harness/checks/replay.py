@@ -10,7 +10,9 @@ left), lets `replay_metadata` write its metadata into the same buffers, and repl
 
 `replay_result` judges each replay's real rows against the references with the numeric check's
 compare() and budgets, and, when the case is deterministic, bitwise against the same adapter's eager
-`run()` on that batch. A failure names the replay index, the sequence of sizes and the repro; a
+`run()` on that batch. As in the numeric check, a sequence with a batch whose exact reference no
+output could fail (`uninformative`: constant or not finite) is refused before capture, never passed.
+A failure names the replay index, the sequence of sizes and the repro; a
 failure or crash a known library issue of the graph path reaches is `xfail` on its versions
 (harness/checks/known_issues.py).
 """
@@ -30,12 +32,12 @@ from harness.backends.graphs import GraphFactory
 from harness.checks.known_issues import excuse
 from harness.checks.numeric import REFERENCES
 from harness.core.batch import Batch, Inputs, build_batch, make_inputs
-from harness.core.compare import compare
+from harness.core.compare import compare, uninformative
 from harness.core.graph_case import GraphCase
 from harness.core.pool import POISON, empty_pool, storage_dtype, stored
 from harness.core.results import GRAPH_CHECK, CaseResult
 from harness.core.transfer import settle
-from references.torch_ref import references
+from references.torch_ref import RefOutput, references
 
 
 class GraphRunner:
@@ -157,6 +159,11 @@ def replay_result(backend: Backend, g: GraphCase, device: str = "cpu") -> CaseRe
     assert isinstance(backend, GraphGlue)
     report = _Report(backend=backend, g=g, device=device, extra=extra)
     inputs = [make_inputs(c, device) for c in g.batches]
+    refs = [references(c, i, REFERENCES[c.kv_dtype is not None], device) for c, i in zip(g.batches, inputs)]
+    for at, (exact, *_) in enumerate(refs):
+        vacuous = uninformative(exact.out)
+        if vacuous:  # judged by nothing: refused with the reason, as the numeric check refuses it
+            return report.result(at, "skip", vacuous)
     whole = backend.capabilities.whole_page_loads
     batches = [build_batch(c, i, device, whole) for c, i in zip(g.batches, inputs)]
     try:  # the backend's work: an exception there is a CRASH result; the harness's own propagate
@@ -167,7 +174,7 @@ def replay_result(backend: Backend, g: GraphCase, device: str = "cpu") -> CaseRe
         return report.result(-1, "crash", _raised(e), traceback=traceback.format_exc())
     worst = 0.0
     for at in range(len(g.batches)):
-        failed, ratio = _replay_one(report, runner, at, inputs[at], batches[at])
+        failed, ratio = _replay_one(report, runner, at, inputs[at], batches[at], refs[at])
         if failed is not None:
             return failed
         worst = max(worst, ratio)
@@ -204,10 +211,10 @@ class _Report:
 
 
 def _replay_one(
-    report: _Report, runner: GraphRunner, at: int, inputs: Inputs, batch: Batch
+    report: _Report, runner: GraphRunner, at: int, inputs: Inputs, batch: Batch, refs: list[RefOutput]
 ) -> tuple[CaseResult | None, float]:
-    """Replay batch `at` and judge it against the references (and, in deterministic mode, against
-    its eager run, bit for bit): (the failure, or None; its err/budget)."""
+    """Replay batch `at` and judge it against its references `refs` (and, in deterministic mode,
+    against its eager run, bit for bit): (the failure, or None; its err/budget)."""
     backend, device = report.backend, report.device
     case = report.g.batches[at]
     try:
@@ -218,7 +225,7 @@ def _replay_one(
         settle(device)
     except Exception as e:
         return report.result(at, "crash", _raised(e), traceback=traceback.format_exc()), 0.0
-    exact, native, *rounded = references(case, inputs, REFERENCES[case.kv_dtype is not None], device)
+    exact, native, *rounded = refs
     more = {"ref_rounded_kv": rounded[0].out} if rounded else {}
     verdict = compare(case, out, exact.out, native.out, None, None, None, **more)
     if not verdict.passed:

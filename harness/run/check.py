@@ -284,16 +284,16 @@ def prepare(request: CheckRequest, say: Say = print) -> Prepared:
     on_gpu = default_device() == "cuda"
     cuda = on_gpu and request.device != "cpu"  # this check runs the CUDA backends
     profile = _profile(request, cuda)
-    for name in request.backends:
+    from harness import backends
+
+    names = list(request.backends) or backends.names()
+    for name in names:  # a plugin that cannot load or breaks the contract: one line now, not at collection
         load_backend(name)
     if request.device == "cuda" and not on_gpu:
         raise RequestError("--device cuda: no CUDA device here (torch.cuda.is_available() is False)")
     missing = unavailable(required(request.require), request.device or default_device())
     if missing:
         raise RequestError("\nerror: ".join(missing))
-    from harness import backends
-
-    names = list(request.backends) or backends.names()
     slots = gpus(request.gpus, cuda)
     count = jobs(request.jobs, cuda, len(slots), say)  # the schedule: harness/run/speed/schedule.py
     marks = _marks(request, families(request.families, request.modes), on_gpu, say)
