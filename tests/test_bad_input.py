@@ -486,6 +486,23 @@ def test_a_broken_entry_point_plugin_stops_a_check_that_does_not_name_it_in_one_
     assert not (tmp_path / "reports").exists()
 
 
+@pytest.mark.parametrize(("value", "named", "wants"), BROKEN_PLUGINS, ids=["import-raises", "no-run"])
+def test_a_broken_entry_point_plugin_stops_pytest_cases_in_one_line(
+    monkeypatch, tmp_path, value, named, wants
+):
+    """`pytest cases` without `check` collects every registered backend too: a broken plugin is
+    pytest's usage error (exit 4) in the same line, not a traceback from the collection."""
+    install_plugin(monkeypatch, tmp_path, value)
+    root = Path(__file__).resolve().parent.parent
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(root)])}
+    argv = [sys.executable, "-m", "pytest", str(root / "cases"), "--collect-only", "-q"]
+    argv += ["-p", "no:cacheprovider", "-p", "harness.run.pytest_plugin", f"--rootdir={root}"]
+    proc = subprocess.run(argv, capture_output=True, text=True, cwd=tmp_path, env=env, timeout=300)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == pytest.ExitCode.USAGE_ERROR, out[-3000:]
+    assert "Traceback" not in out and named in out and wants in out, out[-3000:]
+
+
 def test_a_plugin_that_loads_is_checked_by_a_plain_check(monkeypatch, tmp_path, no_run):
     """The other side: a plugin that meets the contract is among the backends a plain check runs."""
     install_plugin(monkeypatch, tmp_path, "tests.test_bad_input:Zeros")

@@ -139,6 +139,10 @@ def pytest_configure(config: pytest.Config) -> None:
         config.addinivalue_line("markers", line)
     for name in backends.names():
         config.addinivalue_line("markers", f"{name}: the {name} backend")
+        try:  # a plugin that cannot load or breaks the contract: one line, not a collection traceback
+            backends.load(name)
+        except backends.BackendError as e:
+            raise pytest.UsageError(str(e)) from None
 
 
 def pytest_keyboard_interrupt(excinfo: pytest.ExceptionInfo) -> None:
