@@ -1,11 +1,19 @@
 """Small builders shared by the self-tests."""
 
+import signal
 from pathlib import Path
 
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from harness.core.batch import build_batch, make_inputs
 from harness.core.case import Case, Request
+
+
+def sigint_as_in_a_terminal() -> None:
+    """A child's SIGINT back to its default (Popen's preexec_fn): a shell that starts a job in the
+    background without job control (CI runners, `make test &`) leaves SIGINT ignored for every
+    process below it, and an interrupt test's Ctrl-C would then do nothing."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def case(mode="EXTEND", reqs=((3, 4),), **kw) -> Case:

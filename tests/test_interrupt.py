@@ -16,6 +16,7 @@ import pytest
 
 from harness.report import INDEX, RESULTS, results_json, verdict
 from harness.run import check, parallel, pytest_command
+from tests.helpers import sigint_as_in_a_terminal
 
 BACKENDS = ("--backend", "torch_native", "--backend", "torch_split")
 FAMILIES = ("--family", "prefix", "--family", "decode", "--family", "prefill")
@@ -33,7 +34,7 @@ def _start(tmp_path: Path, *args: str) -> tuple[subprocess.Popen, Path]:
     env["ATTN_HARNESS_CACHE"] = str(tmp_path / "cache")
     env["PYTHONPATH"] = str(pytest_command.ROOT)  # this checkout's harness, from any directory
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
-                            env=env, start_new_session=True)
+                            env=env, start_new_session=True, preexec_fn=sigint_as_in_a_terminal)
     return proc, reports
 
 

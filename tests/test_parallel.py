@@ -14,6 +14,7 @@ from harness.cli import main
 from harness.report import results_json
 from harness.run import check, parallel, pytest_command
 from harness.run.speed import schedule
+from tests.helpers import sigint_as_in_a_terminal
 from tests.report_helpers import WINDOW_IGNORED
 
 
@@ -195,6 +196,7 @@ def test_an_interrupt_keeps_what_the_running_parts_checked(tmp_path):
         stdout=subprocess.PIPE,
         text=True,
         env=env,
+        preexec_fn=sigint_as_in_a_terminal,
     )
     logs = [tmp_path / "parts" / f"{n}.log" for n in ("a", "b")]
     # Wait for an event, not a duration: both parts ready, or the driver gone (it ends on its own
