@@ -330,4 +330,5 @@ class VllmEngine(EngineAdapter):
         out = torch.empty_like(batch.q)
         with set_current_vllm_config(config):
             layer.impl.forward(layer, batch.q, key, value, kv_cache, metadata, output=out)
+        self.keep_kv(batch)
         return BackendOutput(out=out)
