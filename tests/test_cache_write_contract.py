@@ -9,9 +9,11 @@ import pytest
 import torch
 
 from harness import backends
+from harness.backends.torch_native import TorchNative
 from harness.core.batch import build_batch, make_inputs
 from harness.core.case import Case, Request
 from harness.core.pool import translate_slots
+from tests.helpers import AttendsOverACopy
 
 CASES = {
     "decode": Case(mode="DECODE", requests=(Request(40, 1), Request(9, 1))),
@@ -31,6 +33,14 @@ def _case_for(backend, case: Case) -> Case:
     return case.replace(dtype=dtype, page_size=page, head_dim=128)
 
 
+def _kv_left_in_pool(backend, case: Case) -> bool:
+    """Run the backend on the case; whether the pool then holds this forward's K/V where it wrote them."""
+    batch = build_batch(case, make_inputs(case), "cpu", backend.capabilities.whole_page_loads)
+    backend.run(batch)
+    k, v = batch.pool.read(translate_slots(batch.out_cache_loc, batch.full_to_swa))
+    return torch.equal(k, batch.k_new) and torch.equal(v, batch.v_new)
+
+
 @pytest.mark.parametrize("what", list(CASES))
 @pytest.mark.parametrize("name", backends.names())
 def test_a_forwards_kv_is_in_the_pool_after_the_run(name, what):
@@ -42,9 +52,10 @@ def test_a_forwards_kv_is_in_the_pool_after_the_run(name, what):
     why = backend.supports(case)
     if why:
         pytest.skip(f"{name} does not run this case: {why}")
-    batch = build_batch(case, make_inputs(case), "cpu", backend.capabilities.whole_page_loads)
-    backend.run(batch)
-    k, v = batch.pool.read(translate_slots(batch.out_cache_loc, batch.full_to_swa))
-    assert torch.equal(k, batch.k_new) and torch.equal(v, batch.v_new), (
-        f"{name} did not leave this forward's K/V in the batch's pool"
-    )
+    assert _kv_left_in_pool(backend, case), f"{name} did not leave this forward's K/V in the batch's pool"
+
+
+def test_a_backend_that_writes_only_its_own_copy_is_caught():
+    case = _case_for(TorchNative(), CASES["decode"])
+    assert _kv_left_in_pool(TorchNative(), case)
+    assert not _kv_left_in_pool(AttendsOverACopy(), case)
