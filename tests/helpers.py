@@ -1,10 +1,12 @@
 """Small builders shared by the self-tests."""
 
+import dataclasses
 import signal
 from pathlib import Path
 
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from harness.backends.torch_native import TorchNative
 from harness.core.batch import build_batch, make_inputs
 from harness.core.case import Case, Request
 
@@ -72,3 +74,12 @@ def fresh_cache(monkeypatch, tmp_path) -> Path:  # noqa: ANN001 - pytest's fixtu
         monkeypatch.delenv(name, raising=False)
     cache_dir.apply(str(tmp_path / "cache"))
     return tmp_path / "cache"
+
+
+class AttendsOverACopy(TorchNative):
+    """torch_native writing and attending over its own copy of the pool, as an engine adapter's cache
+    made per run: right within a forward, but the batch's pool never gets this forward's K/V."""
+
+    def run(self, batch):
+        own = dataclasses.replace(batch.pool, k=batch.pool.k.clone(), v=batch.pool.v.clone())
+        return super().run(dataclasses.replace(batch, pool=own))

@@ -20,6 +20,7 @@ from harness.core.case import Case
 from harness.core.modes import Mode
 from harness.mutants import by_name, catalogue
 from references.torch_ref import reference
+from tests.helpers import AttendsOverACopy
 
 
 def _cache(page_size=4, pages=16, whole_page_loads=False):
@@ -202,6 +203,14 @@ class _Raises(TorchNative):
         if batch.mode == Mode.DECODE:
             raise RuntimeError("illegal memory access (simulated)")
         return super().run(batch)
+
+
+def test_a_backend_whose_cache_writes_do_not_reach_the_pool_fails_at_the_first_step_that_reads_them():
+    """A backend right within each forward but writing only a copy of the pool (an engine adapter's
+    per-run cache) leaves the next step reading poison: NaN from decode 1 on, not a pass."""
+    res = M.check_model(AttendsOverACopy(), "mistral", determinism=False)
+    assert res.status == "fail", res
+    assert res.worst.startswith("request A, decode 1,") and "test nan" in res.worst, res.worst
 
 
 def test_a_crash_is_a_result_that_names_the_step():

@@ -24,6 +24,8 @@ from types import ModuleType
 
 from harness.backends.base import Backend, BackendBroken
 from harness.backends.versions import SupportedRange, distribution_version
+from harness.core.batch import Batch
+from harness.core.pool import translate_slots
 
 
 @dataclass(frozen=True)
@@ -146,6 +148,16 @@ class EngineAdapter(Backend):
         W + 1 keys; -1 none). Identity by default; an engine that counts differently overrides it,
         and a test pins that engine's convention from the engine's own code."""
         return window_left
+
+    def keep_kv(self, batch: Batch) -> None:
+        """This forward's K/V into the harness's pool at the slots the engine wrote them to (this
+        layer's pool: through `full_to_swa` on a hybrid pool's window layer; CROSS has none). The
+        engine's own cache lives for one `run`, filled from the pool; the pool is the cache a later
+        forward reads (the model check's next step), so it must hold what this forward wrote, as the
+        Backend contract asks of every backend (docs/backends.md)."""
+        if batch.k_new.shape[0]:
+            slots = translate_slots(batch.out_cache_loc, batch.full_to_swa)
+            batch.pool.write(slots, batch.k_new, batch.v_new)
 
 
 def _adapter_modules() -> list[str]:

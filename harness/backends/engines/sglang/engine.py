@@ -253,4 +253,5 @@ class SglangAdapter(EngineAdapter):
             k, v = self.new_kv(batch)
             q = batch.q.reshape(batch.q.shape[0], -1)
             o = backend.forward(q, k, v, layer, fb, **self.forward_kwargs(batch))
+        self.keep_kv(batch)
         return BackendOutput(out=o.view(batch.q.shape[0], batch.case.num_q_heads, -1))

@@ -54,7 +54,7 @@ STAND_INS = (
         "earlier steps' cache",
         "every pool slot written once through the backend's own cache write before the step",
         "the engine wrote the cached tokens in earlier steps; the harness's pool holds them (and the poison "
-        "of slots no request owns) in its own layout",
+        "of slots no request owns) in its own layout, and keeps each step's K/V for the next (keep_kv)",
     ),
 )
 
@@ -333,4 +333,5 @@ class VllmEngine(EngineAdapter):
         out = torch.empty_like(batch.q)
         with set_current_vllm_config(config):
             layer.impl.forward(layer, batch.q, key, value, kv_cache, metadata, output=out)
+        self.keep_kv(batch)
         return BackendOutput(out=out)
