@@ -115,6 +115,20 @@ def server_args(cls: type, attention_backend: str, model_path: str, device: str)
     )
 
 
+def spec_server_args(args: Any, topk: int, steps: int, num_draft: int) -> Any:
+    """A copy of resolved ServerArgs with EAGLE's settings, through ServerArgs.override (resolved server
+    args are read-only; the copy leaves the cached ones as they were)."""
+    args = copy.deepcopy(args)
+    args.override(
+        spec.SPEC_INPUTS.what,
+        speculative_algorithm="EAGLE",
+        speculative_eagle_topk=topk,
+        speculative_num_steps=steps,
+        speculative_num_draft_tokens=num_draft,
+    )
+    return args
+
+
 class SglangGpuAdapter(SglangAdapter):
     """A CUDA sglang backend: engine.py's translation, with the stand-ins above around it."""
 
@@ -143,13 +157,7 @@ class SglangGpuAdapter(SglangAdapter):
         )
         if batch.mode not in SPEC_MODES:
             return args
-        args = copy.copy(args)
-        topk, steps, num_draft = spec.spec_shape(batch)
-        args.speculative_algorithm = "EAGLE"
-        args.speculative_eagle_topk = topk
-        args.speculative_num_steps = steps
-        args.speculative_num_draft_tokens = num_draft
-        return args
+        return spec_server_args(args, *spec.spec_shape(batch))
 
     def model_config(self, batch: Batch) -> SimpleNamespace:
         """The MODEL_CONFIG stand-in."""
