@@ -28,7 +28,7 @@ from harness.backends.engines.sglang.torch_native import SglangTorchNative
 from harness.backends.versions import SupportedRange, distribution_version
 from harness.checks.known_issues import reaching_issue
 from harness.core.batch import build_batch, make_inputs
-from harness.core.case import Case, Request
+from harness.core.case import Case, Request, case_traits
 from harness.core.modes import tree_ancestry
 from harness.mutants import catalogue, hunt
 from harness.search import profiles
@@ -291,15 +291,17 @@ def test_the_cuda_adapters_and_their_stand_ins_are_documented(cls):
 
 
 def test_the_gpu_smoke_runs_cases_both_cuda_adapters_declare():
-    """engines/sglang-gpu-smoke.py's decode and extend are cases each CUDA adapter declares, so its one
-    try on a GPU runs them instead of skipping."""
+    """engines/sglang-gpu-smoke.py's cases (decode, extend, verify chain and tree, draft extend) are cases
+    each CUDA adapter declares, so its one try on a GPU runs them instead of skipping."""
     path = Path(__file__).resolve().parent.parent / "engines" / "sglang-gpu-smoke.py"
     spec = importlib.util.spec_from_file_location("sglang_gpu_smoke", path)
     assert spec is not None and spec.loader is not None
     smoke = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(smoke)
     assert set(smoke.ADAPTERS) == {cls.name for cls in GPU_ADAPTERS}
-    assert {case.mode for case in smoke.CASES.values()} == {"DECODE", "EXTEND"}
+    modes = {case.mode for case in smoke.CASES.values()}
+    assert modes == {"DECODE", "EXTEND", "TARGET_VERIFY", "DRAFT_EXTEND_V2"}
+    assert any("tree" in case_traits(case) for case in smoke.CASES.values())
     for cls in GPU_ADAPTERS:
         for case in smoke.CASES.values():
             assert cls().supports(case) is None, (cls.name, case)
