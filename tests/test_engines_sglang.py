@@ -407,10 +407,11 @@ def test_fa3_verifies_chains_with_a_window_sinks_or_fp8():
 # sglang 0.5.17's FlashAttentionBackend plans on a CPU: its module imports sgl_kernel, whose CUDA
 # library does not load here, so the kernel entry points are replaced by ones that raise;
 # init_forward_metadata calls none of them (get_scheduler_metadata: None, as when it is absent).
+INSTALLED = "sglang is not installed" if SGLANG_RELEASE is None else f"sglang {SGLANG_RELEASE} is installed"
 needs_sglang_0_5_17 = pytest.mark.skipif(
     SGLANG_RELEASE is None or not SGLANG_GPU.supported.contains(SGLANG_RELEASE),
-    reason=f"sglang {SGLANG_RELEASE} is installed, not the CUDA adapters' 0.5.17 (unpack its wheel "
-    "first on PYTHONPATH to run this)",
+    reason=f"{INSTALLED} here, not the CUDA adapters' 0.5.17 (unpack its wheel first on PYTHONPATH "
+    "to run this)",
 )
 
 
