@@ -1,5 +1,6 @@
-"""First contact of the CUDA sglang adapters with a GPU: each adapter is built, then one small decode and
-one small extend (with a cached prefix) run against the reference, through the harness's own check_case.
+"""First contact of the CUDA sglang adapters with a GPU: each adapter is built, then one small decode, one
+small extend (with a cached prefix), a verify chain, a verify tree and a draft extend run against the
+reference, through the harness's own check_case.
 Every failure prints its full traceback, so a single try on a GPU machine says as much as it can.
 
     python engines/sglang-gpu-smoke.py [ADAPTER ...]     # default: sglang_flashinfer sglang_fa3
@@ -21,6 +22,17 @@ ADAPTERS = ("sglang_flashinfer", "sglang_fa3")
 CASES = {
     "decode": Case(mode="DECODE", requests=(Request(37, 1), Request(5, 1)), page_size=16),
     "extend": Case(mode="EXTEND", requests=(Request(19, 6), Request(0, 9)), page_size=16),
+    "verify chain": Case(
+        mode="TARGET_VERIFY",
+        requests=(Request(21, 3, tree=(-1, 0, 1)), Request(4, 3, tree=(-1, 0, 1))),
+        page_size=16,
+    ),
+    "verify tree": Case(
+        mode="TARGET_VERIFY",
+        requests=(Request(21, 4, tree=(-1, 0, 0, 1)), Request(4, 4, tree=(-1, 0, 0, 1))),
+        page_size=16,
+    ),
+    "draft extend": Case(mode="DRAFT_EXTEND_V2", requests=(Request(21, 3), Request(4, 3)), page_size=16),
 }
 
 

@@ -11,13 +11,14 @@ import pickle
 import subprocess
 import sys
 from pathlib import Path
-from types import SimpleNamespace
+from types import ModuleType, SimpleNamespace
 
 import pytest
 import torch
 
 from harness.backends import BackendBroken, names
 from harness.backends.engines.base import Engine, EngineAdapter
+from harness.backends.engines.sglang import spec
 from harness.backends.engines.sglang.engine import SGLANG
 from harness.backends.engines.sglang.fa3 import SglangFA3
 from harness.backends.engines.sglang.flashinfer import SglangFlashInfer
@@ -27,7 +28,8 @@ from harness.backends.engines.sglang.torch_native import SglangTorchNative
 from harness.backends.versions import SupportedRange, distribution_version
 from harness.checks.known_issues import reaching_issue
 from harness.core.batch import build_batch, make_inputs
-from harness.core.case import Case, Request
+from harness.core.case import Case, Request, case_traits
+from harness.core.modes import tree_ancestry
 from harness.mutants import catalogue, hunt
 from harness.search import profiles
 
@@ -289,15 +291,17 @@ def test_the_cuda_adapters_and_their_stand_ins_are_documented(cls):
 
 
 def test_the_gpu_smoke_runs_cases_both_cuda_adapters_declare():
-    """engines/sglang-gpu-smoke.py's decode and extend are cases each CUDA adapter declares, so its one
-    try on a GPU runs them instead of skipping."""
+    """engines/sglang-gpu-smoke.py's cases (decode, extend, verify chain and tree, draft extend) are cases
+    each CUDA adapter declares, so its one try on a GPU runs them instead of skipping."""
     path = Path(__file__).resolve().parent.parent / "engines" / "sglang-gpu-smoke.py"
     spec = importlib.util.spec_from_file_location("sglang_gpu_smoke", path)
     assert spec is not None and spec.loader is not None
     smoke = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(smoke)
     assert set(smoke.ADAPTERS) == {cls.name for cls in GPU_ADAPTERS}
-    assert {case.mode for case in smoke.CASES.values()} == {"DECODE", "EXTEND"}
+    modes = {case.mode for case in smoke.CASES.values()}
+    assert modes == {"DECODE", "EXTEND", "TARGET_VERIFY", "DRAFT_EXTEND_V2"}
+    assert any("tree" in case_traits(case) for case in smoke.CASES.values())
     for cls in GPU_ADAPTERS:
         for case in smoke.CASES.values():
             assert cls().supports(case) is None, (cls.name, case)
@@ -311,3 +315,177 @@ def test_an_adapter_that_imported_sglang_still_goes_to_an_isolation_worker(adapt
     backend._sg = SimpleNamespace(backend=torch, batch=sys)  # what import_engine leaves: modules
     sent = pickle.loads(pickle.dumps(backend))
     assert type(sent) is adapter and sent._sg is None
+
+
+# --- the speculative modes of the CUDA adapters ---------------------------------------------------
+
+
+def verify_case(tree: tuple[int, ...], **fields) -> Case:
+    """A TARGET_VERIFY case of two requests over cached prefixes of different lengths, one tree."""
+    reqs = (Request(9, len(tree), tree=tree), Request(3, len(tree), tree=tree))
+    return Case(mode="TARGET_VERIFY", requests=reqs, page_size=16, dtype="bfloat16", **fields)
+
+
+CHAIN, TREE, FOREST = (-1, 0, 1), (-1, 0, 0, 1), (-1, -1, 1)
+
+
+@pytest.mark.parametrize(("tree", "shape"), [(CHAIN, (1, 3, 3)), (TREE, (2, 3, 4)), (FOREST, (2, 2, 3))])
+def test_the_spec_settings_are_the_trees_branching_depth_and_size(tree, shape):
+    """topk: the most children of one node, the last accepted token (-1) included; spec_steps: the
+    depth; draft_token_num: the drafts per request."""
+    batch = build_batch(verify_case(tree), make_inputs(verify_case(tree)), "cpu")
+    assert spec.spec_shape(batch) == shape
+
+
+@pytest.mark.parametrize("tree", [CHAIN, TREE, FOREST])
+def test_the_verify_mask_is_eagles_layout_of_the_batchs_tree(tree):
+    """Per request, num_draft rows of seq_len + num_draft columns: every cached key, then the draft's
+    ancestors and itself. Its length is the one EagleVerifyInput.generate_attn_arg_prefill plans for
+    (a shorter mask is padded there with True: every draft would see every other)."""
+    case = verify_case(tree)
+    batch = build_batch(case, make_inputs(case), "cpu")
+    mask, n = spec.verify_custom_mask(batch), len(tree)
+    seq = batch.cpu_list("seq_lens")
+    assert mask.numel() == sum(seq) * n + n * n * len(seq)
+    start = 0
+    for s in seq:
+        rows = mask[start : start + n * (s + n)].view(n, s + n)
+        assert rows[:, :s].all()
+        assert torch.equal(rows[:, s:], torch.tensor(tree_ancestry(tree)))
+        start += n * (s + n)
+
+
+@needs_sglang
+def test_the_spec_inputs_are_sglangs_own_classes_filled_from_the_batch():
+    adapter = SglangFlashInfer()
+    case = verify_case(TREE)
+    batch = build_batch(case, make_inputs(case), "cpu")
+    eagle = adapter.gpu().eagle
+    capture = adapter.sg().batch.CaptureHiddenMode
+    verify = spec.verify_input(eagle, capture, batch)
+    assert type(verify) is eagle.EagleVerifyInput and verify.is_verify_input()
+    assert (verify.draft_token_num, verify.topk, verify.spec_steps) == (4, 2, 3)
+    assert torch.equal(verify.positions, batch.positions.long())
+    assert verify.seq_lens_sum == 12 and verify.seq_lens_cpu.tolist() == [9, 3]
+
+    draft = Case(mode="DRAFT_EXTEND_V2", requests=(Request(9, 3), Request(3, 3)), page_size=16)
+    batch = build_batch(draft, make_inputs(draft), "cpu")
+    rows = adapter.req_pool_indices(batch)
+    extend = spec.draft_extend_input(eagle, batch, rows)
+    assert type(extend) is eagle.EagleDraftExtendInput
+    assert extend.num_tokens_per_req == 3 and extend.num_accept_tokens_cpu == [3, 3]
+    assert extend.seq_lens_cpu.tolist() == [12, 6] and extend.kv_indptr is None
+
+
+@pytest.mark.parametrize("cls", GPU_ADAPTERS)
+def test_the_cuda_adapters_declare_verify_chains_trees_and_draft_extend(cls):
+    for tree in (CHAIN, TREE, FOREST):
+        assert cls().supports(verify_case(tree)) is None, (cls.name, tree)
+    draft = Case(mode="DRAFT_EXTEND_V2", requests=(Request(9, 3), Request(3, 3)), page_size=16)
+    assert cls().supports(draft) is None
+
+
+@pytest.mark.parametrize(
+    ("cls", "tree", "fields", "why"),
+    [
+        (SglangFlashInfer, CHAIN, {"window_left": 4}, "takes no kv_start_idx"),
+        (SglangFA3, TREE, {"window_left": 4}, "_init_sliding_window_attn_spec_metadata"),
+        (SglangFA3, TREE, {"sinks": True}, "the sink counts twice"),
+        (SglangFA3, TREE, {"kv_dtype": "float8_e4m3fn"}, "k_descale / v_descale expanded"),
+    ],
+)
+def test_the_cuda_adapters_refuse_what_sglangs_verify_path_gets_wrong(cls, tree, fields, why):
+    reason = cls().supports(verify_case(tree, **fields))
+    assert reason is not None and why in reason, reason
+
+
+def test_fa3_verifies_chains_with_a_window_sinks_or_fp8():
+    for fields in ({"window_left": 4}, {"sinks": True}, {"kv_dtype": "float8_e4m3fn"}):
+        assert SglangFA3().supports(verify_case(CHAIN, **fields)) is None, fields
+
+
+# sglang 0.5.17's FlashAttentionBackend plans on a CPU: its module imports sgl_kernel, whose CUDA
+# library does not load here, so the kernel entry points are replaced by ones that raise;
+# init_forward_metadata calls none of them (get_scheduler_metadata: None, as when it is absent).
+INSTALLED = "sglang is not installed" if SGLANG_RELEASE is None else f"sglang {SGLANG_RELEASE} is installed"
+needs_sglang_0_5_17 = pytest.mark.skipif(
+    SGLANG_RELEASE is None or not SGLANG_GPU.supported.contains(SGLANG_RELEASE),
+    reason=f"{INSTALLED} here, not the CUDA adapters' 0.5.17 (unpack its wheel first on PYTHONPATH "
+    "to run this)",
+)
+
+
+def kernel_stand_ins(monkeypatch) -> None:
+    """sgl_kernel and sgl_kernel.flash_attn as modules whose kernels raise, where sgl_kernel does not
+    import (no CUDA)."""
+    try:
+        importlib.import_module("sgl_kernel.flash_attn")
+        return
+    except ImportError:
+        pass
+
+    def kernel(*args, **kwargs):
+        raise RuntimeError("no CUDA kernel on this machine")
+
+    fa = ModuleType("sgl_kernel.flash_attn")
+    fa.flash_attn_varlen_func = fa.flash_attn_with_kvcache = kernel
+    fa.get_scheduler_metadata = None
+    root = ModuleType("sgl_kernel")
+    root.merge_state_v2, root.flash_attn = kernel, fa
+    monkeypatch.setitem(sys.modules, "sgl_kernel", root)
+    monkeypatch.setitem(sys.modules, "sgl_kernel.flash_attn", fa)
+
+
+def fa3_planned(case: Case, monkeypatch):
+    """The batch, and sglang's FlashAttentionBackend after init_forward_metadata over it, built and
+    planned as SglangFA3.run does."""
+    kernel_stand_ins(monkeypatch)
+    batch = build_batch(case, make_inputs(case), "cpu")
+    adapter = SglangFA3()
+    with adapter.serving_context(batch):
+        rows = adapter.req_pool_indices(batch)
+        r2t, kv = adapter.req_to_token_pool(batch, rows), adapter.token_to_kv_pool(batch)
+        backend = adapter.attention_backend(batch, r2t, kv)
+        backend.init_forward_metadata(adapter.forward_batch(batch, rows))
+    return batch, backend
+
+
+@needs_sglang_0_5_17
+def test_fa3_plans_a_verify_chain_over_the_prefix_and_the_drafts(monkeypatch):
+    batch, backend = fa3_planned(verify_case(CHAIN), monkeypatch)
+    m = backend.forward_metadata
+    assert backend.topk == 1 and backend.speculative_num_draft_tokens == 3
+    assert m.cache_seqlens_int32.tolist() == [p + 3 for p in batch.cpu_list("prefix_lens")]
+    assert m.cu_seqlens_q.tolist() == batch.cpu_list("qo_indptr")
+    pages = batch.req_to_token[:, :: batch.case.page_size] // batch.case.page_size
+    assert torch.equal(m.page_table[:, : pages.shape[1]].long(), pages.long())
+
+
+@needs_sglang_0_5_17
+@pytest.mark.parametrize("tree", [TREE, FOREST])
+def test_fa3_plans_a_verify_tree_from_the_custom_mask(tree, monkeypatch):
+    """The cascade's first pass reads the cached keys; its second, per draft, the slots of the draft's
+    ancestors and itself, which FA3 takes from the custom mask."""
+    batch, backend = fa3_planned(verify_case(tree), monkeypatch)
+    assert backend.topk == 2
+    assert backend.forward_metadata.cache_seqlens_int32.tolist() == batch.cpu_list("prefix_lens")
+    expand = backend.forward_metadata_spec_decode_expand
+    ancestry = tree_ancestry(tree)
+    want_lens, want_slots = [], []
+    for r, p in enumerate(batch.cpu_list("prefix_lens")):
+        for row in ancestry:
+            slots = [int(batch.req_to_token[r, p + i]) for i, seen in enumerate(row) if seen]
+            want_lens.append(len(slots))
+            want_slots.append(slots)
+    assert expand.cache_seqlens_int32.tolist() == want_lens
+    got = [expand.page_table[j, :n].tolist() for j, n in enumerate(want_lens)]
+    assert got == want_slots
+
+
+@needs_sglang_0_5_17
+def test_fa3_plans_a_draft_extend_over_the_bumped_seq_lens(monkeypatch):
+    case = Case(mode="DRAFT_EXTEND_V2", requests=(Request(9, 3), Request(3, 3)), page_size=16)
+    batch, backend = fa3_planned(case, monkeypatch)
+    m = backend.forward_metadata
+    assert m.cache_seqlens_int32.tolist() == [12, 6] == batch.cpu_list("seq_lens")
+    assert m.cu_seqlens_q.tolist() == batch.cpu_list("qo_indptr") and m.max_seq_len_q == 3

@@ -6,8 +6,10 @@ decode and extend over a page table of the pool's pages, a sliding window (`wind
 (layer.sliding_window_size, 0)`, both ends inclusive: W + 1 keys, the harness's count), the layer's
 soft cap (`softcap=layer.logit_cap`), sinks (forward's `sinks`, handed to the kernel), cross layers
 (the encoder's pages, is_encoder_decoder), encoder-only layers (causal False) and an FP8 E4M3 cache
-(the query cast to the cache dtype, k_descale / v_descale from the layer's scales). Not run on a GPU
-yet (docs/engines.md).
+(the query cast to the cache dtype, k_descale / v_descale from the layer's scales), TARGET_VERIFY
+(a chain, topk 1: a causal pass over seq_lens + draft_token_num keys; a tree, topk > 1: a cascade of a
+pass over the cached keys and one over each draft's ancestors, taken from the EagleVerifyInput's custom
+mask) and DRAFT_EXTEND_V2 (an extend over the bumped seq_lens). Not run on a GPU yet (docs/engines.md).
 """
 
 from __future__ import annotations
@@ -19,29 +21,34 @@ import torch
 from harness.backends.base import Capabilities
 from harness.backends.engines.sglang.gpu import SglangGpuAdapter
 from harness.core.batch import Batch
-from harness.core.case import PAGE_SIZES
+from harness.core.case import PAGE_SIZES, Case, case_traits
 from harness.core.modes import Mode
 
-WHERE = "flashattention_backend.py"
-NO_SPEC = (
-    "the adapter does not build sglang's spec_info (EagleVerifyInput / EagleDraftInput) yet: "
-    f"FlashAttentionBackend reads TARGET_VERIFY's and DRAFT_EXTEND's drafts from spec_info ({WHERE})"
+TREE_FP8 = (
+    "a verify tree's cascade runs its second pass over batch_size * draft_token_num one-query "
+    "sequences with k_descale / v_descale expanded to (batch_size, heads) "
+    "(FlashAttentionBackend.forward_extend): shapes FA3 does not take together"
 )
 
 FA3 = Capabilities.with_features(
     "window",
     "soft_cap",
     "sinks",
-    modes=frozenset({Mode.DECODE, Mode.EXTEND, Mode.CROSS, Mode.ENCODER_ONLY}),
+    "tree",
+    modes=frozenset(
+        {Mode.DECODE, Mode.EXTEND, Mode.CROSS, Mode.ENCODER_ONLY, Mode.TARGET_VERIFY, Mode.DRAFT_EXTEND_V2}
+    ),
     dtypes=frozenset({"bfloat16", "float16"}),
     head_dims=frozenset({64, 96, 128, 192, 256}),
     page_sizes=frozenset(PAGE_SIZES),
     kv_dtypes=frozenset({"float8_e4m3fn"}),
-    exclusive=frozenset({("window", "ENCODER_ONLY")}),
+    exclusive=frozenset({("window", "ENCODER_ONLY"), ("window", "tree"), ("sinks", "tree")}),
     why_not={
-        str(Mode.TARGET_VERIFY): NO_SPEC,
-        str(Mode.DRAFT_EXTEND_V2): NO_SPEC,
-        "tree": NO_SPEC,
+        "window+tree": "a sliding-window layer verifies a tree without the cascade, through "
+        "_init_sliding_window_attn_spec_metadata's expanded metadata, which the adapter does not "
+        "reason about yet",
+        "sinks+tree": "a verify tree's cascade hands the sinks to both passes and merges them "
+        "(FlashAttentionBackend.forward_extend, merge_state_v2_wrapper): the sink counts twice",
         "window+ENCODER_ONLY": "FlashAttentionBackend.forward_extend gives a non-causal layer the window "
         "(W, W): the left window on the right too",
         "window_right": "FlashAttentionBackend.forward_extend's two-sided window is (W, W), one "
@@ -65,6 +72,14 @@ class SglangFA3(SglangGpuAdapter):
     engine_backend = "sglang.srt.layers.attention.flashattention_backend:FlashAttentionBackend"
     attention_backend_name = "fa3"
     capabilities = FA3
+
+    def supports(self, case: Case) -> str | None:
+        """The capabilities, and no verify tree over an FP8 cache (TREE_FP8: the kv dtype is not a trait
+        an `exclusive` pair can name)."""
+        why = super().supports(case)
+        if why is None and case.kv_dtype is not None and "tree" in case_traits(case):
+            return TREE_FP8
+        return why
 
     def forward_kwargs(self, batch: Batch) -> dict[str, Any]:
         """The layer's sink logits [Hq] in bfloat16, as sglang's gpt_oss.py holds them for this backend:

@@ -7,8 +7,11 @@ planned with page size 1 whatever the pool's page size), a sliding window (the m
 `sliding_window_size` gives two wrappers, WrapperDispatch.SLIDING_WINDOW; a decode keeps the last W + 1
 keys, `seq_lens` clamped to `sliding_window_size + 1`, and extend passes `window_left` =
 `layer.sliding_window_size`: W + 1 keys, the harness's count), the layer's soft cap, encoder-only
-layers (non-causal ragged prefill) and an FP8 cache read with the layer's k_scale / v_scale. Not run on
-a GPU yet (docs/engines.md).
+layers (non-causal ragged prefill), an FP8 cache read with the layer's k_scale / v_scale, TARGET_VERIFY
+(chains and trees: init_forward_metadata plans `prefill_wrappers_verify` from the EagleVerifyInput's
+generate_attn_arg_prefill, whose custom mask carries the tree) and DRAFT_EXTEND_V2 (its eager path plans
+an extend over the cached prefix from the ForwardBatch, spec_info unread). Not run on a GPU yet
+(docs/engines.md).
 """
 
 from __future__ import annotations
@@ -18,26 +21,21 @@ from harness.backends.engines.sglang.gpu import SglangGpuAdapter
 from harness.core.case import PAGE_SIZES
 from harness.core.modes import Mode
 
-WHERE = "flashinfer_backend.py"
-NO_SPEC = (
-    "the adapter does not build sglang's spec_info (EagleVerifyInput / EagleDraftInput) yet: "
-    "FlashInferAttnBackend plans TARGET_VERIFY and DRAFT_EXTEND from "
-    f"spec_info.generate_attn_arg_prefill ({WHERE})"
-)
-
 FLASHINFER = Capabilities.with_features(
     "window",
     "soft_cap",
-    modes=frozenset({Mode.DECODE, Mode.EXTEND, Mode.ENCODER_ONLY}),
+    "tree",
+    modes=frozenset({Mode.DECODE, Mode.EXTEND, Mode.ENCODER_ONLY, Mode.TARGET_VERIFY, Mode.DRAFT_EXTEND_V2}),
     dtypes=frozenset({"bfloat16", "float16"}),
     head_dims=frozenset({64, 128, 256}),
     page_sizes=frozenset(PAGE_SIZES),
     kv_dtypes=frozenset({"float8_e4m3fn", "float8_e5m2"}),
-    exclusive=frozenset({("window", "ENCODER_ONLY")}),
+    exclusive=frozenset({("window", "ENCODER_ONLY"), ("window", "TARGET_VERIFY")}),
     why_not={
-        str(Mode.TARGET_VERIFY): NO_SPEC,
-        str(Mode.DRAFT_EXTEND_V2): NO_SPEC,
-        "tree": NO_SPEC,
+        "window+TARGET_VERIFY": "with a window the verify is planned per wrapper from "
+        "EagleVerifyInput.generate_attn_arg_prefill, which takes no kv_start_idx: the window wrapper's "
+        "trimmed key counts are read from the start of the request's row, not its end "
+        "(FlashInferIndicesUpdaterPrefill.update_sliding_window / call_begin_forward)",
         str(Mode.CROSS): "forward_extend's ragged path (taken unless deterministic inference or "
         "SGLANG_FLASHINFER_USE_PAGED) plans K/V at the queries' own indptr "
         "(FlashInferIndicesUpdaterPrefill.call_begin_forward: wrapper_ragged.begin_forward(qo_indptr, "

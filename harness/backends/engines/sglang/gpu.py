@@ -12,6 +12,7 @@ sglang 0.5.17's code (SGLANG_GPU's range); docs/engines.md lists them.
 from __future__ import annotations
 
 import contextlib
+import copy
 import importlib
 from collections.abc import Iterator
 from functools import cache
@@ -21,6 +22,7 @@ from typing import Any
 import torch
 
 from harness.backends.engines.base import Engine, StandIn, model_dir
+from harness.backends.engines.sglang import spec
 from harness.backends.engines.sglang.engine import SglangAdapter, declare_torchvision_schemas
 from harness.backends.versions import SupportedRange
 from harness.core.batch import Batch
@@ -48,7 +50,11 @@ GPU_MODULES = {
     "model_config": "sglang.srt.configs.model_config",
     "allocator": "sglang.srt.mem_cache.allocator.token",
     "spec": "sglang.srt.speculative.spec_info",
+    "eagle": "sglang.srt.speculative.eagle_info",
 }
+
+# The harness's speculative modes, which sglang's ForwardMode names alike.
+SPEC_MODES = (Mode.TARGET_VERIFY, Mode.DRAFT_EXTEND_V2)
 
 # The Case's FP8 KV dtypes as sglang's --kv-cache-dtype names them (ModelRunner.kv_cache_dtype_str).
 KV_CACHE_DTYPE_STR = {None: "auto", "float8_e4m3fn": "fp8_e4m3", "float8_e5m2": "fp8_e5m2"}
@@ -109,12 +115,26 @@ def server_args(cls: type, attention_backend: str, model_path: str, device: str)
     )
 
 
+def spec_server_args(args: Any, topk: int, steps: int, num_draft: int) -> Any:
+    """A copy of resolved ServerArgs with EAGLE's settings, through ServerArgs.override (resolved server
+    args are read-only; the copy leaves the cached ones as they were)."""
+    args = copy.deepcopy(args)
+    args.override(
+        spec.SPEC_INPUTS.what,
+        speculative_algorithm="EAGLE",
+        speculative_eagle_topk=topk,
+        speculative_num_steps=steps,
+        speculative_num_draft_tokens=num_draft,
+    )
+    return args
+
+
 class SglangGpuAdapter(SglangAdapter):
     """A CUDA sglang backend: engine.py's translation, with the stand-ins above around it."""
 
     engine = SGLANG_GPU
     requires = (("sglang-kernel", "sglang's CUDA kernels, sgl_kernel"),)
-    stand_ins = (MODEL_RUNNER, MODEL_CONFIG, SERVER_ARGS, PARALLEL_STATE, KV_SCALES)
+    stand_ins = (MODEL_RUNNER, MODEL_CONFIG, SERVER_ARGS, PARALLEL_STATE, KV_SCALES, spec.SPEC_INPUTS)
     attention_backend_name: str  # sglang's --attention-backend for this backend
 
     def gpu(self) -> SimpleNamespace:
@@ -126,14 +146,18 @@ class SglangGpuAdapter(SglangAdapter):
     # --- the stand-ins --------------------------------------------------------------------------
 
     def server_args(self, batch: Batch) -> Any:
-        """The SERVER_ARGS stand-in (not yet published)."""
+        """The SERVER_ARGS stand-in (not yet published); in a speculative mode a copy with EAGLE's
+        settings of the batch's trees (SPEC_INPUTS), which FlashAttentionBackend reads at construction."""
         case = batch.case
-        return server_args(
+        args = server_args(
             self.gpu().server_args.ServerArgs,
             self.attention_backend_name,
             model_dir(case.num_q_heads, case.num_kv_heads, case.head_dim),
             batch.device.type,
         )
+        if batch.mode not in SPEC_MODES:
+            return args
+        return spec_server_args(args, *spec.spec_shape(batch))
 
     def model_config(self, batch: Batch) -> SimpleNamespace:
         """The MODEL_CONFIG stand-in."""
@@ -181,6 +205,28 @@ class SglangGpuAdapter(SglangAdapter):
             server_args=args,
             model_config=self.model_config(batch),
         )
+
+    def forward_mode(self, batch: Batch) -> Any:
+        """sglang's TARGET_VERIFY and DRAFT_EXTEND_V2 for the speculative modes, else engine.py's."""
+        if batch.mode in SPEC_MODES:
+            return getattr(self.sg().batch.ForwardMode, str(batch.mode))
+        return super().forward_mode(batch)
+
+    def spec_info(self, batch: Batch, rows: torch.Tensor) -> Any:
+        """The SPEC_INPUTS stand-in of a speculative mode, None in the others."""
+        g = self.gpu()
+        if batch.mode == Mode.TARGET_VERIFY:
+            return spec.verify_input(g.eagle, self.sg().batch.CaptureHiddenMode, batch)
+        if batch.mode == Mode.DRAFT_EXTEND_V2:
+            return spec.draft_extend_input(g.eagle, batch, rows)
+        return None
+
+    def forward_batch(self, batch: Batch, rows: torch.Tensor) -> Any:
+        """engine.py's ForwardBatch with the speculative input (sglang's worker sets spec_info before
+        init_forward_metadata; a verify's positions are the tree's depths, the Batch's already)."""
+        fb = super().forward_batch(batch, rows)
+        fb.spec_info = self.spec_info(batch, rows)
+        return fb
 
     @contextlib.contextmanager
     def serving_context(self, batch: Batch) -> Iterator[None]:
