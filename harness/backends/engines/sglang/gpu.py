@@ -115,10 +115,14 @@ def server_args(cls: type, attention_backend: str, model_path: str, device: str)
     )
 
 
-def spec_server_args(args: Any, topk: int, steps: int, num_draft: int) -> Any:
-    """A copy of resolved ServerArgs with EAGLE's settings, through ServerArgs.override (resolved server
-    args are read-only; the copy leaves the cached ones as they were)."""
-    args = copy.deepcopy(args)
+@cache
+def spec_server_args(
+    cls: type, attention_backend: str, model_path: str, device: str, topk: int, steps: int, num_draft: int
+) -> Any:
+    """server_args' ServerArgs copied with EAGLE's settings, through ServerArgs.override (resolved server
+    args are read-only; the copy leaves the cached ones as they were), built once per process for each
+    tree shape: the args a run publishes are the ones its model runner holds."""
+    args = copy.deepcopy(server_args(cls, attention_backend, model_path, device))
     args.override(
         spec.SPEC_INPUTS.what,
         speculative_algorithm="EAGLE",
@@ -149,15 +153,15 @@ class SglangGpuAdapter(SglangAdapter):
         """The SERVER_ARGS stand-in (not yet published); in a speculative mode a copy with EAGLE's
         settings of the batch's trees (SPEC_INPUTS), which FlashAttentionBackend reads at construction."""
         case = batch.case
-        args = server_args(
+        key = (
             self.gpu().server_args.ServerArgs,
             self.attention_backend_name,
             model_dir(case.num_q_heads, case.num_kv_heads, case.head_dim),
             batch.device.type,
         )
         if batch.mode not in SPEC_MODES:
-            return args
-        return spec_server_args(args, *spec.spec_shape(batch))
+            return server_args(*key)
+        return spec_server_args(*key, *spec.spec_shape(batch))
 
     def model_config(self, batch: Batch) -> SimpleNamespace:
         """The MODEL_CONFIG stand-in."""
