@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from harness.run.pytest_command import PytestCommand, command
-from harness.run.run_info import INTERRUPTED_EXIT, RunInfo, started_now
+from harness.run.run_info import INTERRUPTED, RunInfo, started_now
 from harness.run.speed import settings
 
 if TYPE_CHECKING:
@@ -35,7 +35,6 @@ GIB_PER_JOB = 2.0
 PYTEST_USAGE_ERROR = 4
 NO_TESTS = 5
 NOTHING_CHECKED = 3  # check's exit status when no case was checked (as repro's)
-INTERRUPTED = INTERRUPTED_EXIT  # check's exit status when stopped by SIGINT
 INTERRUPT_GRACE_S = 20.0  # for an interrupted pytest to write what it checked
 # What pytest and hypothesis keep between runs goes to the run's own directory, never to the one
 # pytest runs in (the checkout, in a checkout): pytest's cache, in a check of one process (`pytest

@@ -28,7 +28,7 @@ from harness.core.results import REFUSALS_CHECK, CaseResult, summary_table, test
 from harness.report import environment, results_json, write_run
 from harness.report.progress import Progress
 from harness.run import ci_shards, isolation, record_mode, workers
-from harness.run.run_info import INTERRUPTED_EXIT, RunInfo, default_id, started_now
+from harness.run.run_info import INTERRUPTED, RunInfo, default_id, started_now
 from harness.run.speed import variant_shards
 from harness.run.speed.settings import RECORD_ENV
 from harness.run.suite import Target
@@ -485,7 +485,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config)
         return
     run = run_info(config, exitstatus)
     if interrupted:
-        run = dataclasses.replace(run, exit_status=INTERRUPTED_EXIT, interrupted={"not_run": not_run(config)})
+        run = dataclasses.replace(run, exit_status=INTERRUPTED, interrupted={"not_run": not_run(config)})
     data = results_json.build(results, run.to_dict(), environment.collect())
     if path:
         results_json.dump(path, data)

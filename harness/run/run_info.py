@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-INTERRUPTED_EXIT = 130  # the exit status of a run stopped by SIGINT: 128 + the signal, as a shell says
+INTERRUPTED = 130  # the exit status of a run stopped by SIGINT: 128 + the signal, as a shell says
 
 
 def started_now() -> tuple[float, str]:
