@@ -98,9 +98,7 @@ ENCODER_IN_REACH = Case(
 )
 
 
-@pytest.mark.parametrize(
-    "mutant", ["flashinfer_ragged~encoder_causal", "flashinfer_ragged~no_window"]
-)
+@pytest.mark.parametrize("mutant", ["flashinfer_ragged~encoder_causal", "flashinfer_ragged~no_window"])
 def test_a_glue_bug_inside_the_issues_reach_fails_where_the_library_is_right(version, monkeypatch, mutant):
     """On the CPU with the FlashInfer fake (right where the real kernel is, e.g. 4096 tokens with
     window 64): an encoder glue bug of flashinfer_ragged on a case the entry's predicate reaches, on
@@ -154,12 +152,18 @@ def test_each_issue_is_keyed_on_the_releases_its_script_failed_on():
         "flashinfer-sink-module-name": {"0.7.2.post1", "0.6.18.post1"},
         "flashinfer-graph-unsplit-plan": {"0.7.2.post1", "0.6.18.post1"},
         "flashinfer-graph-capture-unsplit": {"0.6.18.post1"},  # measured on the H200
+        # the suite's records on the H200: 0.7.2.post1 right on the same cases (docs/known-issues.md)
+        "flashinfer-prefill-far-negative-logits": {"0.6.18.post1"},
         "vllm-cpu-fp8-e4m3-bf16-subnormals": {"0.28.0", "0.32.0"},
         "vllm-cpu-fp8-write-truncates": {"0.28.0", "0.32.0"},
         "vllm-cpu-amx-permission": {"0.28.0", "0.32.0"},
         "vllm-cpu-sinks-bf16-only": {"0.28.0"},  # measured on the CPU (docs/engines.md)
         "vllm-cpu-softcap-nan": {"0.28.0", "0.32.0"},  # measured on the CPU (docs/engines.md)
-        "sglang-window-zero": {"0.5.23", "0.5.13.post1"},  # measured on the CPU (docs/engines.md)
+        "sglang-window-zero": {
+            "0.5.23",
+            "0.5.17",
+            "0.5.13.post1",
+        },  # its script, on the CPU (docs/engines.md)
     }
 
 
@@ -399,3 +403,74 @@ def test_a_failure_two_issues_reach_is_excused_by_the_one_that_confirms(version,
     assert known_issues.excuse("flashinfer_ragged", LONG_WINDOWED, "err", "cpu")[1].startswith(
         "err; not known issue first (flashinfer-python 0.7.2.post1), second (flashinfer-python 0.7.2.post1)"
     )
+
+
+FAR_NEGATIVE = Case(
+    mode="EXTEND",
+    requests=(Request(10, 6),),
+    logits="dominant",
+    logit_offset=-3e4,
+    head_dim=64,
+    dtype="bfloat16",
+)
+
+
+@pytest.fixture
+def flashinfer_far_negative_bug(monkeypatch):
+    """The FlashInfer fake with the 0.6.18.post1 prefill bug put in its ragged wrapper: a row carried
+    by logits far below zero (a query component as large as the pattern writes) comes back zero."""
+    fake.install(monkeypatch)
+    ragged = fake.BatchPrefillWithRaggedKVCacheWrapper
+    run = ragged.run
+
+    def buggy(self, q, k, v, *args, **rest):
+        out = run(self, q, k, v, *args, **rest)
+        return out * 0 if float(q.float().abs().max()) > 256 else out
+
+    monkeypatch.setattr(ragged, "run", buggy)
+
+
+def test_the_far_negative_prefill_issue_reaches_prefill_rows_far_below_zero_only():
+    (issue,) = [i for i in known_issues.KNOWN_ISSUES if i.id == "flashinfer-prefill-far-negative-logits"]
+    assert issue.reaches(FAR_NEGATIVE)
+    assert not issue.reaches(FAR_NEGATIVE.replace(logit_offset=-120.0))  # every release is right there
+    assert issue.reaches(FAR_NEGATIVE.replace(logit_offset=-121.0))  # just past it
+    assert not issue.reaches(FAR_NEGATIVE.replace(mode="DECODE", requests=(Request(10, 1),)))
+    assert not issue.reaches(
+        FAR_NEGATIVE.replace(mode="TARGET_VERIFY", requests=(Request(10, 3, tree=(-1, 0, 0)),))
+    )
+    assert issue.reaches(
+        FAR_NEGATIVE.replace(mode="TARGET_VERIFY", requests=(Request(10, 3, tree=(-1, 0, 1)),))
+    )
+
+
+def test_the_far_negative_confirmation_is_right_where_the_library_is_and_says_where_it_is_not(
+    monkeypatch, flashinfer_far_negative_bug
+):
+    from harness.checks.flashinfer_confirm import far_negative_logits
+
+    assert far_negative_logits(FAR_NEGATIVE, "cpu")
+    assert not far_negative_logits(FAR_NEGATIVE.replace(logits="plain", logit_offset=0.0), "cpu")
+
+
+def test_a_far_negative_failure_is_xfail_on_its_release_only_where_the_library_is_wrong_too(
+    version, monkeypatch, flashinfer_far_negative_bug
+):
+    version("0.6.18.post1")
+    backend = wrong_as("flashinfer_paged")
+    case = FAR_NEGATIVE.replace(mode="ENCODER_ONLY", requests=(Request(0, 12),))
+    res = check_case(backend, case)
+    assert res.status == "xfail", res.reason
+    assert "known issue flashinfer-prefill-far-negative-logits" in res.reason
+    version("0.7.2.post1")
+    assert check_case(backend, case).status == "fail"
+
+
+def test_a_far_negative_failure_counts_where_the_library_is_right(version, monkeypatch):
+    fake.install(monkeypatch)
+    version("0.6.18.post1")
+    res = check_case(
+        wrong_as("flashinfer_paged"), FAR_NEGATIVE.replace(mode="ENCODER_ONLY", requests=(Request(0, 12),))
+    )
+    assert res.status == "fail", res.reason
+    assert "not known issue flashinfer-prefill-far-negative-logits" in res.reason

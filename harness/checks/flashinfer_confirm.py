@@ -17,6 +17,7 @@ import torch
 from harness.checks.library_verdict import library, library_verdict
 from harness.core.batch import build_batch, make_inputs
 from harness.core.case import Case
+from harness.core.modes import Mode
 from harness.core.vocab import TORCH_DTYPES
 
 WORKSPACE_BYTES = 128 << 20  # the scripts' float workspace
@@ -57,4 +58,34 @@ def noncausal_window(case: Case, device: str) -> bool:
         kv_data_type=dt,
     )
     out = wrapper.run(batch.q, batch.k_new, batch.v_new)
+    return not library_verdict(case, inputs, out, device).passed
+
+
+def far_negative_logits(case: Case, device: str) -> bool:
+    """Known issue flashinfer-prefill-far-negative-logits: the ragged fa2 prefill over each request's
+    whole keys (prefix and new, as the case's inputs hold them), causal unless the case is
+    encoder-only, with the case's window, soft cap and scale, as
+    known_issues/flashinfer_prefill_far_negative_logits.py calls it."""
+    fi = library("flashinfer")
+    if fi is None:
+        return False
+    inputs = make_inputs(case, device)
+    dt = TORCH_DTYPES[case.dtype]
+    wrapper = fi.BatchPrefillWithRaggedKVCacheWrapper(
+        torch.zeros(WORKSPACE_BYTES, dtype=torch.uint8, device=device), "NHD", backend="fa2"
+    )
+    wrapper.plan(
+        indptr(list(inputs.q_lens)),
+        indptr(list(inputs.kv_lens)),
+        case.num_q_heads,
+        case.num_kv_heads,
+        case.head_dim,
+        causal=case.mode != Mode.ENCODER_ONLY,
+        window_left=case.window_left,
+        logits_soft_cap=float(case.soft_cap),
+        sm_scale=case.scale,
+        q_data_type=dt,
+        kv_data_type=dt,
+    )
+    out = wrapper.run(inputs.q_all, inputs.kv_all[0], inputs.kv_all[1])
     return not library_verdict(case, inputs, out, device).passed

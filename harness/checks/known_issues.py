@@ -54,6 +54,23 @@ def has_unsplit_plan(g: GraphCase, chunk: int) -> bool:
     return g.max_kv > chunk and any(max(kv_extents(c)) <= chunk for c in g.batches)
 
 
+def far_negative_prefill(c: Case) -> bool:
+    """Whether a prefill case has rows far below zero (a negative logit offset past the -120 every
+    release gets right) in a shape its confirmation calls the ragged kernel on alike: no FP8 cache,
+    no sinks, no two-sided or encoder window, every verify tree a chain."""
+    chains = all(r.tree is None or list(r.tree) == list(range(-1, len(r.tree) - 1)) for r in c.requests)
+    encoder_window = c.mode == Mode.ENCODER_ONLY and c.window_left >= 0
+    return (
+        c.logit_offset < -120.0
+        and c.mode in (Mode.EXTEND, Mode.DRAFT_EXTEND_V2, Mode.TARGET_VERIFY, Mode.ENCODER_ONLY)
+        and c.kv_dtype is None
+        and not c.sinks
+        and c.window_right < 0
+        and not encoder_window
+        and chains
+    )
+
+
 def power_of_two(x: float) -> bool:
     """Whether x is 2**n: a value times or over it keeps its mantissa, so an FP8 code's value divided
     by such a scale is the code exactly, and rounding toward zero or to nearest agree."""
@@ -88,13 +105,25 @@ KNOWN_ISSUES = (
         "(flashinfer_glue.sink_wrapper_class); tests/test_flashinfer_gpu.py runs FlashInfer's own wrapper",
     ),
     KnownIssue(
+        id="flashinfer-prefill-far-negative-logits",
+        library="flashinfer-python",
+        versions=frozenset({"0.6.18.post1"}),
+        backends=frozenset({"flashinfer_ragged", "flashinfer_paged"}),
+        title="fa2 prefill is wrong on rows whose every logit lies far below zero (about -30000: one key "
+        "carrying the row, the rest below it); 0.7.2.post1 is right on the same cases",
+        repro="known_issues/flashinfer_prefill_far_negative_logits.py",
+        reaches=far_negative_prefill,
+        confirm=flashinfer_confirm.far_negative_logits,
+    ),
+    KnownIssue(
         id="flashinfer-graph-unsplit-plan",
         library="flashinfer-python",
         versions=frozenset({"0.7.2.post1", "0.6.18.post1"}),
         backends=frozenset({"flashinfer_dec_tc"}),
         title="a CUDA-graph decode wrapper with fixed_split_size whose plan does not split (a replay of "
         "requests shorter than the captured ones, or a window under the split chunk) leaves the split "
-        "bookkeeping stale or absent: wrong outputs or NaN (0.6.18.post1), an illegal memory access (both)",
+        "bookkeeping stale or absent: wrong outputs or NaN (0.6.18.post1), an illegal memory access (both); "
+        "0.7.2.post1 is right with a window under the chunk",
         repro="known_issues/flashinfer_graph_unsplit_plan.py",
         reaches=lambda g: has_unsplit_plan(g, FlashInferDecTC.split_tokens),
         confirm=flashinfer_graph_confirm.graph_unsplit_plan,
@@ -176,8 +205,8 @@ KNOWN_ISSUES = (
     KnownIssue(
         id="sglang-window-zero",
         library="sglang",
-        versions=frozenset({"0.5.23", "0.5.13.post1"}),
-        backends=frozenset({"sglang_native"}),
+        versions=frozenset({"0.5.23", "0.5.17", "0.5.13.post1"}),
+        backends=frozenset({"sglang_native", "sglang_fa3", "sglang_flashinfer"}),
         title="RadixAttention stores `sliding_window_size or -1`: a window of 0 (a query sees only its own "
         "key) becomes no window, and the backend attends over the whole context",
         repro="known_issues/sglang_window_zero.py",

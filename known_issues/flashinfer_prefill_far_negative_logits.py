@@ -1,0 +1,88 @@
+"""FlashInfer fa2 prefill on rows whose every logit lies far below zero: a wrong output.
+
+Standalone (torch + flashinfer only). One request of P cached and E new tokens, causal, in bfloat16.
+Component 0 of every query holds A and of every key C, so every logit gains scale * A * C = L (the
+offset); key 0 gains G more, so it carries every row that sees it (the other keys sit e^-20 or
+further below it). The output of such a row is key 0's value, whatever L is: a float32 reference
+over the same bf16 inputs says so. Prints, per offset L and head dimension, the ragged and the paged
+(page 16) fa2 prefill's largest error against the reference; exits 1 if any is over 0.05 (bf16
+noise here is about 0.01). See docs/known-issues.md.
+"""
+
+import math
+import sys
+
+import flashinfer
+import torch
+
+HQ, HKV, P, E, PAGE = 8, 2, 10, 6, 16
+OFFSETS = (0.0, -120.0, -1000.0, -10000.0, -20000.0, -30000.0, -60000.0)
+
+
+def inputs(offset: float, dim: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, float]:
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    q = torch.randn(E, HQ, dim, generator=gen, device="cuda")
+    k, v = (torch.randn(P + E, HKV, dim, generator=gen, device="cuda") for _ in range(2))
+    scale = dim**-0.5
+    gap = 20.0 + 6.0 * scale * math.sqrt(dim) + abs(offset) / 16.0
+    a = 2.0 ** round(math.log2(max(math.sqrt((abs(offset) + gap) / scale), 1.0)))
+    q[:, :, 0] = a
+    k[:, :, 0] = offset / (scale * a)
+    k[0, :, 0] += gap / (scale * a)
+    return q.bfloat16(), k.bfloat16(), v.bfloat16(), scale
+
+
+def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+    rep = HQ // HKV
+    kf, vf = k.float().repeat_interleave(rep, 1), v.float().repeat_interleave(rep, 1)
+    scores = torch.einsum("qhd,khd->hqk", q.float(), kf) * scale
+    visible = torch.arange(P + E, device="cuda")[None, :] <= torch.arange(E, device="cuda")[:, None] + P
+    return torch.einsum("hqk,khd->qhd", scores.masked_fill(~visible, float("-inf")).softmax(-1), vf)
+
+
+def ragged(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+    ws = torch.zeros(128 << 20, dtype=torch.uint8, device="cuda")
+    wrapper = flashinfer.BatchPrefillWithRaggedKVCacheWrapper(ws, "NHD", backend="fa2")
+    qo, kv = torch.tensor([0, E], dtype=torch.int32), torch.tensor([0, P + E], dtype=torch.int32)
+    wrapper.plan(qo, kv, HQ, HKV, q.shape[-1], causal=True, sm_scale=scale, q_data_type=torch.bfloat16)
+    return wrapper.run(q, k, v)
+
+
+def paged(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+    ws = torch.zeros(128 << 20, dtype=torch.uint8, device="cuda")
+    wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(ws, "NHD", backend="fa2")
+    cache = torch.zeros(2, 2, PAGE, HKV, q.shape[-1], dtype=torch.bfloat16, device="cuda")  # [page, K/V, ...]
+    cache[1, 0, : P + E], cache[1, 1, : P + E] = k, v  # the request's keys on page 1
+    wrapper.plan(
+        torch.tensor([0, E], dtype=torch.int32),
+        torch.tensor([0, 1], dtype=torch.int32),
+        torch.tensor([1], dtype=torch.int32),
+        torch.tensor([P + E], dtype=torch.int32),
+        HQ,
+        HKV,
+        q.shape[-1],
+        PAGE,
+        causal=True,
+        sm_scale=scale,
+        q_data_type=torch.bfloat16,
+    )
+    return wrapper.run(q, cache)
+
+
+if __name__ == "__main__":
+    print("flashinfer", flashinfer.__version__, "torch", torch.__version__, torch.cuda.get_device_name())
+    bad = 0
+    for dim in (64, 128):
+        for offset in OFFSETS:
+            q, k, v, scale = inputs(offset, dim)
+            ref = reference(q, k, v, scale)
+            errs = {
+                name: float((run(q, k, v, scale).float() - ref).abs().max())
+                for name, run in (("ragged", ragged), ("paged", paged))
+            }
+            bad += any(e > 0.05 for e in errs.values())
+            print(
+                f"head_dim={dim:3d} offset={offset:8.0f}: "
+                + ", ".join(f"{n} err {e:.3g}" for n, e in errs.items())
+            )
+    sys.exit(1 if bad else 0)
