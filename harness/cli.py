@@ -11,9 +11,12 @@ command runs, so every library and child process sees it.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import shlex
+import signal
 import sys
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import NamedTuple, NoReturn
 
@@ -377,8 +380,28 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+@contextlib.contextmanager
+def _sigterm_as_ctrl_c() -> Iterator[None]:
+    """A SIGTERM (what `timeout` and CI runners send at a time limit, to this process alone) stops a
+    command as Ctrl-C does: a check then writes what it checked so far, headed INTERRUPTED, instead
+    of dying with every record lost. The caller's handler is back once the command returns."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    before = signal.signal(signal.SIGTERM, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, before)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    with _sigterm_as_ctrl_c():
+        return _main(argv)
+
+
+def _main(argv: list[str]) -> int:
     try:
         args = parser().parse_args(argv)
         prog = "attn-harness" if Path(sys.argv[0]).name == "attn-harness" else "python -m harness"

@@ -1,7 +1,7 @@
-"""A check stopped by SIGINT (Ctrl-C, a time limit) is no verdict, in one process or in --jobs N: it
-exits 130, its report is headed INTERRUPTED and names what it did not check, `reports/latest` stays
-where it was, and no traceback is printed. Real subprocesses, stopped after the check has shown its
-first record: the order of events, never a duration."""
+"""A check stopped by SIGINT (Ctrl-C) or SIGTERM (a time limit) is no verdict, in one process or in
+--jobs N: it exits 130, its report is headed INTERRUPTED and names what it did not check,
+`reports/latest` stays where it was, and no traceback is printed. Real subprocesses, stopped after
+the check has shown its first record: the order of events, never a duration."""
 
 from __future__ import annotations
 
@@ -73,6 +73,22 @@ def test_an_interrupted_check_exits_130_with_a_report_headed_interrupted(tmp_pat
     assert "tests not run" in not_run[0]
 
 
+def test_a_check_given_sigterm_by_a_time_limit_keeps_what_it_checked(tmp_path):
+    """`timeout` (and a CI runner at its limit) sends SIGTERM to the check's process alone: the check
+    stops as on Ctrl-C and writes the records it has, headed INTERRUPTED, instead of losing them."""
+    proc, reports = _start(tmp_path, "--backend", "torch_native")
+    seen = []
+    for line in proc.stdout:
+        seen.append(line)
+        if " records (" in line:
+            break
+    assert seen and " records (" in seen[-1], "".join(seen) + proc.communicate()[1]
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=300)
+    data = _interrupted_run(proc, reports, "".join(seen) + out, err)
+    assert data["results"] and verdict.verdict(data) == "INTERRUPTED (passed so far)"
+
+
 def test_an_interrupted_parallel_check_exits_130_with_a_report_headed_interrupted(tmp_path):
     if check.job_cap()[0] < 2:
         pytest.skip(f"this host runs one process at once: {check.job_cap()[1]}")
@@ -85,6 +101,22 @@ def test_an_interrupted_parallel_check_exits_130_with_a_report_headed_interrupte
     out, err = _ctrl_c(proc)
     data = _interrupted_run(proc, reports, out, err)
     assert verdict.unchecked(data), data["run"]
+
+
+def test_a_parallel_check_given_sigterm_by_a_time_limit_keeps_what_it_checked(tmp_path):
+    """SIGTERM to the parent alone: it stops its parts as on Ctrl-C, and their records are kept."""
+    if check.job_cap()[0] < 2:
+        pytest.skip(f"this host runs one process at once: {check.job_cap()[1]}")
+    proc, reports = _start(tmp_path, *BACKENDS, "--jobs", "2")
+    logs = reports.glob("*/parts/*.log")
+    while not any(" records (" in log.read_text() for log in logs):
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.2)
+        logs = reports.glob("*/parts/*.log")
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=300)
+    data = _interrupted_run(proc, reports, out, err)
+    assert data["results"], data["run"]
 
 
 def test_what_an_interrupted_parallel_check_did_not_run_is_named_part_by_part(tmp_path):
