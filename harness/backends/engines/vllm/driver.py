@@ -160,14 +160,18 @@ class VllmEngine(EngineAdapter):
         """vLLM's cache dtype name for the case's KV cache ("auto": the model's dtype)."""
         return CACHE_DTYPES[batch.case.kv_dtype]
 
-    def vllm_config(self, batch: Batch) -> Any:
+    def vllm_config(
+        self, batch: Batch, compilation: Any = None, longest: int = 0, sequences: int = 0, tokens: int = 0
+    ) -> Any:
         """A VllmConfig for this layer: the local model config, the cache's block size, dtype and block
-        count (the pool's pages), and the attention backend selected by name as `--attention-backend`."""
+        count (the pool's pages), and the attention backend selected by name as `--attention-backend`.
+        A graph path passes its `--compilation-config` (else vLLM's default) and the longest request,
+        sequences and tokens its buffers hold (each at least the batch's)."""
         from vllm.config import AttentionConfig, CacheConfig, ModelConfig, SchedulerConfig, VllmConfig
 
         case = batch.case
-        tokens = int(batch.q.shape[0])
-        longest = max(self.seq_lens(batch) + batch.cpu_list("encoder_lens"))
+        tokens = max(tokens, int(batch.q.shape[0]))
+        longest = max([longest] + self.seq_lens(batch) + batch.cpu_list("encoder_lens"))
         model = ModelConfig(
             model=model_dir(case.num_q_heads, case.num_kv_heads, case.head_dim),
             skip_tokenizer_init=True,
@@ -178,7 +182,7 @@ class VllmEngine(EngineAdapter):
         cache_config.num_gpu_blocks = batch.pool.num_pages
         scheduler = SchedulerConfig(
             max_model_len=model.max_model_len,
-            max_num_seqs=max(256, batch.batch_size),
+            max_num_seqs=max(256, batch.batch_size, sequences),
             max_num_batched_tokens=max(8192, tokens),
             is_encoder_decoder=batch.mode == Mode.CROSS,
         )
@@ -187,6 +191,7 @@ class VllmEngine(EngineAdapter):
             cache_config=cache_config,
             scheduler_config=scheduler,
             attention_config=AttentionConfig(backend=self.backend_class().get_name()),
+            **({} if compilation is None else {"compilation_config": compilation}),
         )
 
     def layer_backend(self, batch: Batch) -> type:
@@ -262,13 +267,15 @@ class VllmEngine(EngineAdapter):
             spec = dataclasses.replace(spec, block_size=batch.case.page_size)
         return spec
 
-    def kv_cache(self, batch: Batch, layer: Any) -> torch.Tensor:
-        """An empty KV-cache tensor for the layer, as many blocks as the pool has pages, in the layer's
+    def kv_cache(self, batch: Batch, layer: Any, num_pages: int | None = None) -> torch.Tensor:
+        """An empty KV-cache tensor for the layer, as many blocks as the pool has pages (or `num_pages`: a
+        graph's static pool), in the layer's
         cache dtype (what the model runner allocates): the per-layer view [blocks, kv heads, block size,
         2 * head_dim] over a token-major buffer (KVCacheLayout.LBNHC, K then V in each token's row), which
         the flex, FlashAttention and FlashInfer forwards split with `transpose(1, 2).split(head_dim)`."""
         case = batch.case
-        shape = (batch.pool.num_pages, case.page_size, case.num_kv_heads, 2 * case.head_dim)
+        blocks = batch.pool.num_pages if num_pages is None else num_pages
+        shape = (blocks, case.page_size, case.num_kv_heads, 2 * case.head_dim)
         return torch.empty(shape, dtype=layer.kv_cache_torch_dtype, device=batch.device).transpose(1, 2)
 
     def fill_cache(self, batch: Batch, layer: Any, kv_cache: torch.Tensor) -> torch.Tensor:
