@@ -3,8 +3,10 @@ absent, and, where vLLM is installed (make engine-vllm), its window convention p
 output, its declarations read against vLLM's backend classes, and the flex adapter checked once per
 family it claims (its property search is too slow for CI on the CPU: each case compiles)."""
 
+import contextlib
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -18,12 +20,13 @@ from harness.backends.engines.vllm.flex_attention import VllmFlex
 from harness.backends.engines.vllm.gpu import VllmFlashAttn, VllmFlashInfer
 from harness.backends.engines.vllm.graph import VllmGraphState, graph_modes_for
 from harness.backends.engines.vllm.versions import CPU_RANGE
-from harness.backends.graph_glue import GraphLimits
+from harness.backends.graph_glue import GraphLimits, StaticInputs
 from harness.checks.numeric import check_case
 from harness.core.batch import build_batch, make_inputs
 from harness.core.case import Case, Request
 from harness.core.graph_case import GRAPH_MODES
 from harness.core.modes import Mode
+from harness.core.pool import empty_pool
 from references.torch_ref import references
 
 NAMES = ("vllm_cpu_attn", "vllm_flex")
@@ -309,3 +312,57 @@ def test_the_block_table_spans_vllms_blocks_per_request():
     case = Case(mode="DECODE", requests=(Request(37, 1),), page_size=16)
     assert _graph_state(case, 1, 64, blocks=256)[0].buffers["block_table"].shape == (1, 256)
     assert _graph_state(case, 1, 64, blocks=0)[0].buffers["block_table"].shape == (1, 4)
+
+
+class _RecordingImpl:
+    """Stands in for a vLLM AttentionImpl: records the cache and slots of each write and the cache and
+    metadata of each forward."""
+
+    def __init__(self):
+        self.writes, self.forwards = [], []
+
+    def do_kv_cache_update(self, layer, key, value, kv_cache, slot_mapping):
+        self.writes.append((kv_cache, slot_mapping))
+
+    def forward(self, layer, query, key, value, kv_cache, attn_metadata, output):
+        self.forwards.append((kv_cache, attn_metadata))
+        output.fill_(1.0)
+
+
+def test_the_captured_forward_reads_one_persistent_cache_and_the_runners_buffers(monkeypatch):
+    """vLLM's kv_cache is made once, at the first (warm-up) forward, for the static pool's pages, and
+    every captured size writes and reads that same tensor; the write takes the runner's slot_mapping
+    buffer (not a per-batch tensor) and the forward the metadata captured for its size; before a
+    replay the batch's pool goes into that same cache through the backend's write, every slot."""
+    fake_config = types.ModuleType("vllm.config")
+    fake_config.set_current_vllm_config = lambda config: contextlib.nullcontext()
+    monkeypatch.setitem(sys.modules, "vllm.config", fake_config)
+    adapter = VllmFlashAttn()
+    case = Case(mode="DECODE", requests=(Request(37, 1), Request(5, 1)), page_size=16)
+    state, batch = _graph_state(case, 2, 64)
+    state.buffers["out_cache_loc"] = torch.zeros(2, dtype=torch.int32)
+    impl = _RecordingImpl()
+    state.attn_layer = types.SimpleNamespace(impl=impl, kv_cache_torch_dtype=torch.bfloat16)
+    state.per_size = {1: "metadata of 1", 2: "metadata of 2"}
+    pool = empty_pool(batch.pool.num_pages + 3, 16, case.num_kv_heads, case.head_dim, torch.bfloat16, "NHD")
+
+    def static(bs):
+        rows = slice(0, bs)
+        k, v = batch.k_new[rows], batch.v_new[rows]
+        return StaticInputs(bs=bs, q=batch.q[rows], k_new=k, v_new=v, pool=pool, full_to_swa=None, sinks=None)
+
+    for bs in (2, 2, 1):
+        assert adapter.graph_forward(state, static(bs)).eq(1).all()
+    cache = state.kv_cache
+    assert cache.shape[0] == pool.num_pages
+    assert all(kv is cache for kv, _ in impl.writes + impl.forwards)
+    slots = state.buffers["slot_mapping"]
+    assert [(s.data_ptr(), s.numel()) for _, s in impl.writes] == [(slots.data_ptr(), n) for n in (2, 2, 1)]
+    assert [m for _, m in impl.forwards] == ["metadata of 2", "metadata of 2", "metadata of 1"]
+
+    impl.writes.clear()
+    monkeypatch.setattr(adapter, "build", lambda state, common, capture: None)
+    monkeypatch.setattr(adapter, "graph_common_metadata", lambda state, bs, max_seq_len: None)
+    adapter.replay_metadata(state, batch, 2)
+    ((kv, written),) = impl.writes
+    assert kv is cache and written.tolist() == list(range(batch.pool.num_slots))
