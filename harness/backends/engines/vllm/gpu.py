@@ -17,8 +17,6 @@ from harness.backends.engines.vllm.graph import GRAPH_WHY, VllmGraph, graph_mode
 from harness.core.modes import Mode
 
 GPU_WHY = {
-    "deterministic": "vLLM's batch invariance is a process-wide switch (VLLM_BATCH_INVARIANT, read once at "
-    "import), not a per-layer mode the harness can turn on for one case",
     "returns_lse": "the adapter reads the forward's output only",
     "tree": "vLLM verifies draft trees through its TREE_ATTN backend only",
     **GRAPH_WHY,
@@ -29,6 +27,7 @@ FLASH_ATTN = Capabilities.with_features(
     "window",
     "soft_cap",
     "hybrid_pool",
+    "deterministic",  # supports_batch_invariance: run under VLLM_BATCH_INVARIANT (batch_invariance)
     modes=frozenset(Mode),  # supports_attn_type: DECODER, ENCODER, ENCODER_ONLY, ENCODER_DECODER
     dtypes=frozenset({"bfloat16", "float16"}),
     page_sizes=frozenset({16, 32, 64, 128}),  # get_supported_kernel_block_sizes: MultipleOf(16)
@@ -68,6 +67,8 @@ FLASHINFER = Capabilities.with_features(
         "CROSS": "FlashInferBackend declares the decoder's attention type only",
         "ENCODER_ONLY": "FlashInferBackend declares the decoder's attention type only",
         "sinks": "FlashInferBackend.supports_sink holds on Blackwell's trtllm-gen only, decided per device",
+        "deterministic": "FlashInferBackend does not declare batch invariance (supports_batch_invariance is "
+        "AttentionBackend's False), although its builder fixes its split sizes under VLLM_BATCH_INVARIANT",
     },
 )
 

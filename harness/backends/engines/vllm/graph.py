@@ -96,20 +96,21 @@ class VllmGraph(GraphGlue):
         base = super().graph_buffers(limits, batch)
         state = VllmGraphState(limits, batch, buffers=base.buffers)
         tokens = capture_sizes(limits.max_batch)[-1] * limits.queries
-        state.config = self.vllm_config(
-            batch,
-            compilation=self.compilation_config(limits),
-            longest=limits.max_kv,
-            sequences=limits.max_batch,
-            tokens=tokens,
-        )
-        self.check_full_decode_mode(state.config)
-        self.runner_buffers(state, -(-state.config.model_config.max_model_len // limits.page_size))
-        state.attn_layer = self.make_layer(batch, state.config)
-        spec = self.kv_cache_spec(batch, state.attn_layer, state.config)
-        with set_current_vllm_config(state.config):
-            builder_cls = state.attn_layer.attn_backend.get_builder_cls()
-            state.builder = builder_cls(spec, [LAYER_NAME], state.config, batch.device)
+        with self.batch_invariance(batch.case):
+            state.config = self.vllm_config(
+                batch,
+                compilation=self.compilation_config(limits),
+                longest=limits.max_kv,
+                sequences=limits.max_batch,
+                tokens=tokens,
+            )
+            self.check_full_decode_mode(state.config)
+            self.runner_buffers(state, -(-state.config.model_config.max_model_len // limits.page_size))
+            state.attn_layer = self.make_layer(batch, state.config)
+            spec = self.kv_cache_spec(batch, state.attn_layer, state.config)
+            with set_current_vllm_config(state.config):
+                builder_cls = state.attn_layer.attn_backend.get_builder_cls()
+                state.builder = builder_cls(spec, [LAYER_NAME], state.config, batch.device)
         return state
 
     def capture_metadata(self, state: GraphState, bs: int) -> None:
@@ -139,7 +140,7 @@ class VllmGraph(GraphGlue):
             layer, static.k_new, static.v_new, state.kv_cache, state.buffers["slot_mapping"][:rows]
         )
         out = torch.empty_like(static.q)
-        with set_current_vllm_config(state.config):
+        with self.batch_invariance(state.layer.case), set_current_vllm_config(state.config):
             metadata, kv = state.per_size[static.bs], state.kv_cache
             layer.impl.forward(layer, static.q, static.k_new, static.v_new, kv, metadata, output=out)
         self.graph_write_kv(state, static)
@@ -262,7 +263,7 @@ class VllmGraph(GraphGlue):
         replay (whose result vLLM drops: its side effects on the builder's state are what count)."""
         from vllm.config import set_current_vllm_config
 
-        with set_current_vllm_config(state.config):
+        with self.batch_invariance(state.layer.case), set_current_vllm_config(state.config):
             if capture:
                 return state.builder.build_for_cudagraph_capture(common)
             return state.builder.build(common_prefix_len=0, common_attn_metadata=common)
