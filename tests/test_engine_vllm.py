@@ -4,6 +4,7 @@ output, its declarations read against vLLM's backend classes, and the flex adapt
 family it claims (its property search is too slow for CI on the CPU: each case compiles)."""
 
 import contextlib
+import dataclasses
 import os
 import subprocess
 import sys
@@ -19,13 +20,15 @@ from harness.backends.engines.vllm.cpu_attn import VllmCpuAttn
 from harness.backends.engines.vllm.driver import CPU_ENGINE, GPU_ENGINE
 from harness.backends.engines.vllm.flex_attention import VllmFlex
 from harness.backends.engines.vllm.gpu import VllmFlashAttn, VllmFlashInfer
-from harness.backends.engines.vllm.graph import VllmGraphState, graph_modes_for
+from harness.backends.engines.vllm.graph import VllmGraph, VllmGraphState, graph_modes_for
 from harness.backends.engines.vllm.versions import CPU_RANGE
 from harness.backends.graph_glue import GraphLimits, StaticInputs
+from harness.backends.graphs import GraphFactory
 from harness.checks.numeric import check_case
+from harness.checks.replay import replay_result
 from harness.core.batch import build_batch, make_inputs
 from harness.core.case import Case, Request
-from harness.core.graph_case import GRAPH_MODES
+from harness.core.graph_case import GRAPH_MODES, GraphCase
 from harness.core.modes import Mode
 from harness.core.pool import empty_pool
 from references.torch_ref import references
@@ -418,3 +421,50 @@ def test_deterministic_is_declared_where_vllm_declares_batch_invariance():
     caps = VllmFlashInfer().capabilities
     assert "supports_batch_invariance" not in overrides and not caps.deterministic
     assert "supports_batch_invariance" in caps.why_not["deterministic"]
+
+
+class _Rerun:
+    """A graph that runs its forward again at every replay: the captured Python reads anew, so only the
+    buffers, the cache fill and vLLM's write and forward are under test, not what a capture freezes."""
+
+    def capture(self, forward):
+        self.forward = forward
+        self.out = forward()
+        return self.out
+
+    def replay(self):
+        self.out.copy_(self.forward())
+
+
+@needs_vllm
+def test_the_graph_path_drives_vllms_own_objects_end_to_end_on_the_cpu(monkeypatch):
+    """The graph path over vLLM's CPU_ATTN (whose builder vLLM never captures, so each replay's forward
+    is re-run eagerly with the metadata built before it): the runner's buffers, vLLM's config, layer and
+    builder, the cache filled from each batch's pool and vLLM's write at the slot_mapping buffer give
+    every replay of a shrinking and growing sequence within budget."""
+    from vllm.config import CUDAGraphMode
+
+    class CpuGraphPath(VllmCpuAttn, VllmGraph):
+        @property
+        def capabilities(self):
+            return dataclasses.replace(super().capabilities, graph_modes=frozenset({Mode.DECODE}))
+
+        def check_full_decode_mode(self, config):
+            config.compilation_config.cudagraph_mode = CUDAGraphMode.FULL_DECODE_ONLY  # off on the CPU
+
+        def build(self, state, common, capture):
+            metadata = super().build(state, common, capture)
+            state.per_size[common.num_reqs] = metadata
+            return metadata
+
+    monkeypatch.setattr(GraphFactory, "new", lambda self: _Rerun())
+    torch._C._cpu._init_amx()  # as VllmCpuAttn.run does
+    layer = Case(mode="DECODE", requests=(Request(37, 1), Request(5, 1)), page_size=32, dtype="bfloat16")
+    batches = (
+        layer,
+        layer.replace(requests=(Request(60, 1),), seed=1),
+        layer.replace(requests=(Request(3, 1), Request(50, 1)), seed=2),
+    )
+    g = GraphCase(batches, max_batch=2, max_kv=64)
+    result = replay_result(CpuGraphPath(), g, "cpu")
+    assert result.status == "pass", (result.reason, result.extra.get("traceback"))
