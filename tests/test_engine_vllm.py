@@ -20,7 +20,7 @@ from harness.backends.engines.vllm.cpu_attn import VllmCpuAttn
 from harness.backends.engines.vllm.driver import CPU_ENGINE, GPU_ENGINE
 from harness.backends.engines.vllm.flex_attention import VllmFlex
 from harness.backends.engines.vllm.gpu import VllmFlashAttn, VllmFlashInfer
-from harness.backends.engines.vllm.graph import VllmGraph, VllmGraphState, graph_modes_for
+from harness.backends.engines.vllm.graph import NULL_BLOCK, VllmGraph, VllmGraphState, graph_modes_for
 from harness.backends.engines.vllm.versions import CPU_RANGE
 from harness.backends.graph_glue import GraphLimits, StaticInputs
 from harness.backends.graphs import GraphFactory
@@ -468,3 +468,10 @@ def test_the_graph_path_drives_vllms_own_objects_end_to_end_on_the_cpu(monkeypat
     g = GraphCase(batches, max_batch=2, max_kv=64)
     result = replay_result(CpuGraphPath(), g, "cpu")
     assert result.status == "pass", (result.reason, result.extra.get("traceback"))
+
+
+@needs_vllm
+def test_padding_requests_use_vllms_null_block():
+    from vllm.v1.attention.backends.utils import NULL_BLOCK_ID
+
+    assert NULL_BLOCK == NULL_BLOCK_ID
