@@ -1,7 +1,8 @@
 """First contact of the CUDA vLLM adapters' graph path with a GPU: per adapter, an eager decode and extend
 through the harness's check_case, then vLLM's own CUDA-graph path step by step (the graph state with
 vLLM's config, layer and metadata builder; the capture of sizes 2 and 1; each replay of a real batch,
-compared with the reference), then the harness's replay check over the same sequence.
+compared with the reference), then the harness's replay check over the same sequence (bitwise against
+the eager run for the deterministic one).
 Every step prints its name; every failure its full traceback, and the next step runs anyway, so a
 single try on a GPU machine says as much as it can.
 
@@ -54,6 +55,14 @@ GRAPHS = {
         max_batch=2,
         max_kv=64,
     ),
+    "graph decode deterministic": GraphCase(
+        (
+            Case(mode="DECODE", requests=(Request(37, 1), Request(5, 1)), page_size=16, deterministic=True),
+            Case(mode="DECODE", requests=(Request(60, 1),), page_size=16, deterministic=True, seed=1),
+        ),
+        max_batch=2,
+        max_kv=64,
+    ),
     "graph verify chain": GraphCase(
         (
             Case(
@@ -95,7 +104,9 @@ def eager(backend: object, label: str, case: Case) -> bool:
 
 def graph(backend: object, label: str, g: GraphCase) -> bool:
     """vLLM's graph path step by step, then the harness's replay check of the same sequence."""
-    why = backend.capabilities.graph_reason(g.mode)
+    why = backend.capabilities.graph_reason(g.mode) or next(
+        filter(None, map(backend.supports, g.batches)), None
+    )
     if why is not None:
         print(f"   {label}: not declared: {why}")
         return True
