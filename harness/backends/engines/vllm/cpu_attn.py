@@ -103,10 +103,11 @@ class VllmCpuAttn(VllmEngine):
             return super().sinks(batch)
         return batch.sinks.to(torch.bfloat16)
 
-    def kv_cache(self, batch: Batch, layer: Any) -> torch.Tensor:
+    def kv_cache(self, batch: Batch, layer: Any, num_pages: int | None = None) -> torch.Tensor:
         """[blocks, kv heads, block size, 2 * head_dim] in the layer's cache dtype (CPU_ATTN's LBHNC)."""
         case = batch.case
-        shape = (batch.pool.num_pages, case.num_kv_heads, case.page_size, 2 * case.head_dim)
+        blocks = batch.pool.num_pages if num_pages is None else num_pages
+        shape = (blocks, case.num_kv_heads, case.page_size, 2 * case.head_dim)
         return torch.empty(shape, dtype=layer.kv_cache_torch_dtype, device=batch.device)
 
 

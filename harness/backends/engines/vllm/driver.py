@@ -12,8 +12,11 @@ importing this module costs nothing where vLLM is not installed.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import os
 import sys
+from collections.abc import Iterator
 from types import ModuleType
 from typing import Any
 
@@ -24,6 +27,7 @@ from harness.backends.base import BackendOutput
 from harness.backends.engines.base import Engine, EngineAdapter, StandIn, model_dir
 from harness.backends.engines.vllm.versions import CPU_RANGE, GPU_RANGE
 from harness.core.batch import Batch
+from harness.core.case import Case
 from harness.core.modes import Mode
 from harness.core.pool import dequantize, translate_slots
 from harness.core.vocab import TORCH_DTYPES
@@ -32,6 +36,8 @@ LAYER_NAME = "model.layers.0.self_attn.attn"
 # vLLM's KV-cache dtype names for a Case's kv_dtype.
 CACHE_DTYPES = {None: "auto", "float8_e4m3fn": "fp8_e4m3", "float8_e5m2": "fp8_e5m2"}
 
+
+BATCH_INVARIANT = "VLLM_BATCH_INVARIANT"
 
 CPU_ENGINE = Engine("vllm", CPU_RANGE)
 GPU_ENGINE = Engine("vllm", GPU_RANGE)
@@ -160,14 +166,18 @@ class VllmEngine(EngineAdapter):
         """vLLM's cache dtype name for the case's KV cache ("auto": the model's dtype)."""
         return CACHE_DTYPES[batch.case.kv_dtype]
 
-    def vllm_config(self, batch: Batch) -> Any:
+    def vllm_config(
+        self, batch: Batch, compilation: Any = None, longest: int = 0, sequences: int = 0, tokens: int = 0
+    ) -> Any:
         """A VllmConfig for this layer: the local model config, the cache's block size, dtype and block
-        count (the pool's pages), and the attention backend selected by name as `--attention-backend`."""
+        count (the pool's pages), and the attention backend selected by name as `--attention-backend`.
+        A graph path passes its `--compilation-config` (else vLLM's default) and the longest request,
+        sequences and tokens its buffers hold (each at least the batch's)."""
         from vllm.config import AttentionConfig, CacheConfig, ModelConfig, SchedulerConfig, VllmConfig
 
         case = batch.case
-        tokens = int(batch.q.shape[0])
-        longest = max(self.seq_lens(batch) + batch.cpu_list("encoder_lens"))
+        tokens = max(tokens, int(batch.q.shape[0]))
+        longest = max([longest] + self.seq_lens(batch) + batch.cpu_list("encoder_lens"))
         model = ModelConfig(
             model=model_dir(case.num_q_heads, case.num_kv_heads, case.head_dim),
             skip_tokenizer_init=True,
@@ -178,7 +188,7 @@ class VllmEngine(EngineAdapter):
         cache_config.num_gpu_blocks = batch.pool.num_pages
         scheduler = SchedulerConfig(
             max_model_len=model.max_model_len,
-            max_num_seqs=max(256, batch.batch_size),
+            max_num_seqs=max(256, batch.batch_size, sequences),
             max_num_batched_tokens=max(8192, tokens),
             is_encoder_decoder=batch.mode == Mode.CROSS,
         )
@@ -187,6 +197,7 @@ class VllmEngine(EngineAdapter):
             cache_config=cache_config,
             scheduler_config=scheduler,
             attention_config=AttentionConfig(backend=self.backend_class().get_name()),
+            **({} if compilation is None else {"compilation_config": compilation}),
         )
 
     def layer_backend(self, batch: Batch) -> type:
@@ -262,13 +273,15 @@ class VllmEngine(EngineAdapter):
             spec = dataclasses.replace(spec, block_size=batch.case.page_size)
         return spec
 
-    def kv_cache(self, batch: Batch, layer: Any) -> torch.Tensor:
-        """An empty KV-cache tensor for the layer, as many blocks as the pool has pages, in the layer's
+    def kv_cache(self, batch: Batch, layer: Any, num_pages: int | None = None) -> torch.Tensor:
+        """An empty KV-cache tensor for the layer, as many blocks as the pool has pages (or `num_pages`: a
+        graph's static pool), in the layer's
         cache dtype (what the model runner allocates): the per-layer view [blocks, kv heads, block size,
         2 * head_dim] over a token-major buffer (KVCacheLayout.LBNHC, K then V in each token's row), which
         the flex, FlashAttention and FlashInfer forwards split with `transpose(1, 2).split(head_dim)`."""
         case = batch.case
-        shape = (batch.pool.num_pages, case.page_size, case.num_kv_heads, 2 * case.head_dim)
+        blocks = batch.pool.num_pages if num_pages is None else num_pages
+        shape = (blocks, case.page_size, case.num_kv_heads, 2 * case.head_dim)
         return torch.empty(shape, dtype=layer.kv_cache_torch_dtype, device=batch.device).transpose(1, 2)
 
     def fill_cache(self, batch: Batch, layer: Any, kv_cache: torch.Tensor) -> torch.Tensor:
@@ -321,17 +334,39 @@ class VllmEngine(EngineAdapter):
             builder = layer.attn_backend.get_builder_cls()(spec, [LAYER_NAME], config, batch.device)
             return builder.build(common_prefix_len=0, common_attn_metadata=self.common_metadata(batch))
 
+    @contextlib.contextmanager
+    def batch_invariance(self, case: Case) -> Iterator[None]:
+        """vLLM's batch-invariant mode around a deterministic case's vLLM objects: VLLM_BATCH_INVARIANT=1
+        while they are built and run, unset otherwise. vLLM's attention backends read it through
+        vllm.envs, which evaluates the variable at every read (the builders at build(), the
+        implementations at construction) until a serving process calls enable_envs_cache after its
+        start-up, which nothing here does: a cached vllm.envs is refused, since it would keep one mode."""
+        import vllm.envs as envs
+
+        if getattr(envs, "_is_envs_cache_enabled", lambda: False)():
+            raise RuntimeError(f"vllm.envs is cached (enable_envs_cache ran): {BATCH_INVARIANT} is fixed")
+        before = os.environ.get(BATCH_INVARIANT)
+        os.environ[BATCH_INVARIANT] = "1" if case.deterministic else "0"
+        try:
+            yield
+        finally:
+            if before is None:
+                del os.environ[BATCH_INVARIANT]
+            else:
+                os.environ[BATCH_INVARIANT] = before
+
     def run(self, batch: Batch) -> BackendOutput:
         from vllm.config import set_current_vllm_config
 
-        config = self.vllm_config(batch)
-        layer = self.make_layer(batch, config)
-        metadata = self.build_metadata(batch, layer, config)
-        kv_cache = self.fill_cache(batch, layer, self.kv_cache(batch, layer))
-        self.write_kv(batch, layer, kv_cache, metadata)
-        key, value = self.forward_kv(batch)
-        out = torch.empty_like(batch.q)
-        with set_current_vllm_config(config):
-            layer.impl.forward(layer, batch.q, key, value, kv_cache, metadata, output=out)
+        with self.batch_invariance(batch.case):
+            config = self.vllm_config(batch)
+            layer = self.make_layer(batch, config)
+            metadata = self.build_metadata(batch, layer, config)
+            kv_cache = self.fill_cache(batch, layer, self.kv_cache(batch, layer))
+            self.write_kv(batch, layer, kv_cache, metadata)
+            key, value = self.forward_kv(batch)
+            out = torch.empty_like(batch.q)
+            with set_current_vllm_config(config):
+                layer.impl.forward(layer, batch.q, key, value, kv_cache, metadata, output=out)
         self.keep_kv(batch)
         return BackendOutput(out=out)

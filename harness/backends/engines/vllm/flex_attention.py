@@ -38,8 +38,9 @@ CAPABILITIES = Capabilities.with_features(
         "soft_cap": "FlexAttentionImpl raises NotImplementedError for a logits soft cap",
         "sinks": "FlexAttentionBackend does not support attention sinks (supports_sink is False)",
         "kv_dtype": "FlexAttentionImpl raises NotImplementedError for a quantized KV cache",
-        "deterministic": "vLLM's flex batch invariance is a process-wide switch (VLLM_BATCH_INVARIANT, read "
-        "once at import), not a per-layer mode the harness can turn on for one case",
+        "deterministic": "not declared yet: FlexAttentionBackend supports batch invariance and the adapter "
+        "sets VLLM_BATCH_INVARIANT per case (VllmEngine.batch_invariance), but flex's invariance has not "
+        "been checked (each CPU case compiles)",
         "returns_lse": "the flex forward writes the output only",
         "tree": "vLLM verifies draft trees through its TREE_ATTN backend only; FLEX_ATTENTION verifies "
         "chains",

@@ -3,23 +3,23 @@ and FlashInfer (`FLASHINFER`, flashinfer.py), driven like the CPU adapters (driv
 vLLM's CUDA build (`vllm`) installed; elsewhere unavailable with the reason.
 
 Capabilities are what vLLM 0.32's code declares for these classes, read from it on a machine without a
-GPU: they have not run yet (docs/engines.md says how to run them on a GPU machine). Features vLLM
-decides per device at run time (FA3's sinks and FP8 cache, FlashInfer's sinks) are left out, each with
-where vLLM decides.
+GPU (docs/engines.md says what ran on a GPU). Features vLLM decides per device at run time (FA3's sinks
+and FP8 cache, FlashInfer's sinks) are left out, each with where vLLM decides. Both replay under CUDA
+graphs through vLLM's own full-cudagraph path (graph.py): the modes are what each metadata builder's
+`cudagraph_support` lets vLLM's runner capture on every device of the supported releases.
 """
 
 from __future__ import annotations
 
 from harness.backends.base import Capabilities
 from harness.backends.engines.vllm.driver import GPU_ENGINE, VllmEngine
+from harness.backends.engines.vllm.graph import GRAPH_WHY, VllmGraph, graph_modes_for
 from harness.core.modes import Mode
 
 GPU_WHY = {
-    "deterministic": "vLLM's batch invariance is a process-wide switch (VLLM_BATCH_INVARIANT, read once at "
-    "import), not a per-layer mode the harness can turn on for one case",
     "returns_lse": "the adapter reads the forward's output only",
     "tree": "vLLM verifies draft trees through its TREE_ATTN backend only",
-    "graph": "the adapter does not capture vLLM's CUDA-graph path yet",
+    **GRAPH_WHY,
     "window_right": "vLLM has no two-sided encoder window: a layer has one `sliding_window`",
 }
 
@@ -27,12 +27,15 @@ FLASH_ATTN = Capabilities.with_features(
     "window",
     "soft_cap",
     "hybrid_pool",
+    "deterministic",  # supports_batch_invariance: run under VLLM_BATCH_INVARIANT (batch_invariance)
     modes=frozenset(Mode),  # supports_attn_type: DECODER, ENCODER, ENCODER_ONLY, ENCODER_DECODER
     dtypes=frozenset({"bfloat16", "float16"}),
     page_sizes=frozenset({16, 32, 64, 128}),  # get_supported_kernel_block_sizes: MultipleOf(16)
     kv_layouts=frozenset({"NHD", "HND"}),
     whole_page_loads=True,
     exclusive=frozenset({("window", "ENCODER_ONLY")}),
+    # FlashAttentionMetadataBuilder._cudagraph_support: ALWAYS with FA3, UNIFORM_BATCH with FA2
+    graph_modes=graph_modes_for("UNIFORM_BATCH"),
     why_not={
         **GPU_WHY,
         "sinks": "FlashAttentionBackend.supports_sink is FA3's flash_attn_supports_sinks(), decided per "
@@ -54,23 +57,30 @@ FLASHINFER = Capabilities.with_features(
     kv_layouts=frozenset({"NHD", "HND"}),
     kv_dtypes=frozenset({"float8_e4m3fn", "float8_e5m2"}),  # supported_kv_cache_dtypes fp8_e4m3, fp8_e5m2
     whole_page_loads=True,
+    # FlashInferMetadataBuilder.get_cudagraph_support: UNIFORM_SINGLE_TOKEN_DECODE unless trtllm-gen serves
+    graph_modes=graph_modes_for("UNIFORM_SINGLE_TOKEN_DECODE"),
     why_not={
         **GPU_WHY,
+        "graph TARGET_VERIFY": "FlashInferMetadataBuilder.get_cudagraph_support returns UNIFORM_BATCH "
+        "(verify graphs) only where trtllm-gen (0.32: or XQA) decode serves the layer, decided per "
+        "device and release; elsewhere UNIFORM_SINGLE_TOKEN_DECODE (0.26.0 on Hopper always)",
         "CROSS": "FlashInferBackend declares the decoder's attention type only",
         "ENCODER_ONLY": "FlashInferBackend declares the decoder's attention type only",
         "sinks": "FlashInferBackend.supports_sink holds on Blackwell's trtllm-gen only, decided per device",
+        "deterministic": "FlashInferBackend does not declare batch invariance (supports_batch_invariance is "
+        "AttentionBackend's False), although its builder fixes its split sizes under VLLM_BATCH_INVARIANT",
     },
 )
 
 
-class VllmFlashAttn(VllmEngine):
+class VllmFlashAttn(VllmEngine, VllmGraph):
     name = "vllm_flash_attn"
     engine = GPU_ENGINE  # vLLM's CUDA build only
     engine_backend = "vllm.v1.attention.backends.flash_attn.FlashAttentionBackend"
     capabilities = FLASH_ATTN
 
 
-class VllmFlashInfer(VllmEngine):
+class VllmFlashInfer(VllmEngine, VllmGraph):
     name = "vllm_flashinfer"
     engine = GPU_ENGINE  # vLLM's CUDA build only
     engine_backend = "vllm.v1.attention.backends.flashinfer.FlashInferBackend"
