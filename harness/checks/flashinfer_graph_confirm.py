@@ -7,7 +7,8 @@ the largest captured size; per captured size (largest first) a BatchDecodeWithPa
 capture extent (max_kv in deterministic mode, with fixed_split_size at 2048 keys) on the reserved
 page (its int workspaces first filled with 0x5A bytes, as the script does), run once on a side
 stream and captured; then per batch a plan of its requests (on pages of
-their own, padded with fill-value requests on the reserved page), its queries copied in, a replay,
+their own, a windowed request's keys from the first its window sees, padded with fill-value
+requests on the reserved page), its queries copied in, a replay,
 and the real rows judged as the numeric check judges an output. A CUDA fault poisons the process's
 context, so it runs in a child process with CUDA_LAUNCH_BLOCKING=1, which prints one line per step
 and exits 1 when the library is wrong or faults, 0 when every replay is right, 2 when it cannot run.
@@ -77,6 +78,15 @@ def table(lens: list[int], firsts: list[int], page: int, device: str) -> tuple[t
     last = [n - (p - 1) * page for n, p in zip(lens, pages)]
     as_int = lambda xs, dev: torch.tensor(xs, dtype=torch.int32, device=dev)  # noqa: E731
     return as_int(indptr, "cpu"), as_int(indices, device), as_int(last, "cpu"), as_int(lens, "cpu")
+
+
+def first_read(batch: Case, r: int) -> int:
+    """The first key request r's replay reads: on a windowed layer, the earliest key its first query
+    (at position prefix_len) sees, down to a page, as engines trim a sliding-window layer's KV and
+    flashinfer_dec_tc's replays do; the kernel's window_left then counts from the trimmed keys' end."""
+    if batch.window_left < 0:
+        return 0
+    return max(0, batch.requests[r].prefix_len - batch.window_left) // batch.page_size * batch.page_size
 
 
 def plan(wrapper: object, layer: Case, tab: tuple, q_len: int, kv_dtype: torch.dtype) -> None:
@@ -200,8 +210,10 @@ class Graphs:
         """Batch i planned (padded with fill-value requests on the reserved page), replayed, judged:
         the verdict line where the library got it wrong, else None."""
         bs = padded_size(self.sizes, batch.batch_size)
-        firsts = self.pool.lay(list(inputs.k), list(inputs.v))
-        lens = kv_extents(batch)
+        starts = [first_read(batch, r) for r in range(batch.batch_size)]
+        keys = [k[s:] for k, s in zip(inputs.k, starts)]
+        firsts = self.pool.lay(keys, [v[s:] for v, s in zip(inputs.v, starts)])
+        lens = [n - s for n, s in zip(kv_extents(batch), starts)]
         pad = bs - len(lens)
         step(f"plan batch {i}: {len(lens)} requests of {lens} keys, padded to {bs}")
         self.plan(bs, lens + [padding_extent(batch.mode, self.g.queries)] * pad, firsts + [0] * pad)
