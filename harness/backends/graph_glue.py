@@ -80,12 +80,15 @@ class GraphState:
     """What `graph_buffers` allocates: the limits, the layer it was made for (`layer`: a Batch whose
     Case gives the fixed shape and options: mode, heads, window, soft cap, dtypes; its metadata is
     never read), the metadata buffers by name (allocated once, never replaced), and per captured
-    size whatever the backend builds over views of them (wrappers)."""
+    size whatever the backend builds over views of them (wrappers). `pool` is the static pool every
+    captured forward reads (StaticInputs.pool), set by the runner before the first capture: an engine
+    that holds its cache in its own objects builds them over its storage."""
 
     limits: GraphLimits
     layer: Batch
     buffers: dict[str, torch.Tensor] = field(default_factory=dict)
     per_size: dict[int, Any] = field(default_factory=dict)
+    pool: PagedPool | None = None
 
     @property
     def mode(self) -> Mode:
