@@ -295,8 +295,9 @@ def test_the_cuda_adapters_and_their_stand_ins_are_documented(cls):
 
 
 def test_the_gpu_smoke_runs_cases_both_cuda_adapters_declare():
-    """engines/sglang-gpu-smoke.py's cases (decode, extend, verify chain and tree, draft extend) are cases
-    each CUDA adapter declares, so its one try on a GPU runs them instead of skipping."""
+    """engines/sglang-gpu-smoke.py's cases (decode, extend, verify chain and tree, draft extend) and graph
+    sequences (every captured mode) are ones each CUDA adapter declares, so its one try on a GPU runs them
+    instead of skipping."""
     path = Path(__file__).resolve().parent.parent / "engines" / "sglang-gpu-smoke.py"
     spec = importlib.util.spec_from_file_location("sglang_gpu_smoke", path)
     assert spec is not None and spec.loader is not None
@@ -309,6 +310,12 @@ def test_the_gpu_smoke_runs_cases_both_cuda_adapters_declare():
     for cls in GPU_ADAPTERS:
         for case in smoke.CASES.values():
             assert cls().supports(case) is None, (cls.name, case)
+    assert {str(g.mode) for g in smoke.GRAPHS.values()} == {"DECODE", "TARGET_VERIFY", "DRAFT_EXTEND_V2"}
+    for cls in GPU_ADAPTERS:
+        for g in smoke.GRAPHS.values():
+            assert cls.capabilities.graph_reason(g.mode) is None, (cls.name, g.mode)
+            for case in g.batches:
+                assert cls().supports(case) is None and cls().graph_supports(case) is None, (cls.name, case)
 
 
 @pytest.mark.parametrize("adapter", [SglangTorchNative, SglangFlex, SglangFlashInfer, SglangFA3])
