@@ -88,7 +88,7 @@ class GraphState:
     layer: Batch
     buffers: dict[str, torch.Tensor] = field(default_factory=dict)
     per_size: dict[int, Any] = field(default_factory=dict)
-    pool: PagedPool | None = None
+    pool: PagedPool | None = field(default=None, init=False)
 
     @property
     def mode(self) -> Mode:

@@ -33,6 +33,7 @@ from typing import Any
 
 import torch
 
+from harness.backends.engines.base import StandIn
 from harness.backends.engines.sglang import spec
 from harness.backends.engines.sglang.gpu import SglangGpuAdapter
 from harness.backends.graph_glue import GraphGlue, GraphLimits, GraphState, StaticInputs
@@ -40,13 +41,24 @@ from harness.core.batch import Batch
 from harness.core.modes import Mode
 from harness.core.pool import PagedPool
 
+GRAPH_RUNNER = StandIn(
+    "graph runner",
+    "the static buffers of DecodeCudaGraphRunner / EAGLEDraftExtendCudaGraphRunner (req_pool_indices, "
+    "seq_lens, seq_lens_cpu, out_cache_loc, positions, input_ids; the verify's custom mask; the draft "
+    "extend's extend_seq_lens, num_accept_tokens, num_correct_drafts) with their fill values, the capture "
+    "ForwardBatch per size, the replay view of build_replay_fb_view, and the padding of load_batch / execute",
+    "sglang's runners capture a whole model's forward and need a loaded model, its logits buffers and "
+    "distributed groups; the attention backend sees only these buffers and the ForwardBatch over them, "
+    "which the harness's replay check captures around the backend's forward alone",
+)
+
 # The runners' static buffers an adapter allocates (name -> dtype, per request or per token).
 REQUEST_BUFFERS = {"req_pool_indices": torch.int64, "seq_lens": torch.int64}
 TOKEN_BUFFERS = {"input_ids": torch.int64, "positions": torch.int64}
 DRAFT_EXTEND_BUFFERS = ("extend_seq_lens", "num_accept_tokens", "num_correct_drafts")  # int32
 
 
-@dataclass
+@dataclass(kw_only=True)
 class EngineGraph:
     """sglang's objects of one GraphState: the backend, its layer, its pools (over the static pool),
     the server's speculative shape, and the capture ForwardBatch of each size."""
@@ -68,6 +80,8 @@ class SglangGraphState(GraphState):
 
 class SglangGraphAdapter(SglangGpuAdapter, GraphGlue):
     """A CUDA sglang adapter with sglang's CUDA-graph path (module doc)."""
+
+    stand_ins = (*SglangGpuAdapter.stand_ins, GRAPH_RUNNER)
 
     # --- the buffers ---------------------------------------------------------------------------
 
@@ -118,7 +132,8 @@ class SglangGraphAdapter(SglangGpuAdapter, GraphGlue):
             shape = spec.spec_shape(layer_batch)
             size = (limits.max_batch * fill + limits.max_batch * limits.queries) * limits.queries
             b["custom_mask"] = torch.ones(size, dtype=torch.bool, device=state.device)
-        state.engine = EngineGraph(backend, self.layer(layer_batch), r2t, kv, shape)
+        layer = self.layer(layer_batch)
+        state.engine = EngineGraph(backend=backend, layer=layer, req_to_token=r2t, kv=kv, shape=shape)
         return state.engine
 
     def shared_kv_pool(self, pool: PagedPool, batch: Batch) -> Any:
