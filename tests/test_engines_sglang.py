@@ -6,6 +6,7 @@ runs this file in .venv-sglang, where they run.
 """
 
 import ast
+import contextlib
 import importlib.util
 import pickle
 import subprocess
@@ -29,10 +30,10 @@ from harness.backends.engines.sglang.torch_native import SglangTorchNative
 from harness.backends.graph_glue import GraphLimits
 from harness.backends.versions import SupportedRange, distribution_version
 from harness.checks.known_issues import reaching_issue
-from harness.checks.replay import GraphRunner
+from harness.checks.replay import GraphRunner, replay_result
 from harness.core.batch import build_batch, make_inputs
 from harness.core.case import Case, Request, case_traits
-from harness.core.graph_case import SEQ_LEN_FILL
+from harness.core.graph_case import SEQ_LEN_FILL, GraphCase
 from harness.core.modes import tree_ancestry
 from harness.mutants import catalogue, hunt
 from harness.search import profiles
@@ -650,3 +651,61 @@ def test_a_replay_refills_the_persistent_req_to_token_rows(monkeypatch):
         assert table[row, :width].tolist() == batch.req_to_token[r].tolist()
         assert not table[row, width:].any()
     assert not table[0].any() and (table[3:] == 9).all()
+
+
+class PagedDecodeBackend:
+    """A decode-only attention backend with sglang's graph-path methods in plain torch, where sglang's
+    kernels do not run: its replay metadata is the padded batch's key slots read from the ReqToTokenPool
+    by req_pool_indices and seq_lens; its forward writes the step's K/V through the pool's own
+    set_kv_buffer at out_cache_loc and attends over the pool's buffers."""
+
+    def __init__(self, r2t, kv):
+        self.r2t, self.kv = r2t, kv
+
+    def get_cuda_graph_seq_len_fill_value(self):
+        return SEQ_LEN_FILL
+
+    def init_cuda_graph_state(self, max_bs, max_num_tokens):
+        width = self.r2t.req_to_token.shape[1]
+        self.slots = torch.zeros(max_bs, width, dtype=torch.int64)
+        self.keep = torch.zeros(max_bs, width, dtype=torch.bool)
+
+    def init_forward_metadata_out_graph(self, fb, in_capture=False):
+        bs, width = fb.batch_size, self.slots.shape[1]
+        self.slots[:bs] = self.r2t.req_to_token[fb.req_pool_indices[:bs]].long()
+        self.keep[:bs] = torch.arange(width) < fb.seq_lens[:bs, None]
+
+    def init_forward_metadata_in_graph(self, fb):
+        pass
+
+    def forward(self, q, k, v, layer, fb, save_kv_cache=True):
+        bs = fb.batch_size
+        self.kv.set_kv_buffer(layer, fb.out_cache_loc, k, v)
+        keep = self.keep[:bs]
+        group = layer.tp_q_head_num // layer.tp_k_head_num
+        keys = self.kv.get_key_buffer(0)[self.slots[:bs]].float().repeat_interleave(group, 2)
+        vals = self.kv.get_value_buffer(0)[self.slots[:bs]].float().repeat_interleave(group, 2)
+        vals = vals.masked_fill(~keep[:, :, None, None], 0)  # poison past each request's extent
+        scores = torch.einsum("bhd,bwhd->bhw", q.view(bs, layer.tp_q_head_num, -1).float(), keys)
+        scores = (scores * layer.scaling).masked_fill(~keep[:, None, :], float("-inf"))
+        return torch.einsum("bhw,bwhd->bhd", scores.softmax(-1), vals).to(q.dtype).reshape(bs, -1)
+
+
+@needs_sglang_0_5_17
+def test_the_graph_path_replays_a_sequence_through_sglangs_pools(monkeypatch):
+    """The replay check, on the CPU's emulated graphs, over the adapter's graph path with sglang's own
+    pools and a plain-torch backend in place of FA3's kernels: each replay reads this step's K/V from
+    the static pool, where the captured set_kv_buffer wrote it, and the refilled table and padded
+    buffers; a batch of 3 replays padded to 4, then 1 and 2."""
+    kernel_stand_ins(monkeypatch)
+    adapter = SglangFA3()
+    monkeypatch.setattr(adapter, "available", lambda device: None)
+    monkeypatch.setattr(adapter, "attention_backend", lambda batch, r2t, kv: PagedDecodeBackend(r2t, kv))
+    monkeypatch.setattr(adapter, "serving_context", lambda batch: contextlib.nullcontext())
+
+    def batch(prefixes, seed):
+        return Case(mode="DECODE", requests=tuple(Request(p, 1) for p in prefixes), page_size=16, seed=seed)
+
+    g = GraphCase((batch((37, 5, 20), 0), batch((9,), 1), batch((50, 2), 2)), max_batch=3, max_kv=96)
+    result = replay_result(adapter, g, "cpu")
+    assert result.status == "pass", result.reason

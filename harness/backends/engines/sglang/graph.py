@@ -27,6 +27,9 @@ harness pool; its ReqToTokenPool is built once and its rows refilled before ever
 
 from __future__ import annotations
 
+import contextlib
+import importlib
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
@@ -51,6 +54,10 @@ GRAPH_RUNNER = StandIn(
     "distributed groups; the attention backend sees only these buffers and the ForwardBatch over them, "
     "which the harness's replay check captures around the backend's forward alone",
 )
+
+# sglang's process-wide capture flag (model_capture_mode), under which its runners warm up and capture:
+# set_kv_buffer then writes K and V on two streams, as in a served graph.
+CAPTURE_MODE = "sglang.srt.model_executor.runner_utils.capture_mode"
 
 # The runners' static buffers an adapter allocates (name -> dtype, per request or per token).
 REQUEST_BUFFERS = {"req_pool_indices": torch.int64, "seq_lens": torch.int64}
@@ -171,9 +178,15 @@ class SglangGraphAdapter(SglangGpuAdapter, GraphGlue):
         assert isinstance(state, SglangGraphState)
         eg = self.engine_graph(state)
         fb = self.capture_forward_batch(state, eg, bs)
-        with self.serving_context(state.layer):
+        with self.serving_context(state.layer), self.capture_mode():
             eg.backend.init_forward_metadata_out_graph(fb, in_capture=True)
         eg.batches[bs] = fb
+
+    @contextlib.contextmanager
+    def capture_mode(self) -> Iterator[None]:
+        """sglang's model_capture_mode, which its runners hold around warm-up and capture."""
+        with importlib.import_module(CAPTURE_MODE).model_capture_mode():
+            yield
 
     def capture_forward_batch(self, state: SglangGraphState, eg: EngineGraph, bs: int) -> Any:
         """sglang's ForwardBatch of a capture: views of the static buffers (capture_prepare for DECODE and
@@ -322,7 +335,7 @@ class SglangGraphAdapter(SglangGpuAdapter, GraphGlue):
         fb = eg.batches[static.bs]
         rows = static.q.shape[0]
         q = static.q.reshape(rows, -1)
-        with self.serving_context(state.layer):
+        with self.serving_context(state.layer), self.capture_mode():
             eg.backend.init_forward_metadata_in_graph(fb)
             kwargs = self.graph_forward_kwargs(static)
             o = eg.backend.forward(q, static.k_new, static.v_new, eg.layer, fb, save_kv_cache=True, **kwargs)
