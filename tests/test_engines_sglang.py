@@ -34,8 +34,11 @@ from harness.checks.replay import GraphRunner, replay_result
 from harness.core.batch import build_batch, make_inputs
 from harness.core.case import Case, Request, case_traits
 from harness.core.graph_case import SEQ_LEN_FILL, GraphCase
-from harness.core.modes import tree_ancestry
+from harness.core.modes import FAMILY_MODE, tree_ancestry
+from harness.core.results import GRAPH_CHECK
 from harness.mutants import catalogue, hunt
+from harness.run import graph_suite
+from harness.run.graph_suite import GraphTarget
 from harness.search import profiles
 
 ADAPTERS = (SglangTorchNative, SglangFlex)
@@ -569,6 +572,26 @@ def test_flashinfer_refuses_a_windowed_draft_extend_under_a_graph_only():
     assert SglangFlashInfer().supports(case) is None
     assert "kv_start_idx" in SglangFlashInfer().graph_supports(case)
     assert SglangFlashInfer().graph_supports(case.replace(window_left=-1)) is None
+
+
+@pytest.mark.parametrize(
+    ("cls", "family", "why"),
+    [
+        (SglangFlashInfer, "verify", "takes no kv_start_idx"),
+        (SglangFlashInfer, "draft_extend_v2", "gets no window_left"),
+        (SglangFlashInfer, "decode", None),
+        (SglangFA3, "verify", None),
+        (SglangFA3, "draft_extend_v2", None),
+    ],
+)
+def test_a_windowed_graph_test_skips_where_no_windowed_case_can_be_drawn(cls, family, why):
+    """The graph suite skips a windowed family the adapter excludes a window from, eagerly or under a
+    graph alone (its search would draw nothing), and runs every other."""
+    target = GraphTarget(cls.name, "cuda", GRAPH_CHECK, "swa", family)
+    reason = graph_suite.window_reason(cls(), target, FAMILY_MODE[family])
+    assert reason == why or (why is not None and why in reason), reason
+    full = GraphTarget(cls.name, "cuda", GRAPH_CHECK, "full", family)
+    assert graph_suite.window_reason(cls(), full, FAMILY_MODE[family]) is None
 
 
 # Where each CUDA backend's out-of-graph metadata path takes each captured mode (sglang 0.5.17).

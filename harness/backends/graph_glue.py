@@ -132,6 +132,11 @@ class GraphGlue(EngineGlue):
     def graph_supports(self, case: Case) -> str | None:
         """None if the graph path runs this (eagerly supported) case, else why not: a feature the
         eager path has and the graph path lacks."""
+        return self.graph_window_reason(case.mode) if case.window_left >= 0 else None
+
+    def graph_window_reason(self, mode: Mode) -> str | None:
+        """Why the graph path cannot run a sliding window in `mode` where the eager path can, or None
+        (the graph suite skips that mode's windowed tests with it)."""
         return None
 
     def capture_metadata(self, state: GraphState, bs: int) -> None:
