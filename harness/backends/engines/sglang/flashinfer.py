@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from harness.backends.base import Capabilities
 from harness.backends.engines.sglang.graph import SglangGraphAdapter
-from harness.core.case import PAGE_SIZES, Case
+from harness.core.case import PAGE_SIZES
 from harness.core.modes import Mode
 
 FLASHINFER = Capabilities.with_features(
@@ -74,11 +74,9 @@ class SglangFlashInfer(SglangGraphAdapter):
     )
     capabilities = FLASHINFER
 
-    def graph_supports(self, case: Case) -> str | None:
+    def graph_window_reason(self, mode: Mode) -> str | None:
         """What the eager path runs and the graph path does not: a windowed draft extend."""
-        if case.mode == Mode.DRAFT_EXTEND_V2 and case.window_left >= 0:
-            return GRAPH_WINDOW_DRAFT_EXTEND
-        return None
+        return GRAPH_WINDOW_DRAFT_EXTEND if mode == Mode.DRAFT_EXTEND_V2 else None
 
 
 BACKENDS = {"sglang_flashinfer": SglangFlashInfer}
