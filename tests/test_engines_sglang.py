@@ -732,3 +732,10 @@ def test_the_graph_path_replays_a_sequence_through_sglangs_pools(monkeypatch):
     g = GraphCase((batch((37, 5, 20), 0), batch((9,), 1), batch((50, 2), 2)), max_batch=3, max_kv=96)
     result = replay_result(adapter, g, "cpu")
     assert result.status == "pass", result.reason
+
+
+def test_the_graph_suite_skips_flashinfers_windowed_verify_and_draft_extend(monkeypatch):
+    monkeypatch.setattr(SglangFlashInfer, "available", lambda self, device: None)
+    for family, why in (("verify", "takes no kv_start_idx"), ("draft_extend_v2", "gets no window_left")):
+        with pytest.raises(pytest.skip.Exception, match=why):
+            graph_suite.run(GraphTarget("sglang_flashinfer", "cuda", GRAPH_CHECK, "swa", family))
