@@ -131,6 +131,7 @@ class SglangGraphAdapter(SglangGpuAdapter, GraphGlue):
         with self.serving_context(layer_batch):
             backend = self.attention_backend(layer_batch, r2t, kv)
             backend.init_cuda_graph_state(limits.max_batch, limits.max_batch * limits.queries)
+            layer = self.layer(layer_batch)
         fill, b = self.seq_len_fill_value(backend), state.buffers
         b["seq_lens"].fill_(fill)
         b["seq_lens_cpu"].fill_(fill)
@@ -139,7 +140,6 @@ class SglangGraphAdapter(SglangGpuAdapter, GraphGlue):
             shape = spec.spec_shape(layer_batch)
             size = (limits.max_batch * fill + limits.max_batch * limits.queries) * limits.queries
             b["custom_mask"] = torch.ones(size, dtype=torch.bool, device=state.device)
-        layer = self.layer(layer_batch)
         state.engine = EngineGraph(backend=backend, layer=layer, req_to_token=r2t, kv=kv, shape=shape)
         return state.engine
 
