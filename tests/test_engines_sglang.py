@@ -6,6 +6,7 @@ runs this file in .venv-sglang, where they run.
 """
 
 import ast
+import contextlib
 import importlib.util
 import pickle
 import subprocess
@@ -24,13 +25,20 @@ from harness.backends.engines.sglang.fa3 import SglangFA3
 from harness.backends.engines.sglang.flashinfer import SglangFlashInfer
 from harness.backends.engines.sglang.flex import SglangFlex
 from harness.backends.engines.sglang.gpu import SGLANG_GPU, one_rank_topology
+from harness.backends.engines.sglang.graph import EngineGraph
 from harness.backends.engines.sglang.torch_native import SglangTorchNative
+from harness.backends.graph_glue import GraphLimits
 from harness.backends.versions import SupportedRange, distribution_version
 from harness.checks.known_issues import reaching_issue
+from harness.checks.replay import GraphRunner, replay_result
 from harness.core.batch import build_batch, make_inputs
 from harness.core.case import Case, Request, case_traits
-from harness.core.modes import tree_ancestry
+from harness.core.graph_case import SEQ_LEN_FILL, GraphCase
+from harness.core.modes import FAMILY_MODE, tree_ancestry
+from harness.core.results import GRAPH_CHECK
 from harness.mutants import catalogue, hunt
+from harness.run import graph_suite
+from harness.run.graph_suite import GraphTarget
 from harness.search import profiles
 
 ADAPTERS = (SglangTorchNative, SglangFlex)
@@ -291,8 +299,9 @@ def test_the_cuda_adapters_and_their_stand_ins_are_documented(cls):
 
 
 def test_the_gpu_smoke_runs_cases_both_cuda_adapters_declare():
-    """engines/sglang-gpu-smoke.py's cases (decode, extend, verify chain and tree, draft extend) are cases
-    each CUDA adapter declares, so its one try on a GPU runs them instead of skipping."""
+    """engines/sglang-gpu-smoke.py's cases (decode, extend, verify chain and tree, draft extend) and graph
+    sequences (every captured mode) are ones each CUDA adapter declares, so its one try on a GPU runs them
+    instead of skipping."""
     path = Path(__file__).resolve().parent.parent / "engines" / "sglang-gpu-smoke.py"
     spec = importlib.util.spec_from_file_location("sglang_gpu_smoke", path)
     assert spec is not None and spec.loader is not None
@@ -305,6 +314,12 @@ def test_the_gpu_smoke_runs_cases_both_cuda_adapters_declare():
     for cls in GPU_ADAPTERS:
         for case in smoke.CASES.values():
             assert cls().supports(case) is None, (cls.name, case)
+    assert {str(g.mode) for g in smoke.GRAPHS.values()} == {"DECODE", "TARGET_VERIFY", "DRAFT_EXTEND_V2"}
+    for cls in GPU_ADAPTERS:
+        for g in smoke.GRAPHS.values():
+            assert cls.capabilities.graph_reason(g.mode) is None, (cls.name, g.mode)
+            for case in g.batches:
+                assert cls().supports(case) is None and cls().graph_supports(case) is None, (cls.name, case)
 
 
 @pytest.mark.parametrize("adapter", [SglangTorchNative, SglangFlex, SglangFlashInfer, SglangFA3])
@@ -489,3 +504,238 @@ def test_fa3_plans_a_draft_extend_over_the_bumped_seq_lens(monkeypatch):
     m = backend.forward_metadata
     assert m.cache_seqlens_int32.tolist() == [12, 6] == batch.cpu_list("seq_lens")
     assert m.cu_seqlens_q.tolist() == batch.cpu_list("qo_indptr") and m.max_seq_len_q == 3
+
+
+# --- the CUDA-graph path of the CUDA adapters (harness/backends/engines/sglang/graph.py) ---------------
+
+
+def graph_state(adapter, mode: str = "DECODE", queries: int = 1) -> GraphRunner:
+    """A replay runner for a small layer of `mode`, 4 requests of up to 96 keys (its static pool set,
+    nothing captured)."""
+    tree = (-1, 0, 1) if mode == "TARGET_VERIFY" else None
+    case = Case(mode=mode, requests=(Request(20, queries, tree=tree),), page_size=16)
+    batch = build_batch(case, make_inputs(case), "cpu")
+    return GraphRunner(adapter, GraphLimits(4, queries, 96, 16), [batch])
+
+
+def two_requests(mode: str = "DECODE", queries: int = 1):
+    reqs = (Request(37, queries), Request(5, queries))
+    case = Case(mode=mode, requests=reqs, page_size=16)
+    return build_batch(case, make_inputs(case), "cpu")
+
+
+@pytest.mark.parametrize("cls", GPU_ADAPTERS)
+def test_a_replay_pads_the_buffers_as_sglangs_graph_runner_does(cls):
+    """The real requests first; then, up to the captured size, req_pool_indices 0 (the padding row),
+    seq_lens at the fill value, out_cache_loc 0 (the reserved slot) and positions 0
+    (build_decode_registry's ZERO and FILL_SENTINEL policies)."""
+    adapter = cls()
+    state = graph_state(adapter).state
+    for name in ("req_pool_indices", "out_cache_loc", "positions"):
+        state.buffers[name].fill_(7)  # what an earlier, larger replay left
+    batch, fill = two_requests(), 3
+    rows = adapter.req_pool_indices(batch)
+    adapter.replay_request_buffers(state, batch, rows, 4, fill)
+    adapter.replay_out_cache_loc(state, batch, 4)
+    adapter.replay_positions(state, batch, 4)
+    b = state.buffers
+    assert b["req_pool_indices"].tolist() == [2, 1, 0, 0]
+    assert b["seq_lens"].tolist() == b["seq_lens_cpu"].tolist() == [38, 6, fill, fill]
+    assert b["out_cache_loc"].tolist() == batch.out_cache_loc.tolist() + [0, 0]
+    assert b["positions"].tolist() == batch.positions.tolist() + [0, 0]
+
+
+def test_a_draft_extend_replay_pads_the_accepted_counts_at_the_captured_width():
+    """EAGLEDraftExtendCudaGraphRunner.execute: extend_seq_lens, num_accept_tokens and num_correct_drafts
+    of a padding request at the captured width; the real ones every draft accepted."""
+    adapter = SglangFA3()
+    state = graph_state(adapter, "DRAFT_EXTEND_V2", 3).state
+    batch = two_requests("DRAFT_EXTEND_V2", 3)
+    adapter.replay_request_buffers(state, batch, adapter.req_pool_indices(batch), 4, 1)
+    b = state.buffers
+    assert b["extend_seq_lens"].tolist() == b["num_accept_tokens"].tolist() == [3, 3, 3, 3]
+    assert b["num_correct_drafts"].tolist() == [2, 2, 3, 3]
+
+
+def test_a_verify_tree_cannot_replay_in_a_graph_captured_for_chains():
+    adapter = SglangFA3()
+    eg = EngineGraph(backend=None, layer=None, req_to_token=None, kv=None, shape=(1, 3, 3))
+    tree = verify_case(TREE)
+    with pytest.raises(ValueError, match="captured for chains"):
+        adapter.check_spec_shape(eg, build_batch(tree, make_inputs(tree), "cpu"))
+    chain = verify_case(CHAIN)
+    adapter.check_spec_shape(eg, build_batch(chain, make_inputs(chain), "cpu"))
+
+
+def test_flashinfer_refuses_a_windowed_draft_extend_under_a_graph_only():
+    case = Case(mode="DRAFT_EXTEND_V2", requests=(Request(9, 3),), page_size=16, window_left=4)
+    assert SglangFlashInfer().supports(case) is None
+    assert "kv_start_idx" in SglangFlashInfer().graph_supports(case)
+    assert SglangFlashInfer().graph_supports(case.replace(window_left=-1)) is None
+
+
+@pytest.mark.parametrize(
+    ("cls", "family", "why"),
+    [
+        (SglangFlashInfer, "verify", "takes no kv_start_idx"),
+        (SglangFlashInfer, "draft_extend_v2", "gets no window_left"),
+        (SglangFlashInfer, "decode", None),
+        (SglangFA3, "verify", None),
+        (SglangFA3, "draft_extend_v2", None),
+    ],
+)
+def test_a_windowed_graph_test_skips_where_no_windowed_case_can_be_drawn(cls, family, why):
+    """The graph suite skips a windowed family the adapter excludes a window from, eagerly or under a
+    graph alone (its search would draw nothing), and runs every other."""
+    target = GraphTarget(cls.name, "cuda", GRAPH_CHECK, "swa", family)
+    reason = graph_suite.window_reason(cls(), target, FAMILY_MODE[family])
+    assert reason == why or (why is not None and why in reason), reason
+    full = GraphTarget(cls.name, "cuda", GRAPH_CHECK, "full", family)
+    assert graph_suite.window_reason(cls(), full, FAMILY_MODE[family]) is None
+
+
+# Where each CUDA backend's out-of-graph metadata path takes each captured mode (sglang 0.5.17).
+GRAPH_SOURCES = {
+    SglangFlashInfer: (
+        "init_forward_metadata_out_graph",
+        {"DECODE": "is_decode_or_idle()", "TARGET_VERIFY": "is_target_verify()",
+         "DRAFT_EXTEND_V2": "is_draft_extend_v2()"},
+    ),
+    SglangFA3: (
+        "_apply_cuda_graph_metadata",
+        {"DECODE": "is_decode_or_idle()", "TARGET_VERIFY": "is_target_verify()",
+         "DRAFT_EXTEND_V2": "is_draft_extend_v2()"},
+    ),
+}
+
+
+def method_source(source: str, name: str) -> str:
+    """The source of the first function `name` in a module's source."""
+    tree = ast.parse(source)
+    node = next(n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == name)
+    return ast.get_source_segment(source, node) or ""
+
+
+@needs_sglang_0_5_17
+@pytest.mark.parametrize("cls", GPU_ADAPTERS)
+def test_the_declared_graph_modes_are_the_ones_sglangs_graph_metadata_path_takes(cls):
+    method, markers = GRAPH_SOURCES[cls]
+    body = method_source(sglang_source(cls.engine_backend.partition(":")[0]), method)
+    taken = {mode for mode, marker in markers.items() if f"forward_mode.{marker}" in body}
+    assert taken == {str(m) for m in cls.capabilities.graph_modes}
+
+
+@needs_sglang_0_5_17
+@pytest.mark.parametrize("cls", GPU_ADAPTERS)
+def test_the_fill_value_is_the_backends_and_the_harness_pads_with_it(cls):
+    """Both backends pad seq_lens with 1 (get_cuda_graph_seq_len_fill_value), the harness's
+    SEQ_LEN_FILL, which its reference reads a padding request's extent from."""
+    source = sglang_source(cls.engine_backend.partition(":")[0])
+    body = method_source(source, "get_cuda_graph_seq_len_fill_value")
+    assert body.rstrip().endswith(f"return {SEQ_LEN_FILL}")
+
+
+@needs_sglang_0_5_17
+def test_sglangs_pools_are_built_once_over_the_runners_static_pool(monkeypatch):
+    """The MHATokenToKVPool's K/V buffers are the static pool's storage (sglang's own set_kv_buffer
+    writes into it), the ReqToTokenPool is as wide as every page a request can hold, and
+    init_cuda_graph_state ran for the largest captured size, its page table that wide."""
+    kernel_stand_ins(monkeypatch)
+    adapter = SglangFA3()
+    runner = graph_state(adapter)
+    eg = adapter.engine_graph(runner.state)
+    assert adapter.engine_graph(runner.state) is eg
+    pool = runner.pool
+    assert eg.kv.get_key_buffer(0).data_ptr() == pool.k.data_ptr()
+    assert eg.kv.get_value_buffer(0).data_ptr() == pool.v.data_ptr()
+    case = runner.state.layer.case
+    k = torch.randn(1, case.num_kv_heads, case.head_dim).to(pool.k.dtype)
+    eg.kv.set_kv_buffer(eg.layer, torch.tensor([40]), k, k.clone())
+    assert torch.equal(pool.k.view(-1, case.num_kv_heads, case.head_dim)[40], k[0])
+    assert eg.req_to_token.req_to_token.shape == (5, 96)
+    assert eg.backend.decode_cuda_graph_metadata["page_table"].shape == (4, 6)
+    assert runner.state.buffers["seq_lens"].tolist() == [SEQ_LEN_FILL] * 4
+
+
+@needs_sglang_0_5_17
+def test_a_replay_refills_the_persistent_req_to_token_rows(monkeypatch):
+    """Each real request's row at its req_pool_indices entry (rows B..1), zero past its table; row 0,
+    the padding requests', stays zero."""
+    kernel_stand_ins(monkeypatch)
+    adapter = SglangFA3()
+    eg = adapter.engine_graph(graph_state(adapter).state)
+    eg.req_to_token.req_to_token.fill_(9)  # rows an earlier replay left
+    eg.req_to_token.req_to_token[0].zero_()
+    batch = two_requests()
+    rows = adapter.req_pool_indices(batch)
+    adapter.replay_req_to_token(eg, batch, rows)
+    table, width = eg.req_to_token.req_to_token, batch.req_to_token.shape[1]
+    for r, row in enumerate(rows.tolist()):
+        assert table[row, :width].tolist() == batch.req_to_token[r].tolist()
+        assert not table[row, width:].any()
+    assert not table[0].any() and (table[3:] == 9).all()
+
+
+class PagedDecodeBackend:
+    """A decode-only attention backend with sglang's graph-path methods in plain torch, where sglang's
+    kernels do not run: its replay metadata is the padded batch's key slots read from the ReqToTokenPool
+    by req_pool_indices and seq_lens; its forward writes the step's K/V through the pool's own
+    set_kv_buffer at out_cache_loc and attends over the pool's buffers."""
+
+    def __init__(self, r2t, kv):
+        self.r2t, self.kv = r2t, kv
+
+    def get_cuda_graph_seq_len_fill_value(self):
+        return SEQ_LEN_FILL
+
+    def init_cuda_graph_state(self, max_bs, max_num_tokens):
+        width = self.r2t.req_to_token.shape[1]
+        self.slots = torch.zeros(max_bs, width, dtype=torch.int64)
+        self.keep = torch.zeros(max_bs, width, dtype=torch.bool)
+
+    def init_forward_metadata_out_graph(self, fb, in_capture=False):
+        bs, width = fb.batch_size, self.slots.shape[1]
+        self.slots[:bs] = self.r2t.req_to_token[fb.req_pool_indices[:bs]].long()
+        self.keep[:bs] = torch.arange(width) < fb.seq_lens[:bs, None]
+
+    def init_forward_metadata_in_graph(self, fb):
+        pass
+
+    def forward(self, q, k, v, layer, fb, save_kv_cache=True):
+        bs = fb.batch_size
+        self.kv.set_kv_buffer(layer, fb.out_cache_loc, k, v)
+        keep = self.keep[:bs]
+        group = layer.tp_q_head_num // layer.tp_k_head_num
+        keys = self.kv.get_key_buffer(0)[self.slots[:bs]].float().repeat_interleave(group, 2)
+        vals = self.kv.get_value_buffer(0)[self.slots[:bs]].float().repeat_interleave(group, 2)
+        vals = vals.masked_fill(~keep[:, :, None, None], 0)  # poison past each request's extent
+        scores = torch.einsum("bhd,bwhd->bhw", q.view(bs, layer.tp_q_head_num, -1).float(), keys)
+        scores = (scores * layer.scaling).masked_fill(~keep[:, None, :], float("-inf"))
+        return torch.einsum("bhw,bwhd->bhd", scores.softmax(-1), vals).to(q.dtype).reshape(bs, -1)
+
+
+@needs_sglang_0_5_17
+def test_the_graph_path_replays_a_sequence_through_sglangs_pools(monkeypatch):
+    """The replay check, on the CPU's emulated graphs, over the adapter's graph path with sglang's own
+    pools and a plain-torch backend in place of FA3's kernels: each replay reads this step's K/V from
+    the static pool, where the captured set_kv_buffer wrote it, and the refilled table and padded
+    buffers; a batch of 3 replays padded to 4, then 1 and 2."""
+    kernel_stand_ins(monkeypatch)
+    adapter = SglangFA3()
+    monkeypatch.setattr(adapter, "available", lambda device: None)
+    monkeypatch.setattr(adapter, "attention_backend", lambda batch, r2t, kv: PagedDecodeBackend(r2t, kv))
+    monkeypatch.setattr(adapter, "serving_context", lambda batch: contextlib.nullcontext())
+
+    def batch(prefixes, seed):
+        return Case(mode="DECODE", requests=tuple(Request(p, 1) for p in prefixes), page_size=16, seed=seed)
+
+    g = GraphCase((batch((37, 5, 20), 0), batch((9,), 1), batch((50, 2), 2)), max_batch=3, max_kv=96)
+    result = replay_result(adapter, g, "cpu")
+    assert result.status == "pass", result.reason
+
+
+def test_the_graph_suite_skips_flashinfers_windowed_verify_and_draft_extend(monkeypatch):
+    monkeypatch.setattr(SglangFlashInfer, "available", lambda self, device: None)
+    for family, why in (("verify", "takes no kv_start_idx"), ("draft_extend_v2", "gets no window_left")):
+        with pytest.raises(pytest.skip.Exception, match=why):
+            graph_suite.run(GraphTarget("sglang_flashinfer", "cuda", GRAPH_CHECK, "swa", family))

@@ -80,12 +80,15 @@ class GraphState:
     """What `graph_buffers` allocates: the limits, the layer it was made for (`layer`: a Batch whose
     Case gives the fixed shape and options: mode, heads, window, soft cap, dtypes; its metadata is
     never read), the metadata buffers by name (allocated once, never replaced), and per captured
-    size whatever the backend builds over views of them (wrappers)."""
+    size whatever the backend builds over views of them (wrappers). `pool` is the static pool every
+    captured forward reads (StaticInputs.pool), set by the runner before the first capture: an engine
+    that holds its cache in its own objects builds them over its storage."""
 
     limits: GraphLimits
     layer: Batch
     buffers: dict[str, torch.Tensor] = field(default_factory=dict)
     per_size: dict[int, Any] = field(default_factory=dict)
+    pool: PagedPool | None = field(default=None, init=False)
 
     @property
     def mode(self) -> Mode:
@@ -129,6 +132,11 @@ class GraphGlue(EngineGlue):
     def graph_supports(self, case: Case) -> str | None:
         """None if the graph path runs this (eagerly supported) case, else why not: a feature the
         eager path has and the graph path lacks."""
+        return self.graph_window_reason(case.mode) if case.window_left >= 0 else None
+
+    def graph_window_reason(self, mode: Mode) -> str | None:
+        """Why the graph path cannot run a sliding window in `mode` where the eager path can, or None
+        (the graph suite skips that mode's windowed tests with it)."""
         return None
 
     def capture_metadata(self, state: GraphState, bs: int) -> None:

@@ -60,6 +60,7 @@ class GraphRunner:
         scales = (p.k_scale, p.v_scale)
         heads, dim = c.num_kv_heads, c.head_dim
         self.pool = empty_pool(pages, p.page_size, heads, dim, p.k.dtype, p.kv_layout, self.device, scales)
+        self.state.pool = self.pool
         maps = [b.full_to_swa for b in batches if b.full_to_swa is not None]
         self.full_to_swa = None
         if maps:  # the allocator's full -> SWA map: one persistent tensor, as large as the largest

@@ -19,8 +19,9 @@ import pytest
 from hypothesis import example, given, settings
 
 from harness import backends
+from harness.backends.graph_glue import GraphGlue
 from harness.core.graph_case import GraphCase
-from harness.core.modes import FAMILY_MODE
+from harness.core.modes import FAMILY_MODE, Mode
 from harness.core.results import GRAPH_CHECK, CaseResult
 from harness.run import isolation
 from harness.run.suite import WINDOWS, Target, judge
@@ -71,11 +72,23 @@ def pinned_graphs(graph_family: str, windowed: bool) -> list[GraphCase]:
     return [g for g in pins if (g.layer.window_left >= 0) == windowed]
 
 
+def window_reason(backend: GraphGlue, t: GraphTarget, mode: Mode | None) -> str | None:
+    """Why a windowed graph test cannot draw a case: the window excluded from the mode, eagerly
+    (`exclusive`) or under a graph alone (`graph_window_reason`)."""
+    if t.window != "swa" or mode is None:
+        return None
+    caps = backend.capabilities
+    if caps.excludes("window", str(mode)):
+        return caps.reason(f"window+{mode}", f"{backend.name} has no sliding window in {mode}")
+    return backend.graph_window_reason(mode)
+
+
 def run(t: GraphTarget, record: Callable[[CaseResult], None] | None = None) -> None:
     """Search replay sequences; fail with the GraphCase, the replay that failed and its repro."""
     backend = t.backend()
     caps = backend.capabilities
-    why = backend.available(t.device) or caps.graph_reason(FAMILY_MODE.get(t.graph_family))
+    mode = FAMILY_MODE.get(t.graph_family)
+    why = backend.available(t.device) or caps.graph_reason(mode) or window_reason(backend, t, mode)
     if why:
         pytest.skip(why)
     def admitted(g: GraphCase) -> bool:

@@ -9,7 +9,9 @@ soft cap (`softcap=layer.logit_cap`), sinks (forward's `sinks`, handed to the ke
 (the query cast to the cache dtype, k_descale / v_descale from the layer's scales), TARGET_VERIFY
 (a chain, topk 1: a causal pass over seq_lens + draft_token_num keys; a tree, topk > 1: a cascade of a
 pass over the cached keys and one over each draft's ancestors, taken from the EagleVerifyInput's custom
-mask) and DRAFT_EXTEND_V2 (an extend over the bumped seq_lens). Not run on a GPU yet (docs/engines.md).
+mask) and DRAFT_EXTEND_V2 (an extend over the bumped seq_lens). Under a CUDA graph
+(harness/backends/engines/sglang/graph.py) it captures DECODE, TARGET_VERIFY and DRAFT_EXTEND_V2, the
+modes of _init_full_cg_decode_metadata. Not run on a GPU yet (docs/engines.md).
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ from typing import Any
 import torch
 
 from harness.backends.base import Capabilities
-from harness.backends.engines.sglang.gpu import SglangGpuAdapter
+from harness.backends.engines.sglang.graph import SglangGraphAdapter
+from harness.backends.graph_glue import StaticInputs
 from harness.core.batch import Batch
 from harness.core.case import PAGE_SIZES, Case, case_traits
 from harness.core.modes import Mode
@@ -43,6 +46,8 @@ FA3 = Capabilities.with_features(
     page_sizes=frozenset(PAGE_SIZES),
     kv_dtypes=frozenset({"float8_e4m3fn"}),
     exclusive=frozenset({("window", "ENCODER_ONLY"), ("window", "tree"), ("sinks", "tree")}),
+    # FlashAttentionBackend._init_full_cg_decode_metadata's modes (0.5.17)
+    graph_modes=frozenset({Mode.DECODE, Mode.TARGET_VERIFY, Mode.DRAFT_EXTEND_V2}),
     why_not={
         "window+tree": "a sliding-window layer verifies a tree without the cascade, through "
         "_init_sliding_window_attn_spec_metadata's expanded metadata, which the adapter does not "
@@ -60,14 +65,12 @@ FA3 = Capabilities.with_features(
         "deterministic": "the adapter leaves ServerArgs.enable_deterministic_inference off (num_splits 1 "
         "for the whole process)",
         "returns_lse": "FlashAttentionBackend.forward returns the output only",
-        "graph": "the adapter does not drive init_cuda_graph_state / "
-        "init_forward_metadata_capture_cuda_graph / init_forward_metadata_replay_cuda_graph yet",
         "kv_layout": "MHATokenToKVPool is NHD unless SGLANG_USE_HND_KVCACHE, which the adapter does not set",
     },
 )
 
 
-class SglangFA3(SglangGpuAdapter):
+class SglangFA3(SglangGraphAdapter):
     name = "sglang_fa3"
     engine_backend = "sglang.srt.layers.attention.flashattention_backend:FlashAttentionBackend"
     attention_backend_name = "fa3"
@@ -86,6 +89,10 @@ class SglangFA3(SglangGpuAdapter):
         sgl_kernel's FA3 takes no other dtype (float32 sinks raise "sinks must have dtype bfloat16",
         seen on an H200 with sglang-kernel 0.4.5)."""
         return {"sinks": batch.sinks.to(torch.bfloat16)} if batch.sinks is not None else {}
+
+    def graph_forward_kwargs(self, static: StaticInputs) -> dict[str, Any]:
+        """forward_kwargs' sinks, from the static inputs."""
+        return {"sinks": static.sinks.to(torch.bfloat16)} if static.sinks is not None else {}
 
 
 BACKENDS = {"sglang_fa3": SglangFA3}

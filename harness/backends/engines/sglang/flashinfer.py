@@ -10,14 +10,15 @@ keys, `seq_lens` clamped to `sliding_window_size + 1`, and extend passes `window
 layers (non-causal ragged prefill), an FP8 cache read with the layer's k_scale / v_scale, TARGET_VERIFY
 (chains and trees: init_forward_metadata plans `prefill_wrappers_verify` from the EagleVerifyInput's
 generate_attn_arg_prefill, whose custom mask carries the tree) and DRAFT_EXTEND_V2 (its eager path plans
-an extend over the cached prefix from the ForwardBatch, spec_info unread). Not run on a GPU yet
-(docs/engines.md).
+an extend over the cached prefix from the ForwardBatch, spec_info unread). Under a CUDA graph
+(harness/backends/engines/sglang/graph.py) it captures DECODE, TARGET_VERIFY and DRAFT_EXTEND_V2, the
+modes of init_forward_metadata_out_graph. Not run on a GPU yet (docs/engines.md).
 """
 
 from __future__ import annotations
 
 from harness.backends.base import Capabilities
-from harness.backends.engines.sglang.gpu import SglangGpuAdapter
+from harness.backends.engines.sglang.graph import SglangGraphAdapter
 from harness.core.case import PAGE_SIZES
 from harness.core.modes import Mode
 
@@ -31,6 +32,8 @@ FLASHINFER = Capabilities.with_features(
     page_sizes=frozenset(PAGE_SIZES),
     kv_dtypes=frozenset({"float8_e4m3fn", "float8_e5m2"}),
     exclusive=frozenset({("window", "ENCODER_ONLY"), ("window", "TARGET_VERIFY")}),
+    # FlashInferAttnBackend.init_forward_metadata_out_graph's branches (0.5.17)
+    graph_modes=frozenset({Mode.DECODE, Mode.TARGET_VERIFY, Mode.DRAFT_EXTEND_V2}),
     why_not={
         "window+TARGET_VERIFY": "with a window the verify is planned per wrapper from "
         "EagleVerifyInput.generate_attn_arg_prefill, which takes no kv_start_idx: the window wrapper's "
@@ -49,22 +52,31 @@ FLASHINFER = Capabilities.with_features(
         "deterministic": "the adapter leaves ServerArgs.enable_deterministic_inference off (it changes the "
         "split tile sizes and turns off ragged prefill for the whole process)",
         "returns_lse": "FlashInferAttnBackend.forward returns the output only",
-        "graph": "the adapter does not drive init_cuda_graph_state / "
-        "init_forward_metadata_capture_cuda_graph / init_forward_metadata_replay_cuda_graph yet",
         "kv_layout": "FlashInferAttnBackend builds every wrapper with the 'NHD' layout",
     },
 )
 
 
-class SglangFlashInfer(SglangGpuAdapter):
+GRAPH_WINDOW_DRAFT_EXTEND = (
+    "with a window, a captured DRAFT_EXTEND_V2 is planned per wrapper from the EagleDraftExtendInput's "
+    "generate_attn_arg_prefill (init_forward_metadata_out_graph passes spec_info), which takes no "
+    "kv_start_idx and gets no window_left (FlashInferIndicesUpdaterPrefill.update_sliding_window)"
+)
+
+
+class SglangFlashInfer(SglangGraphAdapter):
     name = "sglang_flashinfer"
     engine_backend = "sglang.srt.layers.attention.flashinfer_backend:FlashInferAttnBackend"
     attention_backend_name = "flashinfer"
     requires = (
-        *SglangGpuAdapter.requires,
+        *SglangGraphAdapter.requires,
         ("flashinfer-python", "FlashInfer, whose wrappers the backend plans and runs"),
     )
     capabilities = FLASHINFER
+
+    def graph_window_reason(self, mode: Mode) -> str | None:
+        """What the eager path runs and the graph path does not: a windowed draft extend."""
+        return GRAPH_WINDOW_DRAFT_EXTEND if mode == Mode.DRAFT_EXTEND_V2 else None
 
 
 BACKENDS = {"sglang_flashinfer": SglangFlashInfer}

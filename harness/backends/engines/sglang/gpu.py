@@ -163,8 +163,9 @@ class SglangGpuAdapter(SglangAdapter):
             return server_args(*key)
         return spec_server_args(*key, *spec.spec_shape(batch))
 
-    def model_config(self, batch: Batch) -> SimpleNamespace:
-        """The MODEL_CONFIG stand-in."""
+    def model_config(self, batch: Batch, context_len: int) -> SimpleNamespace:
+        """The MODEL_CONFIG stand-in; `context_len` is the ReqToTokenPool's row width (the eager run's
+        table, or the graph path's persistent one), which the backends size their buffers by."""
         case = batch.case
         arch = self.gpu().model_config.AttentionArch
         cap = case.soft_cap or None
@@ -175,7 +176,7 @@ class SglangGpuAdapter(SglangAdapter):
             get_max_num_attention_heads=lambda: case.num_q_heads,
             head_dim=case.head_dim,
             v_head_dim=case.head_dim,
-            context_len=max(1, batch.req_to_token.shape[1]),
+            context_len=context_len,
             is_encoder_decoder=batch.mode == Mode.CROSS,
             is_multimodal=False,
             is_local_attention_model=False,
@@ -207,7 +208,7 @@ class SglangGpuAdapter(SglangAdapter):
             spec_algorithm=g.spec.SpeculativeAlgorithm.from_string(args.speculative_algorithm),
             ps=g.context.get_parallel(),
             server_args=args,
-            model_config=self.model_config(batch),
+            model_config=self.model_config(batch, r2t.req_to_token.shape[1]),
         )
 
     def forward_mode(self, batch: Batch) -> Any:

@@ -100,3 +100,36 @@ def draft_extend_input(eagle: ModuleType, batch: Batch, rows: torch.Tensor) -> A
         positions=batch.positions.to(torch.int64),
         num_tokens_per_req=n,
     )
+
+
+def capture_verify_input(
+    eagle: ModuleType, capture: Any, shape: tuple[int, int, int], mask: torch.Tensor
+) -> Any:
+    """The EagleVerifyInput a graph of TARGET_VERIFY is captured with (DecodeCudaGraphRunner.get_spec_info):
+    the server's (topk, spec_steps, draft_token_num), the custom-mask buffer, nothing per batch."""
+    topk, steps, n = shape
+    return eagle.EagleVerifyInput(
+        draft_token=None,
+        custom_mask=mask,
+        positions=None,
+        retrieve_index=None,
+        retrieve_next_token=None,
+        retrieve_next_sibling=None,
+        retrieve_cum_len=None,
+        spec_steps=steps,
+        topk=topk,
+        draft_token_num=n,
+        capture_hidden_mode=capture.FULL,
+        seq_lens_sum=None,
+        seq_lens_cpu=None,
+    )
+
+
+def capture_draft_extend_input(
+    eagle: ModuleType, correct: torch.Tensor, accepted: torch.Tensor, width: int
+) -> Any:
+    """The EagleDraftExtendInput a graph of DRAFT_EXTEND_V2 is captured with (the draft-extend runner's
+    capture_one_shape): views of its accepted-count buffers, `width` tokens per request."""
+    return eagle.EagleDraftExtendInput(
+        hidden_states=None, num_correct_drafts=correct, num_accept_tokens=accepted, num_tokens_per_req=width
+    )
