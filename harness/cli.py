@@ -11,17 +11,14 @@ command runs, so every library and child process sees it.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import shlex
-import signal
 import sys
-import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple, NoReturn
 
 import harness
-from harness.run import check
+from harness.run import check, sigterm
 from harness.run.check import RequestError as UsageError
 from harness.run.check import load_backend, writable
 from harness.run.speed import settings
@@ -380,24 +377,9 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-@contextlib.contextmanager
-def _sigterm_as_ctrl_c() -> Iterator[None]:
-    """A SIGTERM (what `timeout` and CI runners send at a time limit, to this process alone) stops a
-    command as Ctrl-C does: a check then writes what it checked so far, headed INTERRUPTED, instead
-    of dying with every record lost. The caller's handler is back once the command returns."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    before = signal.signal(signal.SIGTERM, signal.default_int_handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, before)
-
-
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    with _sigterm_as_ctrl_c():
+    with sigterm.as_ctrl_c():
         return _main(argv)
 
 
