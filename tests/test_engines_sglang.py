@@ -466,6 +466,20 @@ def fa3_planned(case: Case, monkeypatch):
 
 
 @needs_sglang_0_5_17
+@pytest.mark.parametrize("deterministic,splits", [(True, 1), (False, 0)])
+def test_a_deterministic_case_builds_fa3_under_sglangs_deterministic_inference(
+    deterministic, splits, monkeypatch
+):
+    """FlashAttentionBackend reads `--enable-deterministic-inference` from the model runner's ServerArgs
+    at construction (num_splits 1; 0 lets FA3 choose): a deterministic case gets sglang's own switch,
+    a plain one does not."""
+    case = Case(mode="DECODE", requests=(Request(40, 1), Request(7, 1)), deterministic=deterministic)
+    batch, backend = fa3_planned(case, monkeypatch)
+    assert backend.num_splits == splits
+    assert SglangFA3().server_args(batch).enable_deterministic_inference is deterministic
+
+
+@needs_sglang_0_5_17
 def test_fa3_plans_a_verify_chain_over_the_prefix_and_the_drafts(monkeypatch):
     batch, backend = fa3_planned(verify_case(CHAIN), monkeypatch)
     m = backend.forward_metadata

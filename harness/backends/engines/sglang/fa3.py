@@ -38,6 +38,7 @@ FA3 = Capabilities.with_features(
     "soft_cap",
     "sinks",
     "tree",
+    "deterministic",
     modes=frozenset(
         {Mode.DECODE, Mode.EXTEND, Mode.CROSS, Mode.ENCODER_ONLY, Mode.TARGET_VERIFY, Mode.DRAFT_EXTEND_V2}
     ),
@@ -62,8 +63,6 @@ FA3 = Capabilities.with_features(
         "passes k_descale / v_descale)",
         "hybrid_pool": "the adapter builds an MHATokenToKVPool, not sglang's SWAKVPool "
         "(use_sliding_window_kv_pool): not driven yet",
-        "deterministic": "the adapter leaves ServerArgs.enable_deterministic_inference off (num_splits 1 "
-        "for the whole process)",
         "returns_lse": "FlashAttentionBackend.forward returns the output only",
         "kv_layout": "MHATokenToKVPool is NHD unless SGLANG_USE_HND_KVCACHE, which the adapter does not set",
     },

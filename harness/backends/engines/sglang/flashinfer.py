@@ -26,6 +26,7 @@ FLASHINFER = Capabilities.with_features(
     "window",
     "soft_cap",
     "tree",
+    "deterministic",
     modes=frozenset({Mode.DECODE, Mode.EXTEND, Mode.ENCODER_ONLY, Mode.TARGET_VERIFY, Mode.DRAFT_EXTEND_V2}),
     dtypes=frozenset({"bfloat16", "float16"}),
     head_dims=frozenset({64, 128, 256}),
@@ -49,8 +50,6 @@ FLASHINFER = Capabilities.with_features(
         "sinks": "FlashInferAttnBackend.forward_extend / forward_decode take no sinks",
         "hybrid_pool": "the adapter builds an MHATokenToKVPool, not sglang's SWAKVPool, whose slots "
         "_resolve_swa_kv_pool translates: not driven yet",
-        "deterministic": "the adapter leaves ServerArgs.enable_deterministic_inference off (it changes the "
-        "split tile sizes and turns off ragged prefill for the whole process)",
         "returns_lse": "FlashInferAttnBackend.forward returns the output only",
         "kv_layout": "FlashInferAttnBackend builds every wrapper with the 'NHD' layout",
     },

@@ -80,10 +80,11 @@ MODEL_CONFIG = StandIn(
 SERVER_ARGS = StandIn(
     "server args",
     "sglang's own ServerArgs for a local one-layer Llama of the case's heads (config.json only), "
-    "attention_backend the adapter's, published with sglang's set_global_server_args_for_scheduler",
+    "attention_backend the adapter's, enable_deterministic_inference the case's deterministic, published "
+    "with sglang's set_global_server_args_for_scheduler",
     "a scheduler publishes its ServerArgs before it builds the model runner; the backends read their "
     "switches (deterministic inference, multi-item scoring, speculative settings, graph batch sizes) from "
-    "them, all left at sglang's defaults",
+    "them, every other one left at sglang's default",
 )
 PARALLEL_STATE = StandIn(
     "parallel state",
@@ -107,22 +108,35 @@ def one_rank_topology(fields: frozenset[str]) -> dict[str, int]:
 
 
 @cache
-def server_args(cls: type, attention_backend: str, model_path: str, device: str) -> Any:
-    """sglang's ServerArgs for a model directory, attention backend and device, built once per process:
-    its __post_init__ reads the model's config and resolves every default (seconds)."""
+def server_args(cls: type, attention_backend: str, model_path: str, device: str, deterministic: bool) -> Any:
+    """sglang's ServerArgs for a model directory, attention backend and device, with or without
+    `--enable-deterministic-inference` (which both CUDA backends read at construction: FA3's
+    num_splits 1, FlashInfer's fixed split tiles and paged extend), built once per process: its
+    __post_init__ reads the model's config and resolves every default (seconds)."""
     return cls(
-        model_path=model_path, attention_backend=attention_backend, device=device, skip_tokenizer_init=True
+        model_path=model_path,
+        attention_backend=attention_backend,
+        device=device,
+        skip_tokenizer_init=True,
+        enable_deterministic_inference=deterministic,
     )
 
 
 @cache
 def spec_server_args(
-    cls: type, attention_backend: str, model_path: str, device: str, topk: int, steps: int, num_draft: int
+    cls: type,
+    attention_backend: str,
+    model_path: str,
+    device: str,
+    deterministic: bool,
+    topk: int,
+    steps: int,
+    num_draft: int,
 ) -> Any:
     """server_args' ServerArgs copied with EAGLE's settings, through ServerArgs.override (resolved server
     args are read-only; the copy leaves the cached ones as they were), built once per process for each
     tree shape: the args a run publishes are the ones its model runner holds."""
-    args = copy.deepcopy(server_args(cls, attention_backend, model_path, device))
+    args = copy.deepcopy(server_args(cls, attention_backend, model_path, device, deterministic))
     args.override(
         spec.SPEC_INPUTS.what,
         speculative_algorithm="EAGLE",
@@ -158,6 +172,7 @@ class SglangGpuAdapter(SglangAdapter):
             self.attention_backend_name,
             model_dir(case.num_q_heads, case.num_kv_heads, case.head_dim),
             batch.device.type,
+            case.deterministic,
         )
         if batch.mode not in SPEC_MODES:
             return server_args(*key)
