@@ -474,3 +474,17 @@ def test_a_far_negative_failure_counts_where_the_library_is_right(version, monke
     )
     assert res.status == "fail", res.reason
     assert "not known issue flashinfer-prefill-far-negative-logits" in res.reason
+
+
+def test_the_graph_confirmation_says_what_its_child_found(monkeypatch, capsys):
+    """A failure it does not excuse shows why in its log: the child's exit and last line."""
+    import subprocess
+
+    from harness.checks import flashinfer_graph_confirm as driver
+
+    monkeypatch.setattr(driver, "library", lambda name: object())
+    done = subprocess.CompletedProcess([], driver.CANNOT, stdout="draw the inputs\nCANNOT: no CUDA\n")
+    monkeypatch.setattr(driver.subprocess, "run", lambda *a, **kw: done)
+    g = GraphCase((Case(mode="DECODE", requests=(Request(5, 1),), deterministic=True),), 1, 8)
+    assert not driver.graph_unsplit_plan(g, "cuda")
+    assert "graph confirmation: exit 2: CANNOT: no CUDA" in capsys.readouterr().err

@@ -41,7 +41,9 @@ POISON = 0x5A
 
 def graph_unsplit_plan(g: GraphCase, device: str) -> bool:
     """True when the child process (this module run on the GraphCase) finds the library wrong or
-    faulting on it. On a device that is not CUDA, or without FlashInfer, nothing is confirmed."""
+    faulting on it. On a device that is not CUDA, or without FlashInfer, nothing is confirmed. What
+    the child said goes to stderr (the failing test's log), so a failure that is not excused shows
+    whether the library was right there or the child could not run it, and at which step."""
     if not device.startswith("cuda") or library("flashinfer") is None:
         return False
     proc = subprocess.run(
@@ -52,6 +54,8 @@ def graph_unsplit_plan(g: GraphCase, device: str) -> bool:
         timeout=CHILD_SECONDS,
         check=False,
     )
+    said = (proc.stdout.strip().splitlines() or ["(nothing)"])[-1]
+    print(f"graph confirmation: exit {proc.returncode}: {said}", file=sys.stderr)
     return proc.returncode == REPRODUCED
 
 
