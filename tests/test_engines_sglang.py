@@ -466,6 +466,23 @@ def fa3_planned(case: Case, monkeypatch):
 
 
 @needs_sglang_0_5_17
+def test_fa3_plans_cross_attention_in_token_slots_where_it_reads_pages(monkeypatch):
+    """sglang 0.5.17's own finding, pinned: on pages of 16, FlashAttentionBackend.init_forward_metadata
+    gives FA3 the encoder's page table as req_to_token's token slots (never `// page_size`, as its
+    self-attention table is) and starts each request's text table at column encoder_len, mid-page
+    unless encoder_len is a multiple of the page size. On an H200 the CROSS cases then failed (err up
+    to 4e37, docs/engines.md); when sglang converts them this test fails and the docs change."""
+    case = Case(mode="CROSS", requests=(Request(0, 1, 1), Request(6, 1, 20)), num_kv_heads=2, head_dim=64)
+    batch, backend = fa3_planned(case, monkeypatch)
+    m, ps, rows = backend.forward_metadata, case.page_size, batch.req_to_token
+    assert m.encoder_page_table[0, :1].tolist() == rows[0, :1].tolist()  # a token slot ...
+    assert rows[0, 0] // ps != rows[0, 0]  # ... which is not its page
+    text_first_slot = int(rows[1, 20])
+    assert text_first_slot % ps != 0  # the text starts mid-page ...
+    assert int(m.page_table[1, 0]) == text_first_slot // ps  # ... and FA3 reads that page from slot 0
+
+
+@needs_sglang_0_5_17
 @pytest.mark.parametrize("deterministic,splits", [(True, 1), (False, 0)])
 def test_a_deterministic_case_builds_fa3_under_sglangs_deterministic_inference(
     deterministic, splits, monkeypatch
