@@ -51,6 +51,10 @@ class Capabilities:
     # case and the suite's searches never draw one, so a refusal in a search is a surprise, counted.
     exclusive: frozenset[tuple[str, str]] = frozenset()
     kv_dtypes: frozenset[str] = frozenset()  # FP8 KV-cache dtypes it reads (a Case's kv_dtype)
+    # With an FP8 cache it casts the queries to the cache's dtype (scale 1) before attention (FA3
+    # needs every operand in FP8): where the code does so, quoted. Its output is then judged against
+    # references over those rounded queries (harness/checks/judged_inputs.py). None: queries as given.
+    fp8_queries: str | None = None
     # Modes it can run under a CUDA graph (harness/backends/graph_glue.py); empty: not capturable,
     # why_not["graph"] says why (the replay tests skip with it).
     graph_modes: frozenset[Mode] = frozenset()
@@ -61,6 +65,11 @@ class Capabilities:
         unknown = sorted({t for pair in self.exclusive for t in pair} - known)
         if unknown:
             raise ValueError(f"exclusive names unknown traits {unknown}; known: {', '.join(sorted(known))}")
+        if self.fp8_queries is not None and not (self.fp8_queries.strip() and self.kv_dtypes):
+            raise ValueError(
+                "fp8_queries declares queries cast to an FP8 cache's dtype: it needs the code that casts "
+                f"them (got {self.fp8_queries!r}) and an FP8 cache in kv_dtypes ({sorted(self.kv_dtypes)})"
+            )
 
     @classmethod
     def with_features(cls, *features: str, **fields: Any) -> Capabilities:

@@ -2,7 +2,10 @@
 
 A known issue excuses a failing case only when the library, called directly with the case's inputs
 (outside the backend's glue), is wrong too (harness/checks/known_issues.py). This judges that direct
-output the way the numeric check judges a backend's: the same references, the same budget.
+output the way the numeric check judges a backend's: the same references, the same budget, over the
+inputs the direct call was given. Those are the case's own queries even where the backend declares
+`fp8_queries`: the cast is its glue's, which the confirmation leaves out (a confirmation that casts
+them passes harness/checks/judged_inputs.py's rounded_queries(case, inputs) instead).
 """
 
 from __future__ import annotations

@@ -10,6 +10,7 @@ import torch
 from harness.backends.base import Backend, ContractError, checked_output
 from harness.checks import crossref
 from harness.checks.errormap import error_map
+from harness.checks.judged_inputs import judged_inputs, judged_note
 from harness.checks.known_issues import excuse
 from harness.core.batch import Inputs, build_batch, make_inputs
 from harness.core.case import Case
@@ -89,15 +90,17 @@ def check_case(backend: Backend, case: Case, device: str = "cpu") -> CaseResult:
         return _crash(backend, case, device, e, time.perf_counter() - start)
     with phase("reference"):  # where the backend ran: float64 on the CPU, float32 accumulation on a GPU
         fp8 = case.kv_dtype is not None
-        exact, native, *rounded = references(case, inputs, REFERENCES[fp8], device)
+        judged = judged_inputs(backend, case, inputs)  # the queries as the backend declares it reads them
+        exact, native, *rounded = references(case, judged, REFERENCES[fp8], device)
     vacuous = uninformative(exact.out)
     if vacuous:  # judged by nothing: refused with the reason, as an unsupported case is
         return CaseResult(status="skip", backend=backend.name, device=device, case=case, reason=vacuous)
     with phase("compare"):
         extra = {"ref_rounded_kv": rounded[0].out, "lse_rounded_kv": rounded[0].lse} if fp8 else {}
         verdict = compare(case, result.out, exact.out, native.out, result.lse, exact.lse, native.lse, **extra)
-        if verdict.nonfinite:
+        if verdict.nonfinite:  # the backend runs again on the case's own inputs: `inputs`, not `judged`
             verdict.reason += ": " + nonfinite_cause(backend, case, inputs, device, exact.lse)
+        verdict.reason += judged_note(backend, case)
         status, reason = "pass", verdict.reason
         if not verdict.passed:
             excused, reason = excuse(backend.name, case, verdict.reason, device)
@@ -116,7 +119,7 @@ def check_case(backend: Backend, case: Case, device: str = "cpu") -> CaseResult:
             res.error_map = error_map(case, result.out, exact.out, verdict.budget)
     if device == "cpu" and crossref.hf_available():  # the two references must agree on every CPU case
         with phase("crossref"):
-            disagree = crossref.disagreement(case, inputs, exact.out)
+            disagree = crossref.disagreement(case, judged, exact.out)
         if disagree:
             res.status, res.reason = "fail", f"{disagree}; backend: {res.reason}"
     return res

@@ -9,10 +9,11 @@ dummy batch; then, per batch, pads it to the smallest captured size that holds i
 left), lets `replay_metadata` write its metadata into the same buffers, and replays.
 
 `replay_result` judges each replay's real rows against the references with the numeric check's
-compare() and budgets, and, when the case is deterministic, bitwise against the same adapter's eager
-`run()` on that batch. As in the numeric check, a sequence with a batch whose exact reference no
-output could fail (`uninformative`: constant or not finite) is refused before capture, never passed.
-A failure names the replay index, the sequence of sizes and the repro; a
+compare() and budgets (over the queries as the backend declares it reads them:
+harness/checks/judged_inputs.py), and, when the case is deterministic, bitwise against the same
+adapter's eager `run()` on that batch. As in the numeric check, a sequence with a batch whose exact
+reference no output could fail (`uninformative`: constant or not finite) is refused before capture,
+never passed. A failure names the replay index, the sequence of sizes and the repro; a
 failure or crash a known library issue of the graph path reaches is `xfail` on its versions
 (harness/checks/known_issues.py).
 """
@@ -29,6 +30,7 @@ import torch
 from harness.backends.base import Backend
 from harness.backends.graph_glue import GraphGlue, GraphLimits, StaticInputs, capture_sizes, padded_size
 from harness.backends.graphs import GraphFactory
+from harness.checks.judged_inputs import judged_inputs, judged_note
 from harness.checks.known_issues import excuse
 from harness.checks.numeric import REFERENCES
 from harness.core.batch import Batch, Inputs, build_batch, make_inputs
@@ -160,7 +162,10 @@ def replay_result(backend: Backend, g: GraphCase, device: str = "cpu") -> CaseRe
     assert isinstance(backend, GraphGlue)
     report = _Report(backend=backend, g=g, device=device, extra=extra)
     inputs = [make_inputs(c, device) for c in g.batches]
-    refs = [references(c, i, REFERENCES[c.kv_dtype is not None], device) for c, i in zip(g.batches, inputs)]
+    refs = [
+        references(c, judged_inputs(backend, c, i), REFERENCES[c.kv_dtype is not None], device)
+        for c, i in zip(g.batches, inputs)
+    ]
     for at, (exact, *_) in enumerate(refs):
         vacuous = uninformative(exact.out)
         if vacuous:  # judged by nothing: refused with the reason, as the numeric check refuses it
@@ -229,6 +234,7 @@ def _replay_one(
     exact, native, *rounded = refs
     more = {"ref_rounded_kv": rounded[0].out} if rounded else {}
     verdict = compare(case, out, exact.out, native.out, None, None, None, **more)
+    verdict.reason += judged_note(backend, case)
     if not verdict.passed:
         res = report.result(at, "fail", f"at captured size {bs}: {verdict.reason}")
         res.verdict = verdict

@@ -6,7 +6,9 @@ where ref is the exact reference, err_same_precision is the distance of the same
 computed in the case dtype, and noise is twice the rounding of one add in that dtype at the
 output's magnitude. With an FP8 KV cache err_same_precision also counts what dequantizing its values
 into the case dtype alone does (the exact reference over them rounded to it: docs/design.md, "The
-tolerance rule"). The budget is capped at a quarter of the reference's range (max - min): wider,
+tolerance rule"); for a backend that casts its queries to that cache's dtype (`fp8_queries`) every
+reference is computed over the queries rounded so (harness/checks/judged_inputs.py), the rule
+unchanged. The budget is capped at a quarter of the reference's range (max - min): wider,
 it would pass outputs that carry no information (any constant output is off by half the range).
 NaN or Inf in the output fails outright; harness/checks/numeric.py finds out where it came from.
 """

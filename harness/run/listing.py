@@ -27,6 +27,8 @@ def describe_backend(name: str) -> tuple[list[str], bool]:
     )
     fp8 = ", ".join(sorted(c.kv_dtypes)) or "-"
     lines.append(f"  features: {', '.join(feats) or '-'}; FP8 KV caches: {fp8}")
+    if c.fp8_queries:
+        lines.append(f"  FP8 queries: cast to the cache's dtype, judged over them so: {c.fp8_queries}")
     graph = ", ".join(sorted(str(m) for m in c.graph_modes))
     lines.append(f"  CUDA graph: {graph}" if graph else f"  CUDA graph: none: {c.graph_reason()}")
     broken = False

@@ -6,7 +6,8 @@ decode and extend over a page table of the pool's pages, a sliding window (`wind
 (layer.sliding_window_size, 0)`, both ends inclusive: W + 1 keys, the harness's count), the layer's
 soft cap (`softcap=layer.logit_cap`), sinks (forward's `sinks`, handed to the kernel), cross layers
 (the encoder's pages, is_encoder_decoder), encoder-only layers (causal False) and an FP8 E4M3 cache
-(the query cast to the cache dtype, k_descale / v_descale from the layer's scales), TARGET_VERIFY
+(the query cast to the cache dtype, k_descale / v_descale from the layer's scales: declared
+`fp8_queries`, so its output is judged over the queries rounded so), TARGET_VERIFY
 (a chain, topk 1: a causal pass over seq_lens + draft_token_num keys; a tree, topk > 1: a cascade of a
 pass over the cached keys and one over each draft's ancestors, taken from the EagleVerifyInput's custom
 mask) and DRAFT_EXTEND_V2 (an extend over the bumped seq_lens). Under a CUDA graph
@@ -46,6 +47,9 @@ FA3 = Capabilities.with_features(
     head_dims=frozenset({64, 96, 128, 192, 256}),
     page_sizes=frozenset(PAGE_SIZES),
     kv_dtypes=frozenset({"float8_e4m3fn"}),
+    fp8_queries="FlashAttentionBackend.forward_extend and forward_decode cast the queries to the cache's "
+    "dtype with no query scale, `q = q.to(self.kv_cache_dtype)`, passing only k_descale / v_descale "
+    "(flashattention_backend.py, 0.5.17)",
     exclusive=frozenset({("window", "ENCODER_ONLY"), ("window", "tree"), ("sinks", "tree")}),
     # FlashAttentionBackend._init_full_cg_decode_metadata's modes (0.5.17)
     graph_modes=frozenset({Mode.DECODE, Mode.TARGET_VERIFY, Mode.DRAFT_EXTEND_V2}),
