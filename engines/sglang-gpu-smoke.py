@@ -19,9 +19,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout's harness first
 
-from harness.api import BackendBroken, Case, Request, check_case, load  # noqa: E402 - after the path
+from harness.api import Case, Request, check_case  # noqa: E402 - after the path
 from harness.checks.replay import replay_result  # noqa: E402
 from harness.core.graph_case import GraphCase  # noqa: E402
+from harness.tools.engine_smoke import ready_adapter  # noqa: E402
 
 ADAPTERS = ("sglang_flashinfer", "sglang_fa3")
 CASES = {
@@ -80,18 +81,9 @@ def smoke_graphs(backend) -> bool:  # noqa: ANN001 - a harness Backend
 
 def smoke(name: str) -> bool:
     """Build the adapter and run each case; print what happened; True when everything passed."""
-    print(f"== {name}", flush=True)
-    try:
-        backend = load(name)
-        why = backend.available("cuda")
-    except BackendBroken as e:
-        print(f"   broken: {e}")
-        traceback.print_exc()
+    backend = ready_adapter(name, "cuda")
+    if backend is None:
         return False
-    if why is not None:
-        print(f"   unavailable: {why}")
-        return False
-    print(f"   {backend.library} {backend.release()} ({backend.supported.status(backend.release() or '')})")
     ok = True
     for label, case in CASES.items():
         try:

@@ -21,12 +21,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout's harness first
 
-from harness.api import BackendBroken, Case, Request, check_case, load  # noqa: E402 - after the path
+from harness.api import Case, Request, check_case  # noqa: E402 - after the path
 from harness.checks.numeric import REFERENCES  # noqa: E402
 from harness.checks.replay import GraphRunner, limits_of, replay_result  # noqa: E402
 from harness.core.batch import build_batch, make_inputs  # noqa: E402
 from harness.core.compare import compare  # noqa: E402
 from harness.core.graph_case import GraphCase  # noqa: E402
+from harness.tools.engine_smoke import ready_adapter  # noqa: E402
 from references.torch_ref import references  # noqa: E402
 
 ADAPTERS = ("vllm_flash_attn", "vllm_flashinfer")
@@ -163,22 +164,10 @@ def graph(backend: object, label: str, g: GraphCase) -> bool:
 
 def smoke(name: str) -> bool:
     """Build the adapter, run each eager case and each graph sequence; True when everything passed."""
-    print(f"== {name}", flush=True)
-    try:
-        backend = load(name)
-        why = backend.available(DEVICE)
-    except BackendBroken as e:
-        print(f"   broken: {e}")
-        traceback.print_exc()
+    backend = ready_adapter(name, DEVICE)
+    if backend is None:
         return False
-    if why is not None:
-        print(f"   unavailable: {why}")
-        return False
-    caps = backend.capabilities
-    print(
-        f"   {backend.library} {backend.release()} ({backend.supported.status(backend.release() or '')}); "
-        f"graph modes {', '.join(sorted(map(str, caps.graph_modes)))}"
-    )
+    print(f"   graph modes {', '.join(sorted(map(str, backend.capabilities.graph_modes)))}")
     results = [eager(backend, label, case) for label, case in EAGER.items()]
     results += [graph(backend, label, g) for label, g in GRAPHS.items()]
     return all(results)
