@@ -211,23 +211,25 @@ def test_on_a_gpu_the_cuda_adapters_name_the_absent_distribution(cls, monkeypatc
     why = cls().available("cuda")
     assert why is not None and "\n" not in why, why
     if SGLANG_RELEASE is None:
-        assert why.startswith("sglang is not installed here (supported: sglang>=0.5.17,<0.5.18"), why
+        assert why.startswith("sglang is not installed here (supported: sglang>=0.5.17,<0.5.24"), why
     else:
         assert why.startswith("sglang-kernel (sglang's CUDA kernels, sgl_kernel) is not installed here"), why
 
 
 def test_the_cuda_adapters_refuse_other_releases_in_one_line(monkeypatch):
     monkeypatch.setattr("harness.backends.base.Backend.available", lambda self, device: None)
-    monkeypatch.setattr(Engine, "release", lambda self: "0.5.23")
+    monkeypatch.setattr(Engine, "release", lambda self: "0.5.24")
     monkeypatch.setattr("harness.backends.engines.base.distribution_version", lambda name: "1.0")
     for cls in GPU_ADAPTERS:
         assert cls.engine is SGLANG_GPU and cls().library == "sglang"
         with pytest.raises(BackendBroken) as e:
             cls().available("cuda")
         message = str(e.value)
-        assert "\n" not in message and message.startswith("sglang 0.5.23 is installed"), message
-        assert "kv_index_translator" in message
-    assert SGLANG_GPU.supported.contains("0.5.17") and not SGLANG_GPU.supported.contains("0.5.16")
+        assert "\n" not in message and message.startswith("sglang 0.5.24 is installed"), message
+        assert "0.5.24 and newer are not read yet" in message
+    releases = [f"0.5.{minor}" for minor in range(17, 24)]
+    assert all(SGLANG_GPU.supported.contains(r) for r in releases), SGLANG_GPU.supported.spec
+    assert not SGLANG_GPU.supported.contains("0.5.16") and not SGLANG_GPU.supported.contains("0.5.24")
 
 
 def test_one_rank_topology_sets_every_size_to_one_and_every_rank_to_zero():
@@ -245,7 +247,7 @@ def test_the_model_runner_stand_in_carries_what_0_5_17_reads(cls, monkeypatch):
 @needs_sglang
 def test_the_stand_in_carries_the_installed_releases_reads_exactly_where_it_is_in_range(monkeypatch):
     """Parsed from the installed sglang: in SGLANG_GPU's range the stand-in carries every read of both
-    backends; outside it (CI's 0.5.23) some read is missing, which is why that release is refused."""
+    backends (run it with each release's source first on PYTHONPATH); outside it some read is missing."""
     reads = set()
     for module in (SglangFlashInfer.engine_backend, SglangFA3.engine_backend):
         reads |= model_runner_reads(sglang_source(module.partition(":")[0]))
@@ -419,14 +421,13 @@ def test_fa3_verifies_chains_with_a_window_sinks_or_fp8():
         assert SglangFA3().supports(verify_case(CHAIN, **fields)) is None, fields
 
 
-# sglang 0.5.17's FlashAttentionBackend plans on a CPU: its module imports sgl_kernel, whose CUDA
-# library does not load here, so the kernel entry points are replaced by ones that raise;
-# init_forward_metadata calls none of them (get_scheduler_metadata: None, as when it is absent).
+# sglang's FlashAttentionBackend plans on a CPU: its module imports sgl_kernel, whose CUDA library does
+# not load here, so the kernel entry points are replaced by ones that raise; init_forward_metadata calls
+# none of them (get_scheduler_metadata: None, as when it is absent).
 INSTALLED = "sglang is not installed" if SGLANG_RELEASE is None else f"sglang {SGLANG_RELEASE} is installed"
-needs_sglang_0_5_17 = pytest.mark.skipif(
+needs_cuda_adapters_release = pytest.mark.skipif(
     SGLANG_RELEASE is None or not SGLANG_GPU.supported.contains(SGLANG_RELEASE),
-    reason=f"{INSTALLED} here, not the CUDA adapters' 0.5.17 (unpack its wheel first on PYTHONPATH "
-    "to run this)",
+    reason=f"{INSTALLED} here, not one in the CUDA adapters' range {SGLANG_GPU.supported.spec}",
 )
 
 
@@ -465,7 +466,7 @@ def fa3_planned(case: Case, monkeypatch):
     return batch, backend
 
 
-@needs_sglang_0_5_17
+@needs_cuda_adapters_release
 def test_fa3_plans_a_verify_chain_over_the_prefix_and_the_drafts(monkeypatch):
     batch, backend = fa3_planned(verify_case(CHAIN), monkeypatch)
     m = backend.forward_metadata
@@ -476,7 +477,7 @@ def test_fa3_plans_a_verify_chain_over_the_prefix_and_the_drafts(monkeypatch):
     assert torch.equal(m.page_table[:, : pages.shape[1]].long(), pages.long())
 
 
-@needs_sglang_0_5_17
+@needs_cuda_adapters_release
 @pytest.mark.parametrize("tree", [TREE, FOREST])
 def test_fa3_plans_a_verify_tree_from_the_custom_mask(tree, monkeypatch):
     """The cascade's first pass reads the cached keys; its second, per draft, the slots of the draft's
@@ -497,7 +498,7 @@ def test_fa3_plans_a_verify_tree_from_the_custom_mask(tree, monkeypatch):
     assert got == want_slots
 
 
-@needs_sglang_0_5_17
+@needs_cuda_adapters_release
 def test_fa3_plans_a_draft_extend_over_the_bumped_seq_lens(monkeypatch):
     case = Case(mode="DRAFT_EXTEND_V2", requests=(Request(9, 3), Request(3, 3)), page_size=16)
     batch, backend = fa3_planned(case, monkeypatch)
@@ -594,7 +595,7 @@ def test_a_windowed_graph_test_skips_where_no_windowed_case_can_be_drawn(cls, fa
     assert graph_suite.window_reason(cls(), full, FAMILY_MODE[family]) is None
 
 
-# Where each CUDA backend's out-of-graph metadata path takes each captured mode (sglang 0.5.17).
+# Where each CUDA backend's out-of-graph metadata path takes each captured mode (sglang 0.5.17 .. 0.5.23).
 GRAPH_SOURCES = {
     SglangFlashInfer: (
         "init_forward_metadata_out_graph",
@@ -616,7 +617,7 @@ def method_source(source: str, name: str) -> str:
     return ast.get_source_segment(source, node) or ""
 
 
-@needs_sglang_0_5_17
+@needs_cuda_adapters_release
 @pytest.mark.parametrize("cls", GPU_ADAPTERS)
 def test_the_declared_graph_modes_are_the_ones_sglangs_graph_metadata_path_takes(cls):
     method, markers = GRAPH_SOURCES[cls]
@@ -625,7 +626,7 @@ def test_the_declared_graph_modes_are_the_ones_sglangs_graph_metadata_path_takes
     assert taken == {str(m) for m in cls.capabilities.graph_modes}
 
 
-@needs_sglang_0_5_17
+@needs_cuda_adapters_release
 @pytest.mark.parametrize("cls", GPU_ADAPTERS)
 def test_the_fill_value_is_the_backends_and_the_harness_pads_with_it(cls):
     """Both backends pad seq_lens with 1 (get_cuda_graph_seq_len_fill_value), the harness's
@@ -635,7 +636,7 @@ def test_the_fill_value_is_the_backends_and_the_harness_pads_with_it(cls):
     assert body.rstrip().endswith(f"return {SEQ_LEN_FILL}")
 
 
-@needs_sglang_0_5_17
+@needs_cuda_adapters_release
 def test_sglangs_pools_are_built_once_over_the_runners_static_pool(monkeypatch):
     """The MHATokenToKVPool's K/V buffers are the static pool's storage (sglang's own set_kv_buffer
     writes into it), the ReqToTokenPool is as wide as every page a request can hold, and
@@ -657,7 +658,7 @@ def test_sglangs_pools_are_built_once_over_the_runners_static_pool(monkeypatch):
     assert runner.state.buffers["seq_lens"].tolist() == [SEQ_LEN_FILL] * 4
 
 
-@needs_sglang_0_5_17
+@needs_cuda_adapters_release
 def test_a_replay_refills_the_persistent_req_to_token_rows(monkeypatch):
     """Each real request's row at its req_pool_indices entry (rows B..1), zero past its table; row 0,
     the padding requests', stays zero."""
@@ -682,8 +683,8 @@ class PagedDecodeBackend:
     by req_pool_indices and seq_lens; its forward writes the step's K/V through the pool's own
     set_kv_buffer at out_cache_loc and attends over the pool's buffers."""
 
-    def __init__(self, r2t, kv):
-        self.r2t, self.kv = r2t, kv
+    def __init__(self, r2t, kv, kv_index_translator):
+        self.r2t, self.kv, self.kv_index_translator = r2t, kv, kv_index_translator
 
     def get_cuda_graph_seq_len_fill_value(self):
         return SEQ_LEN_FILL
@@ -714,7 +715,7 @@ class PagedDecodeBackend:
         return torch.einsum("bhw,bwhd->bhd", scores.softmax(-1), vals).to(q.dtype).reshape(bs, -1)
 
 
-@needs_sglang_0_5_17
+@needs_cuda_adapters_release
 def test_the_graph_path_replays_a_sequence_through_sglangs_pools(monkeypatch):
     """The replay check, on the CPU's emulated graphs, over the adapter's graph path with sglang's own
     pools and a plain-torch backend in place of FA3's kernels: each replay reads this step's K/V from
@@ -723,7 +724,11 @@ def test_the_graph_path_replays_a_sequence_through_sglangs_pools(monkeypatch):
     kernel_stand_ins(monkeypatch)
     adapter = SglangFA3()
     monkeypatch.setattr(adapter, "available", lambda device: None)
-    monkeypatch.setattr(adapter, "attention_backend", lambda batch, r2t, kv: PagedDecodeBackend(r2t, kv))
+    def backend(batch, r2t, kv):
+        runner = adapter.model_runner(batch, r2t, kv)  # its KVIndexTranslator where the release has one
+        return PagedDecodeBackend(r2t, kv, getattr(runner, "kv_index_translator", None))
+
+    monkeypatch.setattr(adapter, "attention_backend", backend)
     monkeypatch.setattr(adapter, "serving_context", lambda batch: contextlib.nullcontext())
 
     def batch(prefixes, seed):
