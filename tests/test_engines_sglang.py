@@ -16,6 +16,7 @@ from types import ModuleType, SimpleNamespace
 
 import pytest
 import torch
+from packaging.version import Version
 
 from harness.backends import BackendBroken, names
 from harness.backends.engines.base import Engine, EngineAdapter
@@ -24,7 +25,13 @@ from harness.backends.engines.sglang.engine import SGLANG
 from harness.backends.engines.sglang.fa3 import SglangFA3
 from harness.backends.engines.sglang.flashinfer import SglangFlashInfer
 from harness.backends.engines.sglang.flex import SglangFlex
-from harness.backends.engines.sglang.gpu import SGLANG_GPU, one_rank_topology
+from harness.backends.engines.sglang.gpu import (
+    KV_LOC_PLAN_FROM,
+    RUNNER_READS_FROM,
+    SGLANG_GPU,
+    one_rank_topology,
+    sglang_from,
+)
 from harness.backends.engines.sglang.graph import EngineGraph
 from harness.backends.engines.sglang.torch_native import SglangTorchNative
 from harness.backends.graph_glue import GraphLimits
@@ -45,6 +52,11 @@ ADAPTERS = (SglangTorchNative, SglangFlex)
 GPU_ADAPTERS = (SglangFlashInfer, SglangFA3)
 SGLANG_RELEASE = SGLANG.release()
 needs_sglang = pytest.mark.skipif(SGLANG_RELEASE is None, reason="sglang is not installed here")
+INSTALLED = "sglang is not installed" if SGLANG_RELEASE is None else f"sglang {SGLANG_RELEASE} is installed"
+needs_cuda_adapters_release = pytest.mark.skipif(
+    SGLANG_RELEASE is None or not SGLANG_GPU.supported.contains(SGLANG_RELEASE),
+    reason=f"{INSTALLED} here, not one in the CUDA adapters' range {SGLANG_GPU.supported.spec}",
+)
 SGLANG_MUTANTS = [m for m in catalogue() if m.backend.startswith("sglang_")]
 
 
@@ -259,6 +271,38 @@ def test_the_stand_in_carries_the_installed_releases_reads_exactly_where_it_is_i
 
 
 @needs_sglang
+def test_each_later_read_is_carried_from_a_release_no_later_than_one_that_reads_it():
+    """RUNNER_READS_FROM, checked against the installed release's code: every attribute of it the
+    installed backends read has a first release at or before the installed one (run with each
+    release's source first on PYTHONPATH)."""
+    reads = set()
+    for module in (SglangFlashInfer.engine_backend, SglangFA3.engine_backend):
+        reads |= model_runner_reads(sglang_source(module.partition(":")[0]))
+    installed = Version(SGLANG_RELEASE)
+    late = {n: r for n, r in RUNNER_READS_FROM.items() if n in reads and Version(r) > installed}
+    assert late == {}, f"sglang {SGLANG_RELEASE} reads {late} before the stand-in carries them"
+
+
+@needs_cuda_adapters_release
+def test_the_model_runner_stand_in_carries_each_later_read_from_its_release_on(monkeypatch):
+    """The installed release chooses what the stand-in carries beyond 0.5.17's reads (shown here for
+    every range release up to the installed one, whose sglang modules the later reads need)."""
+    releases = [f"0.5.{minor}" for minor in range(17, 24)]
+    for release in [r for r in releases if Version(r) <= Version(SGLANG_RELEASE)]:
+        monkeypatch.setattr(Engine, "release", lambda self, release=release: release)
+        runner = stand_in_runner(SglangFA3, monkeypatch)
+        carried = {name for name in RUNNER_READS_FROM if hasattr(runner, name)}
+        want = {name for name, first in RUNNER_READS_FROM.items() if Version(first) <= Version(release)}
+        assert carried == want, release
+        if "kv_index_translator" in carried:
+            translator = runner.kv_index_translator
+            assert type(translator).__name__ == "KVIndexTranslator" and not translator.is_translating
+            assert translator.req_to_token is runner.req_to_token_pool.req_to_token
+        if "decode_attention_backend_str" in carried:
+            assert runner.prefill_attention_backend_str == runner.decode_attention_backend_str == "fa3"
+
+
+@needs_sglang
 def test_the_model_runner_stand_in_follows_the_case(monkeypatch):
     runner = stand_in_runner(SglangFA3, monkeypatch, window_left=5, soft_cap=30.0, kv_dtype="float8_e4m3fn")
     assert runner.sliding_window_size == 5 and runner.kv_cache_dtype_str == "fp8_e4m3"
@@ -424,11 +468,6 @@ def test_fa3_verifies_chains_with_a_window_sinks_or_fp8():
 # sglang's FlashAttentionBackend plans on a CPU: its module imports sgl_kernel, whose CUDA library does
 # not load here, so the kernel entry points are replaced by ones that raise; init_forward_metadata calls
 # none of them (get_scheduler_metadata: None, as when it is absent).
-INSTALLED = "sglang is not installed" if SGLANG_RELEASE is None else f"sglang {SGLANG_RELEASE} is installed"
-needs_cuda_adapters_release = pytest.mark.skipif(
-    SGLANG_RELEASE is None or not SGLANG_GPU.supported.contains(SGLANG_RELEASE),
-    reason=f"{INSTALLED} here, not one in the CUDA adapters' range {SGLANG_GPU.supported.spec}",
-)
 
 
 def kernel_stand_ins(monkeypatch) -> None:
@@ -496,6 +535,33 @@ def test_fa3_plans_a_verify_tree_from_the_custom_mask(tree, monkeypatch):
     assert expand.cache_seqlens_int32.tolist() == want_lens
     got = [expand.page_table[j, :n].tolist() for j, n in enumerate(want_lens)]
     assert got == want_slots
+
+
+@needs_cuda_adapters_release
+@pytest.mark.parametrize("tree", [CHAIN, TREE])
+def test_the_verify_forward_batch_carries_eagle_and_the_releases_kv_location_plan(tree, monkeypatch):
+    """The ForwardBatch the backend plans and attends with: EAGLE as its spec_algorithm (the verify
+    cascade asks it is_uno() from 0.5.20) and, from 0.5.22, the plan ForwardBatch.init_new binds,
+    over the batch's own rows, lengths and write slots."""
+    kernel_stand_ins(monkeypatch)
+    case = verify_case(tree)
+    batch = build_batch(case, make_inputs(case), "cpu")
+    adapter = SglangFA3()
+    with adapter.serving_context(batch):
+        rows = adapter.req_pool_indices(batch)
+        r2t, kv = adapter.req_to_token_pool(batch, rows), adapter.token_to_kv_pool(batch)
+        backend = adapter.attention_backend(batch, r2t, kv)
+        fb = adapter.forward_batch(batch, rows)
+        adapter.bind_forward_batch(backend, fb)
+        backend.init_forward_metadata(fb)
+    assert fb.spec_algorithm.is_eagle() and not fb.spec_algorithm.is_uno()
+    if sglang_from(KV_LOC_PLAN_FROM):
+        plan = fb.kv_loc_plan
+        assert plan is not None and torch.equal(plan.req_pool_indices, rows)
+        assert plan.seq_lens.tolist() == batch.cpu_list("seq_lens") and plan.read_extent == len(tree)
+        assert fb.out_cache_loc.tolist() == batch.out_cache_loc.tolist()
+    else:
+        assert getattr(fb, "kv_loc_plan", None) is None
 
 
 @needs_cuda_adapters_release
@@ -685,6 +751,7 @@ class PagedDecodeBackend:
 
     def __init__(self, r2t, kv, kv_index_translator):
         self.r2t, self.kv, self.kv_index_translator = r2t, kv, kv_index_translator
+        self.plans = []  # the kv_loc_plan of each batch planned out of the graph
 
     def get_cuda_graph_seq_len_fill_value(self):
         return SEQ_LEN_FILL
@@ -695,6 +762,7 @@ class PagedDecodeBackend:
         self.keep = torch.zeros(max_bs, width, dtype=torch.bool)
 
     def init_forward_metadata_out_graph(self, fb, in_capture=False):
+        self.plans.append(getattr(fb, "kv_loc_plan", None))
         bs, width = fb.batch_size, self.slots.shape[1]
         self.slots[:bs] = self.r2t.req_to_token[fb.req_pool_indices[:bs]].long()
         self.keep[:bs] = torch.arange(width) < fb.seq_lens[:bs, None]
@@ -724,9 +792,13 @@ def test_the_graph_path_replays_a_sequence_through_sglangs_pools(monkeypatch):
     kernel_stand_ins(monkeypatch)
     adapter = SglangFA3()
     monkeypatch.setattr(adapter, "available", lambda device: None)
+
+    built = []
+
     def backend(batch, r2t, kv):
         runner = adapter.model_runner(batch, r2t, kv)  # its KVIndexTranslator where the release has one
-        return PagedDecodeBackend(r2t, kv, getattr(runner, "kv_index_translator", None))
+        built.append(PagedDecodeBackend(r2t, kv, getattr(runner, "kv_index_translator", None)))
+        return built[-1]
 
     monkeypatch.setattr(adapter, "attention_backend", backend)
     monkeypatch.setattr(adapter, "serving_context", lambda batch: contextlib.nullcontext())
@@ -737,6 +809,8 @@ def test_the_graph_path_replays_a_sequence_through_sglangs_pools(monkeypatch):
     g = GraphCase((batch((37, 5, 20), 0), batch((9,), 1), batch((50, 2), 2)), max_batch=3, max_kv=96)
     result = replay_result(adapter, g, "cpu")
     assert result.status == "pass", result.reason
+    plans = [plan for b in built for plan in b.plans]  # captures, then replays
+    assert plans and all((plan is not None) == sglang_from(KV_LOC_PLAN_FROM) for plan in plans), plans
 
 
 def test_the_graph_suite_skips_flashinfers_windowed_verify_and_draft_extend(monkeypatch):

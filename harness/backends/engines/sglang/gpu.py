@@ -72,6 +72,7 @@ def sglang_from(release: str) -> bool:
     installed = SGLANG_GPU.release()
     return installed is not None and Version(installed) >= Version(release)
 
+
 # sglang's modules the CUDA adapters use beyond engine.MODULES, by short name.
 GPU_MODULES = {
     "context": "sglang.srt.runtime_context",
