@@ -554,7 +554,7 @@ def test_the_verify_forward_batch_carries_eagle_and_the_releases_kv_location_pla
         fb = adapter.forward_batch(batch, rows)
         adapter.bind_forward_batch(backend, fb)
         backend.init_forward_metadata(fb)
-    assert fb.spec_algorithm.is_eagle() and not fb.spec_algorithm.is_uno()
+    assert fb.spec_algorithm.is_eagle()
     if sglang_from(KV_LOC_PLAN_FROM):
         plan = fb.kv_loc_plan
         assert plan is not None and torch.equal(plan.req_pool_indices, rows)
