@@ -1,5 +1,6 @@
 """The CUDA-graph path of the CUDA sglang adapters: sglang's own capture and replay metadata path, driven
-as its graph runners drive it (sglang 0.5.17).
+as its graph runners drive it (sglang 0.5.17; the same methods through 0.5.23, where the runners also
+bind a KV location plan from 0.5.22: `bind_replay_plan`).
 
 sglang 0.5.17's AttentionBackend has three metadata methods (base_attn_backend.py); the legacy
 `init_forward_metadata_capture_cuda_graph` / `..._replay_cuda_graph` are gone. Its runners
