@@ -16,6 +16,7 @@ from types import ModuleType, SimpleNamespace
 
 import pytest
 import torch
+from packaging.version import Version
 
 from harness.backends import BackendBroken, names
 from harness.backends.engines.base import Engine, EngineAdapter
@@ -24,7 +25,13 @@ from harness.backends.engines.sglang.engine import SGLANG
 from harness.backends.engines.sglang.fa3 import SglangFA3
 from harness.backends.engines.sglang.flashinfer import SglangFlashInfer
 from harness.backends.engines.sglang.flex import SglangFlex
-from harness.backends.engines.sglang.gpu import SGLANG_GPU, one_rank_topology
+from harness.backends.engines.sglang.gpu import (
+    KV_LOC_PLAN_FROM,
+    RUNNER_READS_FROM,
+    SGLANG_GPU,
+    one_rank_topology,
+    sglang_from,
+)
 from harness.backends.engines.sglang.graph import EngineGraph
 from harness.backends.engines.sglang.torch_native import SglangTorchNative
 from harness.backends.graph_glue import GraphLimits
@@ -45,6 +52,11 @@ ADAPTERS = (SglangTorchNative, SglangFlex)
 GPU_ADAPTERS = (SglangFlashInfer, SglangFA3)
 SGLANG_RELEASE = SGLANG.release()
 needs_sglang = pytest.mark.skipif(SGLANG_RELEASE is None, reason="sglang is not installed here")
+INSTALLED = "sglang is not installed" if SGLANG_RELEASE is None else f"sglang {SGLANG_RELEASE} is installed"
+needs_cuda_adapters_release = pytest.mark.skipif(
+    SGLANG_RELEASE is None or not SGLANG_GPU.supported.contains(SGLANG_RELEASE),
+    reason=f"{INSTALLED} here, not one in the CUDA adapters' range {SGLANG_GPU.supported.spec}",
+)
 SGLANG_MUTANTS = [m for m in catalogue() if m.backend.startswith("sglang_")]
 
 
@@ -211,23 +223,25 @@ def test_on_a_gpu_the_cuda_adapters_name_the_absent_distribution(cls, monkeypatc
     why = cls().available("cuda")
     assert why is not None and "\n" not in why, why
     if SGLANG_RELEASE is None:
-        assert why.startswith("sglang is not installed here (supported: sglang>=0.5.17,<0.5.18"), why
+        assert why.startswith("sglang is not installed here (supported: sglang>=0.5.17,<0.5.24"), why
     else:
         assert why.startswith("sglang-kernel (sglang's CUDA kernels, sgl_kernel) is not installed here"), why
 
 
 def test_the_cuda_adapters_refuse_other_releases_in_one_line(monkeypatch):
     monkeypatch.setattr("harness.backends.base.Backend.available", lambda self, device: None)
-    monkeypatch.setattr(Engine, "release", lambda self: "0.5.23")
+    monkeypatch.setattr(Engine, "release", lambda self: "0.5.24")
     monkeypatch.setattr("harness.backends.engines.base.distribution_version", lambda name: "1.0")
     for cls in GPU_ADAPTERS:
         assert cls.engine is SGLANG_GPU and cls().library == "sglang"
         with pytest.raises(BackendBroken) as e:
             cls().available("cuda")
         message = str(e.value)
-        assert "\n" not in message and message.startswith("sglang 0.5.23 is installed"), message
-        assert "kv_index_translator" in message
-    assert SGLANG_GPU.supported.contains("0.5.17") and not SGLANG_GPU.supported.contains("0.5.16")
+        assert "\n" not in message and message.startswith("sglang 0.5.24 is installed"), message
+        assert "0.5.24 and newer are not read yet" in message
+    releases = [f"0.5.{minor}" for minor in range(17, 24)]
+    assert all(SGLANG_GPU.supported.contains(r) for r in releases), SGLANG_GPU.supported.spec
+    assert not SGLANG_GPU.supported.contains("0.5.16") and not SGLANG_GPU.supported.contains("0.5.24")
 
 
 def test_one_rank_topology_sets_every_size_to_one_and_every_rank_to_zero():
@@ -245,7 +259,7 @@ def test_the_model_runner_stand_in_carries_what_0_5_17_reads(cls, monkeypatch):
 @needs_sglang
 def test_the_stand_in_carries_the_installed_releases_reads_exactly_where_it_is_in_range(monkeypatch):
     """Parsed from the installed sglang: in SGLANG_GPU's range the stand-in carries every read of both
-    backends; outside it (CI's 0.5.23) some read is missing, which is why that release is refused."""
+    backends (run it with each release's source first on PYTHONPATH); outside it some read is missing."""
     reads = set()
     for module in (SglangFlashInfer.engine_backend, SglangFA3.engine_backend):
         reads |= model_runner_reads(sglang_source(module.partition(":")[0]))
@@ -254,6 +268,38 @@ def test_the_stand_in_carries_the_installed_releases_reads_exactly_where_it_is_i
     missing = missing_reads(stand_in_runner(SglangFlashInfer, monkeypatch), reads)
     in_range = SGLANG_GPU.supported.contains(SGLANG_RELEASE)
     assert (missing == []) == in_range, f"sglang {SGLANG_RELEASE}, in range {in_range}, missing {missing}"
+
+
+@needs_sglang
+def test_each_later_read_is_carried_from_a_release_no_later_than_one_that_reads_it():
+    """RUNNER_READS_FROM, checked against the installed release's code: every attribute of it the
+    installed backends read has a first release at or before the installed one (run with each
+    release's source first on PYTHONPATH)."""
+    reads = set()
+    for module in (SglangFlashInfer.engine_backend, SglangFA3.engine_backend):
+        reads |= model_runner_reads(sglang_source(module.partition(":")[0]))
+    installed = Version(SGLANG_RELEASE)
+    late = {n: r for n, r in RUNNER_READS_FROM.items() if n in reads and Version(r) > installed}
+    assert late == {}, f"sglang {SGLANG_RELEASE} reads {late} before the stand-in carries them"
+
+
+@needs_cuda_adapters_release
+def test_the_model_runner_stand_in_carries_each_later_read_from_its_release_on(monkeypatch):
+    """The installed release chooses what the stand-in carries beyond 0.5.17's reads (shown here for
+    every range release up to the installed one, whose sglang modules the later reads need)."""
+    releases = [f"0.5.{minor}" for minor in range(17, 24)]
+    for release in [r for r in releases if Version(r) <= Version(SGLANG_RELEASE)]:
+        monkeypatch.setattr(Engine, "release", lambda self, release=release: release)
+        runner = stand_in_runner(SglangFA3, monkeypatch)
+        carried = {name for name in RUNNER_READS_FROM if hasattr(runner, name)}
+        want = {name for name, first in RUNNER_READS_FROM.items() if Version(first) <= Version(release)}
+        assert carried == want, release
+        if "kv_index_translator" in carried:
+            translator = runner.kv_index_translator
+            assert type(translator).__name__ == "KVIndexTranslator" and not translator.is_translating
+            assert translator.req_to_token is runner.req_to_token_pool.req_to_token
+        if "decode_attention_backend_str" in carried:
+            assert runner.prefill_attention_backend_str == runner.decode_attention_backend_str == "fa3"
 
 
 @needs_sglang
@@ -419,15 +465,9 @@ def test_fa3_verifies_chains_with_a_window_sinks_or_fp8():
         assert SglangFA3().supports(verify_case(CHAIN, **fields)) is None, fields
 
 
-# sglang 0.5.17's FlashAttentionBackend plans on a CPU: its module imports sgl_kernel, whose CUDA
-# library does not load here, so the kernel entry points are replaced by ones that raise;
-# init_forward_metadata calls none of them (get_scheduler_metadata: None, as when it is absent).
-INSTALLED = "sglang is not installed" if SGLANG_RELEASE is None else f"sglang {SGLANG_RELEASE} is installed"
-needs_sglang_0_5_17 = pytest.mark.skipif(
-    SGLANG_RELEASE is None or not SGLANG_GPU.supported.contains(SGLANG_RELEASE),
-    reason=f"{INSTALLED} here, not the CUDA adapters' 0.5.17 (unpack its wheel first on PYTHONPATH "
-    "to run this)",
-)
+# sglang's FlashAttentionBackend plans on a CPU: its module imports sgl_kernel, whose CUDA library does
+# not load here, so the kernel entry points are replaced by ones that raise; init_forward_metadata calls
+# none of them (get_scheduler_metadata: None, as when it is absent).
 
 
 def kernel_stand_ins(monkeypatch) -> None:
@@ -465,13 +505,14 @@ def fa3_planned(case: Case, monkeypatch):
     return batch, backend
 
 
-@needs_sglang_0_5_17
+@needs_cuda_adapters_release
 def test_fa3_plans_cross_attention_in_token_slots_where_it_reads_pages(monkeypatch):
-    """sglang 0.5.17's own finding, pinned: on pages of 16, FlashAttentionBackend.init_forward_metadata
-    gives FA3 the encoder's page table as req_to_token's token slots (never `// page_size`, as its
-    self-attention table is) and starts each request's text table at column encoder_len, mid-page
-    unless encoder_len is a multiple of the page size. On an H200 the CROSS cases then failed (err up
-    to 4e37, docs/engines.md); when sglang converts them this test fails and the docs change."""
+    """sglang's own finding (0.5.17 and 0.5.23 alike), pinned: on pages of 16,
+    FlashAttentionBackend.init_forward_metadata gives FA3 the encoder's page table as req_to_token's
+    token slots (never `// page_size`, as its self-attention table is) and starts each request's text
+    table at column encoder_len, mid-page unless encoder_len is a multiple of the page size. On an
+    H200 the CROSS cases then failed (err up to 4e37, docs/engines.md); when sglang converts them this
+    test fails and the docs change."""
     case = Case(mode="CROSS", requests=(Request(0, 1, 1), Request(6, 1, 20)), num_kv_heads=2, head_dim=64)
     batch, backend = fa3_planned(case, monkeypatch)
     m, ps, rows = backend.forward_metadata, case.page_size, batch.req_to_token
@@ -482,7 +523,7 @@ def test_fa3_plans_cross_attention_in_token_slots_where_it_reads_pages(monkeypat
     assert int(m.page_table[1, 0]) == text_first_slot // ps  # ... and FA3 reads that page from slot 0
 
 
-@needs_sglang_0_5_17
+@needs_cuda_adapters_release
 @pytest.mark.parametrize("deterministic,splits", [(True, 1), (False, 0)])
 def test_a_deterministic_case_builds_fa3_under_sglangs_deterministic_inference(
     deterministic, splits, monkeypatch
@@ -496,7 +537,7 @@ def test_a_deterministic_case_builds_fa3_under_sglangs_deterministic_inference(
     assert SglangFA3().server_args(batch).enable_deterministic_inference is deterministic
 
 
-@needs_sglang_0_5_17
+@needs_cuda_adapters_release
 def test_fa3_plans_a_verify_chain_over_the_prefix_and_the_drafts(monkeypatch):
     batch, backend = fa3_planned(verify_case(CHAIN), monkeypatch)
     m = backend.forward_metadata
@@ -507,7 +548,7 @@ def test_fa3_plans_a_verify_chain_over_the_prefix_and_the_drafts(monkeypatch):
     assert torch.equal(m.page_table[:, : pages.shape[1]].long(), pages.long())
 
 
-@needs_sglang_0_5_17
+@needs_cuda_adapters_release
 @pytest.mark.parametrize("tree", [TREE, FOREST])
 def test_fa3_plans_a_verify_tree_from_the_custom_mask(tree, monkeypatch):
     """The cascade's first pass reads the cached keys; its second, per draft, the slots of the draft's
@@ -528,7 +569,34 @@ def test_fa3_plans_a_verify_tree_from_the_custom_mask(tree, monkeypatch):
     assert got == want_slots
 
 
-@needs_sglang_0_5_17
+@needs_cuda_adapters_release
+@pytest.mark.parametrize("tree", [CHAIN, TREE])
+def test_the_verify_forward_batch_carries_eagle_and_the_releases_kv_location_plan(tree, monkeypatch):
+    """The ForwardBatch the backend plans and attends with: EAGLE as its spec_algorithm (the verify
+    cascade asks it is_uno() from 0.5.20) and, from 0.5.22, the plan ForwardBatch.init_new binds,
+    over the batch's own rows, lengths and write slots."""
+    kernel_stand_ins(monkeypatch)
+    case = verify_case(tree)
+    batch = build_batch(case, make_inputs(case), "cpu")
+    adapter = SglangFA3()
+    with adapter.serving_context(batch):
+        rows = adapter.req_pool_indices(batch)
+        r2t, kv = adapter.req_to_token_pool(batch, rows), adapter.token_to_kv_pool(batch)
+        backend = adapter.attention_backend(batch, r2t, kv)
+        fb = adapter.forward_batch(batch, rows)
+        adapter.bind_forward_batch(backend, fb)
+        backend.init_forward_metadata(fb)
+    assert fb.spec_algorithm.is_eagle()
+    if sglang_from(KV_LOC_PLAN_FROM):
+        plan = fb.kv_loc_plan
+        assert plan is not None and torch.equal(plan.req_pool_indices, rows)
+        assert plan.seq_lens.tolist() == batch.cpu_list("seq_lens") and plan.read_extent == len(tree)
+        assert fb.out_cache_loc.tolist() == batch.out_cache_loc.tolist()
+    else:
+        assert getattr(fb, "kv_loc_plan", None) is None
+
+
+@needs_cuda_adapters_release
 def test_fa3_plans_a_draft_extend_over_the_bumped_seq_lens(monkeypatch):
     case = Case(mode="DRAFT_EXTEND_V2", requests=(Request(9, 3), Request(3, 3)), page_size=16)
     batch, backend = fa3_planned(case, monkeypatch)
@@ -625,7 +693,7 @@ def test_a_windowed_graph_test_skips_where_no_windowed_case_can_be_drawn(cls, fa
     assert graph_suite.window_reason(cls(), full, FAMILY_MODE[family]) is None
 
 
-# Where each CUDA backend's out-of-graph metadata path takes each captured mode (sglang 0.5.17).
+# Where each CUDA backend's out-of-graph metadata path takes each captured mode (sglang 0.5.17 .. 0.5.23).
 GRAPH_SOURCES = {
     SglangFlashInfer: (
         "init_forward_metadata_out_graph",
@@ -647,7 +715,7 @@ def method_source(source: str, name: str) -> str:
     return ast.get_source_segment(source, node) or ""
 
 
-@needs_sglang_0_5_17
+@needs_cuda_adapters_release
 @pytest.mark.parametrize("cls", GPU_ADAPTERS)
 def test_the_declared_graph_modes_are_the_ones_sglangs_graph_metadata_path_takes(cls):
     method, markers = GRAPH_SOURCES[cls]
@@ -656,7 +724,7 @@ def test_the_declared_graph_modes_are_the_ones_sglangs_graph_metadata_path_takes
     assert taken == {str(m) for m in cls.capabilities.graph_modes}
 
 
-@needs_sglang_0_5_17
+@needs_cuda_adapters_release
 @pytest.mark.parametrize("cls", GPU_ADAPTERS)
 def test_the_fill_value_is_the_backends_and_the_harness_pads_with_it(cls):
     """Both backends pad seq_lens with 1 (get_cuda_graph_seq_len_fill_value), the harness's
@@ -666,7 +734,7 @@ def test_the_fill_value_is_the_backends_and_the_harness_pads_with_it(cls):
     assert body.rstrip().endswith(f"return {SEQ_LEN_FILL}")
 
 
-@needs_sglang_0_5_17
+@needs_cuda_adapters_release
 def test_sglangs_pools_are_built_once_over_the_runners_static_pool(monkeypatch):
     """The MHATokenToKVPool's K/V buffers are the static pool's storage (sglang's own set_kv_buffer
     writes into it), the ReqToTokenPool is as wide as every page a request can hold, and
@@ -688,7 +756,7 @@ def test_sglangs_pools_are_built_once_over_the_runners_static_pool(monkeypatch):
     assert runner.state.buffers["seq_lens"].tolist() == [SEQ_LEN_FILL] * 4
 
 
-@needs_sglang_0_5_17
+@needs_cuda_adapters_release
 def test_a_replay_refills_the_persistent_req_to_token_rows(monkeypatch):
     """Each real request's row at its req_pool_indices entry (rows B..1), zero past its table; row 0,
     the padding requests', stays zero."""
@@ -713,8 +781,9 @@ class PagedDecodeBackend:
     by req_pool_indices and seq_lens; its forward writes the step's K/V through the pool's own
     set_kv_buffer at out_cache_loc and attends over the pool's buffers."""
 
-    def __init__(self, r2t, kv):
-        self.r2t, self.kv = r2t, kv
+    def __init__(self, r2t, kv, kv_index_translator):
+        self.r2t, self.kv, self.kv_index_translator = r2t, kv, kv_index_translator
+        self.plans = []  # the kv_loc_plan of each batch planned out of the graph
 
     def get_cuda_graph_seq_len_fill_value(self):
         return SEQ_LEN_FILL
@@ -725,6 +794,7 @@ class PagedDecodeBackend:
         self.keep = torch.zeros(max_bs, width, dtype=torch.bool)
 
     def init_forward_metadata_out_graph(self, fb, in_capture=False):
+        self.plans.append(getattr(fb, "kv_loc_plan", None))
         bs, width = fb.batch_size, self.slots.shape[1]
         self.slots[:bs] = self.r2t.req_to_token[fb.req_pool_indices[:bs]].long()
         self.keep[:bs] = torch.arange(width) < fb.seq_lens[:bs, None]
@@ -745,7 +815,7 @@ class PagedDecodeBackend:
         return torch.einsum("bhw,bwhd->bhd", scores.softmax(-1), vals).to(q.dtype).reshape(bs, -1)
 
 
-@needs_sglang_0_5_17
+@needs_cuda_adapters_release
 def test_the_graph_path_replays_a_sequence_through_sglangs_pools(monkeypatch):
     """The replay check, on the CPU's emulated graphs, over the adapter's graph path with sglang's own
     pools and a plain-torch backend in place of FA3's kernels: each replay reads this step's K/V from
@@ -754,7 +824,15 @@ def test_the_graph_path_replays_a_sequence_through_sglangs_pools(monkeypatch):
     kernel_stand_ins(monkeypatch)
     adapter = SglangFA3()
     monkeypatch.setattr(adapter, "available", lambda device: None)
-    monkeypatch.setattr(adapter, "attention_backend", lambda batch, r2t, kv: PagedDecodeBackend(r2t, kv))
+
+    built = []
+
+    def backend(batch, r2t, kv):
+        runner = adapter.model_runner(batch, r2t, kv)  # its KVIndexTranslator where the release has one
+        built.append(PagedDecodeBackend(r2t, kv, getattr(runner, "kv_index_translator", None)))
+        return built[-1]
+
+    monkeypatch.setattr(adapter, "attention_backend", backend)
     monkeypatch.setattr(adapter, "serving_context", lambda batch: contextlib.nullcontext())
 
     def batch(prefixes, seed):
@@ -763,6 +841,8 @@ def test_the_graph_path_replays_a_sequence_through_sglangs_pools(monkeypatch):
     g = GraphCase((batch((37, 5, 20), 0), batch((9,), 1), batch((50, 2), 2)), max_batch=3, max_kv=96)
     result = replay_result(adapter, g, "cpu")
     assert result.status == "pass", result.reason
+    plans = [plan for b in built for plan in b.plans]  # captures, then replays
+    assert plans and all((plan is not None) == sglang_from(KV_LOC_PLAN_FROM) for plan in plans), plans
 
 
 def test_the_graph_suite_skips_flashinfers_windowed_verify_and_draft_extend(monkeypatch):

@@ -237,6 +237,10 @@ class SglangAdapter(EngineAdapter):
         """sglang's backend, constructed over the model runner as sglang's ModelRunner constructs it."""
         return self.backend_class()(self.model_runner(batch, r2t, kv))
 
+    def bind_forward_batch(self, backend: Any, fb: Any) -> None:
+        """What ForwardBatch.init_new gives a batch through the model runner beyond its fields (a KV
+        location plan, in the releases that have one); the CPU backends read none of it."""
+
     def forward_kwargs(self, batch: Batch) -> dict[str, Any]:
         """Keyword arguments of the backend's forward beyond q, k, v, layer and the batch."""
         return {}
@@ -248,6 +252,7 @@ class SglangAdapter(EngineAdapter):
             kv = self.token_to_kv_pool(batch)
             backend = self.attention_backend(batch, r2t, kv)
             fb = self.forward_batch(batch, rows)
+            self.bind_forward_batch(backend, fb)
             layer = self.layer(batch)
             backend.init_forward_metadata(fb)
             k, v = self.new_kv(batch)

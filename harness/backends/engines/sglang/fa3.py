@@ -1,7 +1,8 @@
 """sglang_fa3: sglang's own FlashAttentionBackend with FA3 (sgl_kernel.flash_attn), on a Hopper GPU
 with sglang's CUDA build; elsewhere unavailable with the reason.
 
-What it supports is read from its code (sglang/srt/layers/attention/flashattention_backend.py, 0.5.17):
+What it supports is read from its code (sglang/srt/layers/attention/flashattention_backend.py, 0.5.17,
+read again in each release through 0.5.23, where it holds):
 decode and extend over a page table of the pool's pages, a sliding window (`window_size =
 (layer.sliding_window_size, 0)`, both ends inclusive: W + 1 keys, the harness's count), the layer's
 soft cap (`softcap=layer.logit_cap`), sinks (forward's `sinks`, handed to the kernel), cross layers
@@ -51,7 +52,7 @@ FA3 = Capabilities.with_features(
     "dtype with no query scale, `q = q.to(self.kv_cache_dtype)`, passing only k_descale / v_descale "
     "(flashattention_backend.py, 0.5.17)",
     exclusive=frozenset({("window", "ENCODER_ONLY"), ("window", "tree"), ("sinks", "tree")}),
-    # FlashAttentionBackend._init_full_cg_decode_metadata's modes (0.5.17)
+    # FlashAttentionBackend._init_full_cg_decode_metadata's modes (0.5.17 .. 0.5.23)
     graph_modes=frozenset({Mode.DECODE, Mode.TARGET_VERIFY, Mode.DRAFT_EXTEND_V2}),
     why_not={
         "window+tree": "a sliding-window layer verifies a tree without the cascade, through "

@@ -1,7 +1,8 @@
 """sglang_flashinfer: sglang's own FlashInferAttnBackend (FlashInfer's paged and ragged wrappers), on a
 GPU with sglang's CUDA build and flashinfer-python; elsewhere unavailable with the reason.
 
-What it supports is read from its code (sglang/srt/layers/attention/flashinfer_backend.py, 0.5.17):
+What it supports is read from its code (sglang/srt/layers/attention/flashinfer_backend.py, 0.5.17,
+read again in each release through 0.5.23, where it holds):
 decode and extend (with or without a cached prefix) over token-granular KV indices (the wrappers are
 planned with page size 1 whatever the pool's page size), a sliding window (the model runner's
 `sliding_window_size` gives two wrappers, WrapperDispatch.SLIDING_WINDOW; a decode keeps the last W + 1
@@ -33,7 +34,7 @@ FLASHINFER = Capabilities.with_features(
     page_sizes=frozenset(PAGE_SIZES),
     kv_dtypes=frozenset({"float8_e4m3fn", "float8_e5m2"}),
     exclusive=frozenset({("window", "ENCODER_ONLY"), ("window", "TARGET_VERIFY")}),
-    # FlashInferAttnBackend.init_forward_metadata_out_graph's branches (0.5.17)
+    # FlashInferAttnBackend.init_forward_metadata_out_graph's branches (0.5.17 .. 0.5.23)
     graph_modes=frozenset({Mode.DECODE, Mode.TARGET_VERIFY, Mode.DRAFT_EXTEND_V2}),
     why_not={
         "window+TARGET_VERIFY": "with a window the verify is planned per wrapper from "

@@ -6,7 +6,9 @@ sglang's FlashInferAttnBackend and FlashAttentionBackend read far more of the Mo
 construction than the CPU backends (heads, context length, page size, KV dtype, the model's window,
 the speculative algorithm, the parallel sizes) and, through sglang.srt.runtime_context, the server
 args its scheduler published and the parallel topology. Each read is carried here, enumerated from
-sglang 0.5.17's code (SGLANG_GPU's range); docs/engines.md lists them.
+the code of every release in SGLANG_GPU's range (0.5.17 .. 0.5.23); where a release reads more, the
+stand-in carries it from that release on (RUNNER_READS_FROM), chosen by the installed release;
+docs/engines.md lists them.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import torch
+from packaging.version import Version
 
 from harness.backends.engines.base import Engine, StandIn, model_dir
 from harness.backends.engines.sglang import spec
@@ -34,14 +37,41 @@ SGLANG_GPU = Engine(
         distribution="sglang",
         module="sglang",
         lowest="0.5.17",
-        below="0.5.18",
+        below="0.5.24",
         tested=(),
-        why_lowest="the stand-ins carry what 0.5.17's FlashInferAttnBackend and FlashAttentionBackend "
-        "read (ModelRunner attributes, runtime_context's get_parallel() and published ServerArgs); other "
-        "releases read other things (0.5.23: a kv_index_translator and per-phase backend names of the "
-        "model runner)",
+        why_lowest="the stand-ins carry what FlashInferAttnBackend and FlashAttentionBackend read from "
+        "0.5.17 on (ModelRunner attributes, runtime_context's get_parallel() and published ServerArgs, "
+        "the metadata methods init_forward_metadata_out_graph / _in_graph); 0.5.16 and older plan graphs "
+        "through other methods; 0.5.24 and newer are not read yet",
     ),
 )
+
+# The model runner's attributes a release's backends read beyond 0.5.17's, with the first release
+# that reads each (read from flashinfer_backend.py and flashattention_backend.py of each release).
+# FlashInferAttnBackend reads the backend names there, where 0.5.17 asked
+# server_args.get_attention_backends().
+RUNNER_READS_FROM = {
+    "prefill_attention_backend_str": "0.5.18",
+    "decode_attention_backend_str": "0.5.18",
+    "kv_index_translator": "0.5.19",  # both backends: write ids, read sources, page tables
+    "attn_cp_size": "0.5.21",  # FlashAttentionBackend 0.5.21 only; 0.5.22 reads get_parallel()'s
+}
+
+# From this release on ServerArgs has no `override`; EAGLE's settings are given at construction.
+SPEC_ARGS_AT_CONSTRUCTION_FROM = "0.5.18"
+# From this release on a ForwardBatch carries a KV location plan (kv_loc_plan) that ForwardBatch.init_new
+# binds through the model runner's KVIndexTranslator and both backends pass on to it.
+KV_LOC_PLAN_FROM = "0.5.22"
+# From this release on runtime_context lists its parallel fields with _parallel_fields(), not
+# _PARALLEL_FIELDS.
+PARALLEL_FIELDS_FUNCTION_FROM = "0.5.21"
+
+
+def sglang_from(release: str) -> bool:
+    """Whether the installed sglang is `release` or newer (the stand-ins differ by release)."""
+    installed = SGLANG_GPU.release()
+    return installed is not None and Version(installed) >= Version(release)
+
 
 # sglang's modules the CUDA adapters use beyond engine.MODULES, by short name.
 GPU_MODULES = {
@@ -52,6 +82,9 @@ GPU_MODULES = {
     "spec": "sglang.srt.speculative.spec_info",
     "eagle": "sglang.srt.speculative.eagle_info",
 }
+
+# sglang's KVIndexTranslator (0.5.19 on).
+KV_INDEX_TRANSLATOR = "sglang.srt.mem_cache.kv_index_translator"
 
 # The harness's speculative modes, which sglang's ForwardMode names alike.
 SPEC_MODES = (Mode.TARGET_VERIFY, Mode.DRAFT_EXTEND_V2)
@@ -64,9 +97,12 @@ MODEL_RUNNER = StandIn(
     "sglang's real pools and TokenToKVPoolAllocator; device, dtype (the case's), page_size, kv_cache_dtype "
     "and kv_cache_dtype_str (the pool's), sliding_window_size (the layer's window, None without one), "
     "attention_chunk_size None, is_draft_worker False, spec_algorithm (SpeculativeAlgorithm of the server "
-    "args), ps (sglang's get_parallel()), server_args and model_config (below)",
-    "the backends read only these attributes of the ModelRunner at construction (0.5.17); a real one loads "
-    "a model, captures graphs and starts distributed groups, nothing of which reaches attention",
+    "args), ps (sglang's get_parallel()), server_args and model_config (below); from 0.5.18 "
+    "prefill_attention_backend_str and decode_attention_backend_str (the adapter's backend), from 0.5.19 "
+    "kv_index_translator (sglang's own KVIndexTranslator over the pools, as ModelRunner builds it), from "
+    "0.5.21 attn_cp_size 1",
+    "the backends read only these attributes of the ModelRunner at construction (0.5.17 .. 0.5.23); a real "
+    "one loads a model, captures graphs and starts distributed groups, nothing of which reaches attention",
 )
 MODEL_CONFIG = StandIn(
     "model config",
@@ -81,7 +117,8 @@ SERVER_ARGS = StandIn(
     "server args",
     "sglang's own ServerArgs for a local one-layer Llama of the case's heads (config.json only), "
     "attention_backend the adapter's, enable_deterministic_inference the case's deterministic, published "
-    "with sglang's set_global_server_args_for_scheduler",
+    "with sglang's set_global_server_args_for_scheduler (whose runtime_context bags, get_spec() / "
+    "get_exec() / ..., the backends read from 0.5.18)",
     "a scheduler publishes its ServerArgs before it builds the model runner; the backends read their "
     "switches (deterministic inference, multi-item scoring, speculative settings, graph batch sizes) from "
     "them, every other one left at sglang's default",
@@ -133,17 +170,32 @@ def spec_server_args(
     steps: int,
     num_draft: int,
 ) -> Any:
-    """server_args' ServerArgs copied with EAGLE's settings, through ServerArgs.override (resolved server
-    args are read-only; the copy leaves the cached ones as they were), built once per process for each
-    tree shape: the args a run publishes are the ones its model runner holds."""
+    """ServerArgs with EAGLE's settings of one tree shape, built once per process for each: the args a run
+    publishes are the ones its model runner holds. 0.5.17 copies server_args' and sets them through
+    ServerArgs.override (resolved server args are read-only; the copy leaves the cached ones as they
+    were). Later releases have no override and take them at construction, where sglang's resolution
+    sets a chain's (topk 1) speculative_num_draft_tokens to speculative_num_steps + 1
+    (_handle_eagle_family): a chain of num_draft tokens is given num_draft - 1 steps, which keeps
+    its width (the steps drive the draft model's multi-step decode, no verify)."""
+    settings = {
+        "speculative_algorithm": "EAGLE",
+        "speculative_eagle_topk": topk,
+        "speculative_num_steps": steps,
+        "speculative_num_draft_tokens": num_draft,
+    }
+    if sglang_from(SPEC_ARGS_AT_CONSTRUCTION_FROM):
+        if topk == 1:
+            settings["speculative_num_steps"] = num_draft - 1
+        return cls(
+            model_path=model_path,
+            attention_backend=attention_backend,
+            device=device,
+            skip_tokenizer_init=True,
+            enable_deterministic_inference=deterministic,
+            **settings,
+        )
     args = copy.deepcopy(server_args(cls, attention_backend, model_path, device, deterministic))
-    args.override(
-        spec.SPEC_INPUTS.what,
-        speculative_algorithm="EAGLE",
-        speculative_eagle_topk=topk,
-        speculative_num_steps=steps,
-        speculative_num_draft_tokens=num_draft,
-    )
+    args.override(spec.SPEC_INPUTS.what, **settings)
     return args
 
 
@@ -202,19 +254,21 @@ class SglangGpuAdapter(SglangAdapter):
         )
 
     def model_runner(self, batch: Batch, r2t: Any, kv: Any) -> SimpleNamespace:
-        """The MODEL_RUNNER stand-in, over sglang's real pools and allocator."""
+        """The MODEL_RUNNER stand-in, over sglang's real pools and allocator, with what the installed
+        release reads beyond 0.5.17's (RUNNER_READS_FROM)."""
         case, g = batch.case, self.gpu()
         args = self.server_args(batch)
         window = self.window_left(batch)
-        return SimpleNamespace(
+        allocator = g.allocator.TokenToKVPoolAllocator(
+            size=kv.size, dtype=kv.dtype, device=str(batch.device), kvcache=kv, need_sort=False
+        )
+        runner = SimpleNamespace(
             device=str(batch.device),
             dtype=batch.q.dtype,
             page_size=case.page_size,
             req_to_token_pool=r2t,
             token_to_kv_pool=kv,
-            token_to_kv_pool_allocator=g.allocator.TokenToKVPoolAllocator(
-                size=kv.size, dtype=kv.dtype, device=str(batch.device), kvcache=kv, need_sort=False
-            ),
+            token_to_kv_pool_allocator=allocator,
             kv_cache_dtype=kv.dtype,
             kv_cache_dtype_str=KV_CACHE_DTYPE_STR[case.kv_dtype],
             sliding_window_size=window if window >= 0 else None,
@@ -224,6 +278,28 @@ class SglangGpuAdapter(SglangAdapter):
             ps=g.context.get_parallel(),
             server_args=args,
             model_config=self.model_config(batch, r2t.req_to_token.shape[1]),
+        )
+        later = {
+            "prefill_attention_backend_str": lambda: self.attention_backend_name,
+            "decode_attention_backend_str": lambda: self.attention_backend_name,
+            "kv_index_translator": lambda: self.kv_index_translator(runner),
+            "attn_cp_size": lambda: 1,
+        }
+        for name, release in RUNNER_READS_FROM.items():
+            if sglang_from(release):
+                setattr(runner, name, later[name]())
+        return runner
+
+    def kv_index_translator(self, runner: SimpleNamespace) -> Any:
+        """sglang's KVIndexTranslator over the stand-in's pools, as ModelRunner.init_kv_index_translator
+        builds it (0.5.19 on; is_draft_worker, from 0.5.22, left at its default False)."""
+        module = importlib.import_module(KV_INDEX_TRANSLATOR)
+        return module.KVIndexTranslator(
+            req_to_token=runner.req_to_token_pool.req_to_token,
+            token_to_kv_pool_allocator=runner.token_to_kv_pool_allocator,
+            token_to_kv_pool=runner.token_to_kv_pool,
+            page_size=runner.page_size or 1,
+            device=runner.device,
         )
 
     def forward_mode(self, batch: Batch) -> Any:
@@ -246,14 +322,33 @@ class SglangGpuAdapter(SglangAdapter):
         init_forward_metadata; a verify's positions are the tree's depths, the Batch's already)."""
         fb = super().forward_batch(batch, rows)
         fb.spec_info = self.spec_info(batch, rows)
+        fb.spec_algorithm = self.spec_algorithm(batch)
         return fb
+
+    def spec_algorithm(self, batch: Batch) -> Any:
+        """The batch's SpeculativeAlgorithm, as ForwardBatch.init_new copies it from the schedule batch
+        (FlashAttentionBackend.forward_extend asks it is_uno() in a verify tree's cascade from 0.5.20)."""
+        algorithm = self.server_args(batch).speculative_algorithm
+        return self.gpu().spec.SpeculativeAlgorithm.from_string(algorithm)
+
+    def bind_forward_batch(self, backend: Any, fb: Any) -> None:
+        """From 0.5.22 (KV_LOC_PLAN_FROM), the plan ForwardBatch.init_new binds: the translator's
+        own_plan of the batch, bound to it (kv_loc_plan, kv_loc_cols, its write ids)."""
+        if sglang_from(KV_LOC_PLAN_FROM):
+            translator = backend.kv_index_translator
+            translator.own_plan(fb).bind(fb, translator)
 
     @contextlib.contextmanager
     def serving_context(self, batch: Batch) -> Iterator[None]:
         """SERVER_ARGS published and PARALLEL_STATE in force while the backend is built and runs."""
         g = self.gpu()
         g.server_args.set_global_server_args_for_scheduler(self.server_args(batch))
-        topology = one_rank_topology(g.context._PARALLEL_FIELDS)
+        fields = (
+            g.context._parallel_fields()
+            if sglang_from(PARALLEL_FIELDS_FUNCTION_FROM)
+            else g.context._PARALLEL_FIELDS
+        )
+        topology = one_rank_topology(fields)
         with g.context.get_parallel().override(**topology):
             yield
 

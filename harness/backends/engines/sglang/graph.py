@@ -1,5 +1,6 @@
 """The CUDA-graph path of the CUDA sglang adapters: sglang's own capture and replay metadata path, driven
-as its graph runners drive it (sglang 0.5.17).
+as its graph runners drive it (sglang 0.5.17; the same methods through 0.5.23, where the runners also
+bind a KV location plan from 0.5.22: `bind_replay_plan`).
 
 sglang 0.5.17's AttentionBackend has three metadata methods (base_attn_backend.py); the legacy
 `init_forward_metadata_capture_cuda_graph` / `..._replay_cuda_graph` are gone. Its runners
@@ -38,7 +39,7 @@ import torch
 
 from harness.backends.engines.base import StandIn
 from harness.backends.engines.sglang import spec
-from harness.backends.engines.sglang.gpu import SglangGpuAdapter
+from harness.backends.engines.sglang.gpu import KV_LOC_PLAN_FROM, SglangGpuAdapter, sglang_from
 from harness.backends.graph_glue import GraphGlue, GraphLimits, GraphState, StaticInputs
 from harness.core.batch import Batch
 from harness.core.modes import Mode
@@ -178,6 +179,8 @@ class SglangGraphAdapter(SglangGpuAdapter, GraphGlue):
         assert isinstance(state, SglangGraphState)
         eg = self.engine_graph(state)
         fb = self.capture_forward_batch(state, eg, bs)
+        if sglang_from(KV_LOC_PLAN_FROM):  # the runner's capture: bind_runner_slots (0.5.22 on)
+            eg.backend.kv_index_translator.bind_runner_slots(fb)
         with self.serving_context(state.layer), self.capture_mode():
             eg.backend.init_forward_metadata_out_graph(fb, in_capture=True)
         eg.batches[bs] = fb
@@ -212,6 +215,7 @@ class SglangGraphAdapter(SglangGpuAdapter, GraphGlue):
             positions=b["positions"][:n],
             encoder_lens=None,
             spec_info=self.capture_spec_info(state, eg, bs),
+            spec_algorithm=self.spec_algorithm(state.layer),
             **extend,
         )
 
@@ -244,6 +248,7 @@ class SglangGraphAdapter(SglangGpuAdapter, GraphGlue):
         self.replay_out_cache_loc(state, batch, bs)
         self.replay_positions(state, batch, bs)
         view = self.replay_view(state, batch, rows, bs, fill)
+        self.bind_replay_plan(eg, batch, rows, view)
         with self.serving_context(state.layer):
             eg.backend.init_forward_metadata_out_graph(view)
 
@@ -324,6 +329,17 @@ class SglangGraphAdapter(SglangGpuAdapter, GraphGlue):
             mamba_track_indices=None,
             spec_info=spec_info,
         )
+
+    def bind_replay_plan(self, eg: EngineGraph, batch: Batch, rows: torch.Tensor, view: Any) -> None:
+        """From 0.5.22 (KV_LOC_PLAN_FROM), build_replay_fb_view hands the backend the live batch's
+        kv_loc_plan and kv_loc_cols: the plan ForwardBatch.init_new bound over the real requests' rows,
+        lengths and write slots (bind_forward_batch); the view keeps the padded buffers otherwise."""
+        if not sglang_from(KV_LOC_PLAN_FROM):
+            return
+        live = self.forward_batch(batch, rows)
+        live.spec_info = view.spec_info
+        self.bind_forward_batch(eg.backend, live)
+        view.kv_loc_plan, view.kv_loc_cols = live.kv_loc_plan, live.kv_loc_cols
 
     # --- the captured forward ------------------------------------------------------------------
 
