@@ -491,9 +491,9 @@ def kernel_stand_ins(monkeypatch) -> None:
     monkeypatch.setitem(sys.modules, "sgl_kernel.flash_attn", fa)
 
 
-def fa3_planned(case: Case, monkeypatch):
-    """The batch, and sglang's FlashAttentionBackend after init_forward_metadata over it, built and
-    planned as SglangFA3.run does."""
+def fa3_planned_with(case: Case, monkeypatch):
+    """The batch, sglang's FlashAttentionBackend after init_forward_metadata over it, and that
+    ForwardBatch, built, bound and planned as SglangFA3.run does."""
     kernel_stand_ins(monkeypatch)
     batch = build_batch(case, make_inputs(case), "cpu")
     adapter = SglangFA3()
@@ -501,7 +501,15 @@ def fa3_planned(case: Case, monkeypatch):
         rows = adapter.req_pool_indices(batch)
         r2t, kv = adapter.req_to_token_pool(batch, rows), adapter.token_to_kv_pool(batch)
         backend = adapter.attention_backend(batch, r2t, kv)
-        backend.init_forward_metadata(adapter.forward_batch(batch, rows))
+        fb = adapter.forward_batch(batch, rows)
+        adapter.bind_forward_batch(backend, fb)
+        backend.init_forward_metadata(fb)
+    return batch, backend, fb
+
+
+def fa3_planned(case: Case, monkeypatch):
+    """The batch and the planned backend of fa3_planned_with."""
+    batch, backend, _ = fa3_planned_with(case, monkeypatch)
     return batch, backend
 
 
@@ -575,17 +583,8 @@ def test_the_verify_forward_batch_carries_eagle_and_the_releases_kv_location_pla
     """The ForwardBatch the backend plans and attends with: EAGLE as its spec_algorithm (the verify
     cascade asks it is_uno() from 0.5.20) and, from 0.5.22, the plan ForwardBatch.init_new binds,
     over the batch's own rows, lengths and write slots."""
-    kernel_stand_ins(monkeypatch)
-    case = verify_case(tree)
-    batch = build_batch(case, make_inputs(case), "cpu")
-    adapter = SglangFA3()
-    with adapter.serving_context(batch):
-        rows = adapter.req_pool_indices(batch)
-        r2t, kv = adapter.req_to_token_pool(batch, rows), adapter.token_to_kv_pool(batch)
-        backend = adapter.attention_backend(batch, r2t, kv)
-        fb = adapter.forward_batch(batch, rows)
-        adapter.bind_forward_batch(backend, fb)
-        backend.init_forward_metadata(fb)
+    batch, _, fb = fa3_planned_with(verify_case(tree), monkeypatch)
+    rows = fb.req_pool_indices
     assert fb.spec_algorithm.is_eagle()
     if sglang_from(KV_LOC_PLAN_FROM):
         plan = fb.kv_loc_plan

@@ -150,12 +150,20 @@ def server_args(cls: type, attention_backend: str, model_path: str, device: str,
     `--enable-deterministic-inference` (which both CUDA backends read at construction: FA3's
     num_splits 1, FlashInfer's fixed split tiles and paged extend), built once per process: its
     __post_init__ reads the model's config and resolves every default (seconds)."""
+    return resolved_server_args(cls, attention_backend, model_path, device, deterministic)
+
+
+def resolved_server_args(
+    cls: type, attention_backend: str, model_path: str, device: str, deterministic: bool, **settings: Any
+) -> Any:
+    """A ServerArgs as a server resolves it from its flags: these, `settings`, and sglang's defaults."""
     return cls(
         model_path=model_path,
         attention_backend=attention_backend,
         device=device,
         skip_tokenizer_init=True,
         enable_deterministic_inference=deterministic,
+        **settings,
     )
 
 
@@ -186,14 +194,7 @@ def spec_server_args(
     if sglang_from(SPEC_ARGS_AT_CONSTRUCTION_FROM):
         if topk == 1:
             settings["speculative_num_steps"] = num_draft - 1
-        return cls(
-            model_path=model_path,
-            attention_backend=attention_backend,
-            device=device,
-            skip_tokenizer_init=True,
-            enable_deterministic_inference=deterministic,
-            **settings,
-        )
+        return resolved_server_args(cls, attention_backend, model_path, device, deterministic, **settings)
     args = copy.deepcopy(server_args(cls, attention_backend, model_path, device, deterministic))
     args.override(spec.SPEC_INPUTS.what, **settings)
     return args
