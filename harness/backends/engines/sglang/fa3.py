@@ -89,14 +89,17 @@ class SglangFA3(SglangGraphAdapter):
         return why
 
     def forward_kwargs(self, batch: Batch) -> dict[str, Any]:
-        """The layer's sink logits [Hq] in bfloat16, as sglang's gpt_oss.py holds them for this backend:
-        sgl_kernel's FA3 takes no other dtype (float32 sinks raise "sinks must have dtype bfloat16",
-        seen on an H200 with sglang-kernel 0.4.5)."""
-        return {"sinks": batch.sinks.to(torch.bfloat16)} if batch.sinks is not None else {}
+        return sink_kwargs(batch.sinks)
 
     def graph_forward_kwargs(self, static: StaticInputs) -> dict[str, Any]:
-        """forward_kwargs' sinks, from the static inputs."""
-        return {"sinks": static.sinks.to(torch.bfloat16)} if static.sinks is not None else {}
+        return sink_kwargs(static.sinks)
+
+
+def sink_kwargs(sinks: torch.Tensor | None) -> dict[str, Any]:
+    """The layer's sink logits [Hq] in bfloat16, as sglang's gpt_oss.py holds them for this backend:
+    sgl_kernel's FA3 takes no other dtype (float32 sinks raise "sinks must have dtype bfloat16", seen
+    on an H200 with sglang-kernel 0.4.5)."""
+    return {"sinks": sinks.to(torch.bfloat16)} if sinks is not None else {}
 
 
 BACKENDS = {"sglang_fa3": SglangFA3}

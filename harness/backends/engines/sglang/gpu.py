@@ -275,7 +275,7 @@ class SglangGpuAdapter(SglangAdapter):
             sliding_window_size=window if window >= 0 else None,
             attention_chunk_size=None,
             is_draft_worker=False,
-            spec_algorithm=g.spec.SpeculativeAlgorithm.from_string(args.speculative_algorithm),
+            spec_algorithm=self.spec_algorithm(batch),
             ps=g.context.get_parallel(),
             server_args=args,
             model_config=self.model_config(batch, r2t.req_to_token.shape[1]),

@@ -214,18 +214,20 @@ class VllmGraph(GraphGlue):
 
     def write_query_start_loc(self, state: GraphState, cum: torch.Tensor, bs: int) -> None:
         """query_start_loc of len(cum) - 1 requests, every later entry at the last value (vLLM keeps it
-        non-decreasing for FlashAttention); device buffer and host copy."""
-        host = state.buffers["query_start_loc_cpu"]
-        host[: cum.numel()].copy_(cum)
-        host[cum.numel() :].fill_(int(cum[-1]))
-        state.buffers["query_start_loc"].copy_(host)
+        non-decreasing for FlashAttention)."""
+        self.write_padded(state, "query_start_loc", cum, int(cum[-1]))
 
     def write_seq_lens(self, state: GraphState, seq: torch.Tensor) -> None:
         """seq_lens of the requests, 0 past them (vLLM's `self.seq_lens[num_reqs:].fill_(0)`)."""
-        host = state.buffers["seq_lens_cpu"]
-        host[: seq.numel()].copy_(seq)
-        host[seq.numel() :].fill_(0)
-        state.buffers["seq_lens"].copy_(host)
+        self.write_padded(state, "seq_lens", seq, 0)
+
+    def write_padded(self, state: GraphState, name: str, values: torch.Tensor, pad: int) -> None:
+        """`values` then `pad` into the host copy `name`_cpu, then the whole host copy into the device
+        buffer `name`, as the runner keeps its CpuGpuBuffers."""
+        host = state.buffers[f"{name}_cpu"]
+        host[: values.numel()].copy_(values)
+        host[values.numel() :].fill_(pad)
+        state.buffers[name].copy_(host)
 
     def replay_block_table(self, state: GraphState, batch: Batch, bs: int) -> None:
         """The real requests' block ids (VllmEngine.block_table) in their rows; a row's columns past its
