@@ -11,6 +11,7 @@ library's. False: the library is right here (or is not installed), so a failure 
 from __future__ import annotations
 
 import itertools
+from types import ModuleType
 
 import torch
 
@@ -39,25 +40,8 @@ def noncausal_window(case: Case, device: str) -> bool:
     case = case.replace(sinks=False)
     inputs = make_inputs(case, device)
     batch = build_batch(case, inputs, device)
-    dt = TORCH_DTYPES[case.dtype]
-    lengths = indptr([r.extend_len for r in case.requests])
-    wrapper = fi.BatchPrefillWithRaggedKVCacheWrapper(
-        torch.zeros(WORKSPACE_BYTES, dtype=torch.uint8, device=device), "NHD", backend="fa2"
-    )
-    wrapper.plan(
-        lengths,
-        lengths,
-        case.num_q_heads,
-        case.num_kv_heads,
-        case.head_dim,
-        causal=False,
-        window_left=case.window_left,
-        logits_soft_cap=float(case.soft_cap),
-        sm_scale=case.scale,
-        q_data_type=dt,
-        kv_data_type=dt,
-    )
-    out = wrapper.run(batch.q, batch.k_new, batch.v_new)
+    lengths = [r.extend_len for r in case.requests]
+    out = ragged_fa2(fi, case, (batch.q, batch.k_new, batch.v_new), lengths, lengths, False, device)
     return not library_verdict(case, inputs, out, device).passed
 
 
@@ -70,22 +54,39 @@ def far_negative_logits(case: Case, device: str) -> bool:
     if fi is None:
         return False
     inputs = make_inputs(case, device)
+    qkv = (inputs.q_all, inputs.kv_all[0], inputs.kv_all[1])
+    causal = case.mode != Mode.ENCODER_ONLY
+    out = ragged_fa2(fi, case, qkv, list(inputs.q_lens), list(inputs.kv_lens), causal, device)
+    return not library_verdict(case, inputs, out, device).passed
+
+
+def ragged_fa2(
+    fi: ModuleType,
+    case: Case,
+    qkv: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+    qo_lens: list[int],
+    kv_lens: list[int],
+    causal: bool,
+    device: str,
+) -> torch.Tensor:
+    """FlashInfer's ragged fa2 prefill, as the entries' scripts call it: planned for requests of
+    `qo_lens` queries over `kv_lens` keys with the case's window, soft cap, scale and dtype, then run
+    on packed (q, k, v)."""
     dt = TORCH_DTYPES[case.dtype]
     wrapper = fi.BatchPrefillWithRaggedKVCacheWrapper(
         torch.zeros(WORKSPACE_BYTES, dtype=torch.uint8, device=device), "NHD", backend="fa2"
     )
     wrapper.plan(
-        indptr(list(inputs.q_lens)),
-        indptr(list(inputs.kv_lens)),
+        indptr(qo_lens),
+        indptr(kv_lens),
         case.num_q_heads,
         case.num_kv_heads,
         case.head_dim,
-        causal=case.mode != Mode.ENCODER_ONLY,
+        causal=causal,
         window_left=case.window_left,
         logits_soft_cap=float(case.soft_cap),
         sm_scale=case.scale,
         q_data_type=dt,
         kv_data_type=dt,
     )
-    out = wrapper.run(inputs.q_all, inputs.kv_all[0], inputs.kv_all[1])
-    return not library_verdict(case, inputs, out, device).passed
+    return wrapper.run(*qkv)
