@@ -14,7 +14,6 @@ Exit status 0 when every case passes, 1 otherwise.
 from __future__ import annotations
 
 import sys
-import traceback
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout's harness first
@@ -22,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout
 from harness.api import Case, Request, check_case  # noqa: E402 - after the path
 from harness.checks.replay import replay_result  # noqa: E402
 from harness.core.graph_case import GraphCase  # noqa: E402
-from harness.tools.engine_smoke import ready_adapter  # noqa: E402
+from harness.tools.engine_smoke import ready_adapter, show, step  # noqa: E402
 
 ADAPTERS = ("sglang_flashinfer", "sglang_fa3")
 CASES = {
@@ -65,17 +64,10 @@ def smoke_graphs(backend) -> bool:  # noqa: ANN001 - a harness Backend
     """Replay each sequence of a mode the adapter captures; print each outcome; True when all passed."""
     ok = True
     for label, g in GRAPHS.items():
-        try:
-            result = replay_result(backend, g, "cuda")
-        except Exception:  # noqa: BLE001 - print whatever goes wrong, then go on
-            print(f"   {label}: raised outside the backend")
-            traceback.print_exc()
-            ok = False
-            continue
-        print(f"   {label}: {result.status}: {result.reason}")
-        if "traceback" in result.extra:
-            print(result.extra["traceback"])
-        ok = ok and result.status in ("pass", "skip")
+        ran, result = step(label, lambda g=g: replay_result(backend, g, "cuda"))
+        if ran:
+            show(label, result)
+        ok = ok and ran and result.status in ("pass", "skip")
     return ok
 
 
@@ -86,19 +78,10 @@ def smoke(name: str) -> bool:
         return False
     ok = True
     for label, case in CASES.items():
-        try:
-            result = check_case(backend, case, "cuda")
-        except Exception:  # noqa: BLE001 - the point is to print whatever goes wrong, then go on
-            print(f"   {label}: raised outside the backend")
-            traceback.print_exc()
-            ok = False
-            continue
-        v = result.verdict
-        error = f", error {v.err:.3g} (budget {v.budget:.3g})" if v is not None else ""
-        print(f"   {label}: {result.status}{error}: {result.reason}")
-        if "traceback" in result.extra:
-            print(result.extra["traceback"])
-        ok = ok and result.status == "pass"
+        ran, result = step(label, lambda case=case: check_case(backend, case, "cuda"))
+        if ran:
+            show(label, result)
+        ok = ok and ran and result.status == "pass"
     return smoke_graphs(backend) and ok
 
 

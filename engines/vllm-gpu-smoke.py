@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import functools
 import sys
-import traceback
-from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout's harness first
@@ -27,7 +25,7 @@ from harness.checks.replay import GraphRunner, limits_of, replay_result  # noqa:
 from harness.core.batch import build_batch, make_inputs  # noqa: E402
 from harness.core.compare import compare  # noqa: E402
 from harness.core.graph_case import GraphCase  # noqa: E402
-from harness.tools.engine_smoke import ready_adapter  # noqa: E402
+from harness.tools.engine_smoke import ready_adapter, show, step  # noqa: E402
 from references.torch_ref import references  # noqa: E402
 
 ADAPTERS = ("vllm_flash_attn", "vllm_flashinfer")
@@ -79,28 +77,11 @@ GRAPHS = {
 }
 
 
-def step(label: str, fn: Callable[[], object]) -> tuple[bool, object]:
-    """Run one step: print its name and outcome, the full traceback when it raises."""
-    print(f"   {label} ...", flush=True)
-    try:
-        value = fn()
-    except Exception:  # noqa: BLE001 - the point is to print whatever goes wrong, then go on
-        print(f"   {label}: raised")
-        traceback.print_exc()
-        return False, None
-    return True, value
-
-
 def eager(backend: object, label: str, case: Case) -> bool:
     ok, result = step(label, lambda: check_case(backend, case, DEVICE))
-    if not ok:
-        return False
-    v = result.verdict
-    error = f", error {v.err:.3g} (budget {v.budget:.3g})" if v is not None else ""
-    print(f"   {label}: {result.status}{error}: {result.reason}")
-    if "traceback" in result.extra:
-        print(result.extra["traceback"])
-    return result.status == "pass"
+    if ok:
+        show(label, result)
+    return ok and result.status == "pass"
 
 
 def graph(backend: object, label: str, g: GraphCase) -> bool:
@@ -156,9 +137,7 @@ def graph(backend: object, label: str, g: GraphCase) -> bool:
             passed &= v.passed
     ok, result = step(f"{label}: replay check", lambda: replay_result(backend, g, DEVICE))
     if ok:
-        print(f"   {label}: replay check {result.status}: {result.reason}")
-        if "traceback" in result.extra:
-            print(result.extra["traceback"])
+        show(f"{label}: replay check", result)
     return passed and ok and result.status == "pass"
 
 

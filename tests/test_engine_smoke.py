@@ -35,3 +35,48 @@ def test_an_unavailable_adapter_is_none_and_says_why(capsys):
     assert ready_adapter("vllm_flash_attn", "cpu") is None
     out = capsys.readouterr().out
     assert out.startswith("== vllm_flash_attn\n") and "   unavailable: " in out
+
+
+def test_a_step_that_raises_is_named_with_its_traceback_and_the_next_one_runs(capsys):
+    def fails():
+        raise RuntimeError("no kernel image")
+
+    assert engine_smoke.step("capture size 2", fails) == (False, None)
+    assert engine_smoke.step("capture size 1", lambda: 7) == (True, 7)
+    captured = capsys.readouterr()
+    assert "   capture size 2: raised" in captured.out and "RuntimeError: no kernel image" in captured.err
+    assert captured.out.index("capture size 2: raised") < captured.out.index("capture size 1 ...")
+
+
+def test_a_result_shows_its_error_budget_and_the_backends_traceback(capsys):
+    from harness.core.case import Case, Request
+    from harness.core.compare import Verdict
+    from harness.core.results import CaseResult
+
+    case = Case(mode="DECODE", requests=(Request(3, 1),))
+    verdict = Verdict(
+        passed=False,
+        err=0.5,
+        budget=0.01,
+        ratio=50.0,
+        worst=None,
+        frac_over=1.0,
+        nonfinite=0,
+        reason="err 0.5 > budget 0.01",
+    )
+    failed = CaseResult(
+        status="fail",
+        backend="sglang_fa3",
+        device="cuda",
+        case=case,
+        verdict=verdict,
+        reason="err 0.5 > budget 0.01",
+        extra={"traceback": "Traceback: boom"},
+    )
+    skipped = CaseResult(status="skip", backend="sglang_fa3", device="cuda", case=case, reason="no window")
+    engine_smoke.show("decode", failed)
+    engine_smoke.show("extend", skipped)
+    assert capsys.readouterr().out == (
+        "   decode: fail, error 0.5 (budget 0.01): err 0.5 > budget 0.01\nTraceback: boom\n"
+        "   extend: skip: no window\n"
+    )
