@@ -433,8 +433,9 @@ def flashinfer_far_negative_bug(monkeypatch):
 def test_the_far_negative_prefill_issue_reaches_prefill_rows_far_below_zero_only():
     (issue,) = [i for i in known_issues.KNOWN_ISSUES if i.id == "flashinfer-prefill-far-negative-logits"]
     assert issue.reaches(FAR_NEGATIVE)
-    assert not issue.reaches(FAR_NEGATIVE.replace(logit_offset=-120.0))  # every release is right there
-    assert issue.reaches(FAR_NEGATIVE.replace(logit_offset=-121.0))  # just past it
+    assert not issue.reaches(FAR_NEGATIVE.replace(logit_offset=-1000.0))  # the script sees it right there
+    assert not issue.reaches(FAR_NEGATIVE.replace(logit_offset=-9999.0))  # not shown wrong by the script
+    assert issue.reaches(FAR_NEGATIVE.replace(logit_offset=-10000.0))  # the script's first wrong offset
     assert not issue.reaches(FAR_NEGATIVE.replace(mode="DECODE", requests=(Request(10, 1),)))
     assert not issue.reaches(
         FAR_NEGATIVE.replace(mode="TARGET_VERIFY", requests=(Request(10, 3, tree=(-1, 0, 0)),))
