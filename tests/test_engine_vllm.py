@@ -19,6 +19,7 @@ from harness.backends.base import BackendBroken
 from harness.backends.engines.vllm.cpu_attn import VllmCpuAttn
 from harness.backends.engines.vllm.driver import CPU_ENGINE, GPU_ENGINE
 from harness.backends.engines.vllm.flex_attention import VllmFlex
+from harness.backends.engines.vllm import gpu
 from harness.backends.engines.vllm.gpu import VllmFlashAttn, VllmFlashInfer
 from harness.backends.engines.vllm.graph import NULL_BLOCK, VllmGraph, VllmGraphState, graph_modes_for
 from harness.backends.engines.vllm.versions import CPU_RANGE
@@ -86,6 +87,35 @@ def test_cpu_attn_declares_the_block_sizes_of_the_installed_release(monkeypatch,
         assert fp8 is not None and "vec16" in fp8
         if torch.cpu._is_avx512_supported() or torch.cpu._is_amx_tile_supported():
             assert adapter.supports(case.replace(kv_dtype="float8_e5m2", page_size=32)) is None
+
+
+@pytest.mark.parametrize(
+    ("release", "capability", "refused"),
+    [
+        ("0.26.0", (9, 0), True),
+        ("0.29.0", (9, 0), True),
+        ("0.30.0", (9, 0), False),  # the first release without the builder's guard
+        ("0.26.0", (10, 0), False),
+        ("0.26.0", (8, 9), False),
+        ("0.26.0", None, False),  # no CUDA device: what vLLM's code declares
+        (None, (9, 0), False),  # vLLM's CUDA build not installed
+    ],
+)
+def test_flashinfer_refuses_windows_where_vllms_builder_raises(monkeypatch, release, capability, refused):
+    """vLLM 0.26 to 0.29's FlashInferMetadataBuilder raises NotImplementedError on a device of compute
+    capability 9.0 when a layer has a window: there a windowed case (and a hybrid pool's, whose layer is
+    windowed) is a skip quoting vLLM, elsewhere it runs, as does every unwindowed case."""
+    monkeypatch.setattr(type(GPU_ENGINE), "release", lambda self: release)
+    monkeypatch.setattr(gpu, "device_capability", lambda: capability)
+    adapter = VllmFlashInfer()
+    assert adapter.capabilities.window == (not refused) == adapter.capabilities.hybrid_pool
+    window = Case(mode="DECODE", requests=(Request(40, 1),), page_size=16, window_left=8)
+    cases = [window, window.replace(hybrid_swa_pool=True), window.replace(mode="EXTEND")]
+    for case in cases:
+        why = adapter.supports(case)
+        assert (why is not None) == refused, (case, why)
+        assert not refused or "FlashInfer backend on SM90 currently crashes with sliding-window" in why
+        assert adapter.supports(case.replace(window_left=-1, hybrid_swa_pool=False)) is None
 
 
 def _run(adapter, case):
