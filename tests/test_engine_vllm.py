@@ -16,10 +16,10 @@ import torch
 
 from harness import backends
 from harness.backends.base import BackendBroken
+from harness.backends.engines.vllm import gpu
 from harness.backends.engines.vllm.cpu_attn import VllmCpuAttn
 from harness.backends.engines.vllm.driver import CPU_ENGINE, GPU_ENGINE
 from harness.backends.engines.vllm.flex_attention import VllmFlex
-from harness.backends.engines.vllm import gpu
 from harness.backends.engines.vllm.gpu import VllmFlashAttn, VllmFlashInfer
 from harness.backends.engines.vllm.graph import NULL_BLOCK, VllmGraph, VllmGraphState, graph_modes_for
 from harness.backends.engines.vllm.versions import CPU_RANGE
@@ -116,6 +116,34 @@ def test_flashinfer_refuses_windows_where_vllms_builder_raises(monkeypatch, rele
         assert (why is not None) == refused, (case, why)
         assert not refused or "FlashInfer backend on SM90 currently crashes with sliding-window" in why
         assert adapter.supports(case.replace(window_left=-1, hybrid_swa_pool=False)) is None
+
+
+@pytest.mark.parametrize("model", ["gemma2", "mistral"])
+def test_windowed_models_skip_with_vllms_reason_where_flashinfer_refuses_windows(monkeypatch, model):
+    """Gemma2 alternates sliding and full layers, Mistral slides on every one: where vllm_flashinfer
+    refuses windows, every forward of either has a layer it cannot serve, so the model check is a skip
+    quoting vLLM, not a crash. torch_native stands in for the GPU adapter, with its window refusal."""
+    from harness.backends.torch_native import TorchNative
+    from harness.checks.model.check import check_model
+
+    monkeypatch.setattr(type(GPU_ENGINE), "release", lambda self: "0.26.0")
+    monkeypatch.setattr(gpu, "device_capability", lambda: (9, 0))
+    refusal = VllmFlashInfer().capabilities
+    windowless = type(
+        "Windowless",
+        (TorchNative,),
+        {
+            "name": "torch_native_windowless",
+            "capabilities": dataclasses.replace(
+                TorchNative.capabilities,
+                window=refusal.window,
+                hybrid_pool=refusal.hybrid_pool,
+                why_not={"window": refusal.why_not["window"]},
+            ),
+        },
+    )
+    res = check_model(windowless(), model, "cpu", determinism=False)
+    assert res.status == "skip" and "FlashInfer backend on SM90 currently crashes" in res.reason, res.reason
 
 
 def _run(adapter, case):
