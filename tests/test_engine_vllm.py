@@ -169,6 +169,21 @@ def test_the_block_table_has_unit_stride_in_its_last_dimension(cached, pages):
     assert table.tolist() == (batch.req_to_token[:, ::16] // 16).tolist()
 
 
+@needs_vllm
+def test_the_layer_is_built_on_the_batchs_device():
+    """vLLM's model loader builds a model under its device (`with target_device:`), so a layer's K/V/Q
+    scale buffers live on the GPU, where FlashInfer's FP8 cache write (reshape_and_cache_flash) and
+    query cast (scaled_fp8_quant) read them; a layer built on the host hands those kernels a host
+    pointer. Shown with the meta device, which a CPU machine has: every buffer follows the batch's."""
+    case = Case(mode="DECODE", requests=(Request(40, 1),), page_size=32, kv_dtype="float8_e4m3fn")
+    batch = build_batch(case.replace(k_scale=0.5, v_scale=0.25), make_inputs(case, "cpu"), "cpu")
+    adapter = VllmCpuAttn()
+    layer = adapter.make_layer(dataclasses.replace(batch, device=torch.device("meta")), adapter.vllm_config(batch))
+    devices = {name: b.device.type for name, b in layer.named_buffers()}
+    assert {"_k_scale", "_v_scale", "_q_scale"} <= set(devices) and set(devices.values()) == {"meta"}, devices
+    assert (layer._k_scale_float, layer._v_scale_float) == (0.5, 0.25)
+
+
 def _with_sliding_window(adapter, s):
     """The adapter with vLLM's layer `sliding_window` set to `s` directly (no translation)."""
     return type("Pinned", (adapter,), {"sliding_window": lambda self, batch: s})()
