@@ -178,7 +178,9 @@ def test_the_layer_is_built_on_the_batchs_device():
     case = Case(mode="DECODE", requests=(Request(40, 1),), page_size=32, kv_dtype="float8_e4m3fn")
     batch = build_batch(case.replace(k_scale=0.5, v_scale=0.25), make_inputs(case, "cpu"), "cpu")
     adapter = VllmCpuAttn()
-    layer = adapter.make_layer(dataclasses.replace(batch, device=torch.device("meta")), adapter.vllm_config(batch))
+    layer = adapter.make_layer(
+        dataclasses.replace(batch, device=torch.device("meta")), adapter.vllm_config(batch)
+    )
     devices = {name: b.device.type for name, b in layer.named_buffers()}
     assert {"_k_scale", "_v_scale", "_q_scale"} <= set(devices) and set(devices.values()) == {"meta"}, devices
     assert (layer._k_scale_float, layer._v_scale_float) == (0.5, 0.25)
