@@ -16,6 +16,7 @@ import torch
 
 from harness import backends
 from harness.backends.base import BackendBroken
+from harness.backends.engines.vllm import gpu
 from harness.backends.engines.vllm.cpu_attn import VllmCpuAttn
 from harness.backends.engines.vllm.driver import CPU_ENGINE, GPU_ENGINE
 from harness.backends.engines.vllm.flex_attention import VllmFlex
@@ -88,6 +89,63 @@ def test_cpu_attn_declares_the_block_sizes_of_the_installed_release(monkeypatch,
             assert adapter.supports(case.replace(kv_dtype="float8_e5m2", page_size=32)) is None
 
 
+@pytest.mark.parametrize(
+    ("release", "capability", "refused"),
+    [
+        ("0.26.0", (9, 0), True),
+        ("0.29.0", (9, 0), True),
+        ("0.30.0", (9, 0), False),  # the first release without the builder's guard
+        ("0.26.0", (10, 0), False),
+        ("0.26.0", (8, 9), False),
+        ("0.26.0", None, False),  # no CUDA device: what vLLM's code declares
+        (None, (9, 0), False),  # vLLM's CUDA build not installed
+    ],
+)
+def test_flashinfer_refuses_windows_where_vllms_builder_raises(monkeypatch, release, capability, refused):
+    """vLLM 0.26 to 0.29's FlashInferMetadataBuilder raises NotImplementedError on a device of compute
+    capability 9.0 when a layer has a window: there a windowed case (and a hybrid pool's, whose layer is
+    windowed) is a skip quoting vLLM, elsewhere it runs, as does every unwindowed case."""
+    monkeypatch.setattr(type(GPU_ENGINE), "release", lambda self: release)
+    monkeypatch.setattr(gpu, "device_capability", lambda: capability)
+    adapter = VllmFlashInfer()
+    assert adapter.capabilities.window == (not refused) == adapter.capabilities.hybrid_pool
+    window = Case(mode="DECODE", requests=(Request(40, 1),), page_size=16, window_left=8)
+    cases = [window, window.replace(hybrid_swa_pool=True), window.replace(mode="EXTEND")]
+    for case in cases:
+        why = adapter.supports(case)
+        assert (why is not None) == refused, (case, why)
+        assert not refused or "FlashInfer backend on SM90 currently crashes with sliding-window" in why
+        assert adapter.supports(case.replace(window_left=-1, hybrid_swa_pool=False)) is None
+
+
+@pytest.mark.parametrize("model", ["gemma2", "mistral"])
+def test_windowed_models_skip_with_vllms_reason_where_flashinfer_refuses_windows(monkeypatch, model):
+    """Gemma2 alternates sliding and full layers, Mistral slides on every one: where vllm_flashinfer
+    refuses windows, every forward of either has a layer it cannot serve, so the model check is a skip
+    quoting vLLM, not a crash. torch_native stands in for the GPU adapter, with its window refusal."""
+    from harness.backends.torch_native import TorchNative
+    from harness.checks.model.check import check_model
+
+    monkeypatch.setattr(type(GPU_ENGINE), "release", lambda self: "0.26.0")
+    monkeypatch.setattr(gpu, "device_capability", lambda: (9, 0))
+    refusal = VllmFlashInfer().capabilities
+    windowless = type(
+        "Windowless",
+        (TorchNative,),
+        {
+            "name": "torch_native_windowless",
+            "capabilities": dataclasses.replace(
+                TorchNative.capabilities,
+                window=refusal.window,
+                hybrid_pool=refusal.hybrid_pool,
+                why_not={"window": refusal.why_not["window"]},
+            ),
+        },
+    )
+    res = check_model(windowless(), model, "cpu", determinism=False)
+    assert res.status == "skip" and "FlashInfer backend on SM90 currently crashes" in res.reason, res.reason
+
+
 def _run(adapter, case):
     inputs = make_inputs(case)
     return adapter.run(build_batch(case, inputs, "cpu", adapter.capabilities.whole_page_loads)).out, inputs
@@ -109,6 +167,23 @@ def test_the_block_table_has_unit_stride_in_its_last_dimension(cached, pages):
     table = VllmCpuAttn().block_table(batch)
     assert table.shape == (2, pages) and table.stride() == (pages, 1), table.stride()
     assert table.tolist() == (batch.req_to_token[:, ::16] // 16).tolist()
+
+
+@needs_vllm
+def test_the_layer_is_built_on_the_batchs_device():
+    """vLLM's model loader builds a model under its device (`with target_device:`), so a layer's K/V/Q
+    scale buffers live on the GPU, where FlashInfer's FP8 cache write (reshape_and_cache_flash) and
+    query cast (scaled_fp8_quant) read them; a layer built on the host hands those kernels a host
+    pointer. Shown with the meta device, which a CPU machine has: every buffer follows the batch's."""
+    case = Case(mode="DECODE", requests=(Request(40, 1),), page_size=32, kv_dtype="float8_e4m3fn")
+    batch = build_batch(case.replace(k_scale=0.5, v_scale=0.25), make_inputs(case, "cpu"), "cpu")
+    adapter = VllmCpuAttn()
+    layer = adapter.make_layer(
+        dataclasses.replace(batch, device=torch.device("meta")), adapter.vllm_config(batch)
+    )
+    devices = {name: b.device.type for name, b in layer.named_buffers()}
+    assert {"_k_scale", "_v_scale", "_q_scale"} <= set(devices) and set(devices.values()) == {"meta"}, devices
+    assert (layer._k_scale_float, layer._v_scale_float) == (0.5, 0.25)
 
 
 def _with_sliding_window(adapter, s):

@@ -217,13 +217,16 @@ class VllmEngine(EngineAdapter):
         return backend
 
     def make_layer(self, batch: Batch, config: Any) -> Any:
-        """vLLM's Attention layer of the case, built under `config` as a model's __init__ builds it."""
+        """vLLM's Attention layer of the case, built under `config` and on the batch's device, as vLLM's
+        model loader builds a model (`with target_device:` around initialize_model): the layer's
+        buffers, its K/V/Q scales among them, live where its kernels read them (FlashInfer's FP8
+        cache write and query cast read the scale tensors on the GPU)."""
         from vllm.config import set_current_vllm_config
         from vllm.model_executor.layers.attention import Attention
 
         case = batch.case
         extra = {"sinks": self.sinks(batch)} if batch.sinks is not None else {}
-        with set_current_vllm_config(config):
+        with set_current_vllm_config(config), torch.device(batch.device):
             layer = Attention(
                 num_heads=case.num_q_heads,
                 head_size=case.head_dim,

@@ -4,16 +4,25 @@ vLLM's CUDA build (`vllm`) installed; elsewhere unavailable with the reason.
 
 Capabilities are what vLLM 0.32's code declares for these classes, read from it on a machine without a
 GPU (docs/engines.md says what ran on a GPU). Features vLLM decides per device at run time (FA3's sinks
-and FP8 cache, FlashInfer's sinks) are left out, each with where vLLM decides. Both replay under CUDA
-graphs through vLLM's own full-cudagraph path (graph.py): the modes are what each metadata builder's
-`cudagraph_support` lets vLLM's runner capture on every device of the supported releases.
+and FP8 cache, FlashInfer's sinks) are left out, each with where vLLM decides; the one refusal vLLM
+raises on a known device, FlashInfer's windows on compute capability 9.0 before 0.30, is decided on
+the device, in VllmFlashInfer.capabilities. Both replay under CUDA graphs through vLLM's own
+full-cudagraph path (graph.py): the modes are what each metadata builder's `cudagraph_support` lets
+vLLM's runner capture on every device of the supported releases.
 """
 
 from __future__ import annotations
 
+import dataclasses
+from functools import cache
+
+import torch
+from packaging.version import Version
+
 from harness.backends.base import Capabilities
 from harness.backends.engines.vllm.driver import GPU_ENGINE, VllmEngine
 from harness.backends.engines.vllm.graph import GRAPH_WHY, VllmGraph, graph_modes_for
+from harness.backends.engines.vllm.versions import FLASHINFER_SM90_WINDOWS
 from harness.core.modes import Mode
 
 GPU_WHY = {
@@ -73,6 +82,28 @@ FLASHINFER = Capabilities.with_features(
 )
 
 
+SM90_WINDOWS = (
+    "vLLM's FlashInferMetadataBuilder refuses a window on a device of compute capability 9.0 (vllm < "
+    f"{FLASHINFER_SM90_WINDOWS}): 'FlashInfer backend on SM90 currently crashes with sliding-window "
+    "attention layers. Use the default attention backend.'"
+)
+# FLASHINFER on a device where the installed release's builder raises on a windowed layer: no window,
+# and so no hybrid pool (only a window layer reads the SWA pool).
+FLASHINFER_NO_WINDOWS = dataclasses.replace(
+    FLASHINFER,
+    window=False,
+    hybrid_pool=False,
+    why_not={**FLASHINFER.why_not, "window": SM90_WINDOWS, "hybrid_pool": SM90_WINDOWS},
+)
+
+
+@cache
+def device_capability() -> tuple[int, int] | None:
+    """(major, minor) of CUDA device 0, the device vLLM's `current_platform.is_device_capability` asks
+    about; None without a CUDA device."""
+    return torch.cuda.get_device_capability(0) if torch.cuda.is_available() else None
+
+
 class VllmFlashAttn(VllmEngine, VllmGraph):
     name = "vllm_flash_attn"
     engine = GPU_ENGINE  # vLLM's CUDA build only
@@ -84,7 +115,21 @@ class VllmFlashInfer(VllmEngine, VllmGraph):
     name = "vllm_flashinfer"
     engine = GPU_ENGINE  # vLLM's CUDA build only
     engine_backend = "vllm.v1.attention.backends.flashinfer.FlashInferBackend"
-    capabilities = FLASHINFER
+
+    @property
+    def capabilities(self) -> Capabilities:  # type: ignore[override]
+        """FLASHINFER, less windows where the builder refuses them (refuses_windows)."""
+        return FLASHINFER_NO_WINDOWS if self.refuses_windows() else FLASHINFER
+
+    def refuses_windows(self) -> bool:
+        """Whether the installed release's FlashInferMetadataBuilder raises on a windowed layer here:
+        a release before versions.FLASHINFER_SM90_WINDOWS on a device of compute capability 9.0, the
+        builder's own test (`current_platform.is_device_capability(90)`). The release is read from its
+        metadata and the device from torch, so deciding imports no vLLM."""
+        release = self.release()
+        if release is None or Version(release) >= Version(FLASHINFER_SM90_WINDOWS):
+            return False
+        return device_capability() == (9, 0)
 
 
 BACKENDS = {"vllm_flash_attn": VllmFlashAttn, "vllm_flashinfer": VllmFlashInfer}

@@ -38,3 +38,7 @@ CPU_SINKS_FLOAT32 = "0.32.0"
 # From this release on (the first one checked that does), CPU_ATTN's kernel blocks are multiples of 32
 # (get_supported_kernel_block_sizes: MultipleOf(32)); 0.28.0 declares multiples of 16.
 CPU_BLOCKS_OF_32 = "0.32.0"
+# Before this release, FlashInferMetadataBuilder.__init__ raises NotImplementedError on a device of
+# compute capability 9.0 when a layer of its group has a window (read in 0.26.0, 0.27.0, 0.27.1, 0.28.0
+# and 0.29.0); from it on the builder has no such guard (0.30.0, 0.31.0, 0.32.0 and 0.33.0 read).
+FLASHINFER_SM90_WINDOWS = "0.30.0"
