@@ -538,3 +538,27 @@ def test_an_engine_graph_failure_its_known_issue_reaches_is_xfail_where_the_engi
     engine_confirms(monkeypatch, issue, wrong=False)
     res = replay_result(wrong, g, "cpu")
     assert res.status == "fail" and f"not known issue {issue}" in res.reason
+
+
+def test_a_replay_crash_is_excused_only_by_an_issue_that_can_fault_the_kernel(monkeypatch):
+    """sglang-window-zero makes a forward attend over too many keys, never fault: a crash on a graph it
+    reaches and confirms is still a crash; vLLM's FA3 window entry (its kernel reads metadata laid out
+    for another) excuses one where it confirms."""
+
+    class FaultsAtReplay(FlashInferDecTC):
+        def replay_metadata(self, state, batch, bs):
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    sglang = fake.on_cpu(FaultsAtReplay())
+    sglang.name = "sglang_fa3"
+    g = GraphCase((decode(0, window_left=0), decode(1, window_left=0)), 1, 40)
+    monkeypatch.setattr(known_issues, "distribution_version", lambda dist: "0.5.17")
+    engine_confirms(monkeypatch, "sglang-window-zero", wrong=True)
+    assert replay_result(sglang, g, "cpu").status == "crash"
+    vllm = fake.on_cpu(FaultsAtReplay())
+    vllm.name = "vllm_flash_attn"
+    g = GraphCase((decode(0, window_left=3), decode(2, window_left=3)), 1, 40)
+    monkeypatch.setattr(known_issues, "distribution_version", lambda dist: "0.26.0")
+    engine_confirms(monkeypatch, "vllm-fa3-graph-window-metadata", wrong=True)
+    res = replay_result(vllm, g, "cpu")
+    assert res.status == "xfail" and "replay 0: backend raised RuntimeError" in res.reason, res.reason

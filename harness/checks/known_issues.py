@@ -5,8 +5,8 @@ backends whose glue reaches the bug, the cases that reach it, and a standalone r
 known_issues/ (docs/known-issues.md). A failing case that matches becomes `xfail` on those versions
 only: on any other version the same check is an ordinary pass or fail, so a release that fixes the
 bug (or one that still has it) shows up. A matching case that passes stays a pass. An issue of the
-CUDA-graph path (`on_replay`) is matched by the replay check, on the GraphCase, and excuses a crash
-there too (a fault in the library's kernel is how such a bug shows); one reached by the eager checks
+CUDA-graph path (`on_replay`) is matched by the replay check, on the GraphCase, and one that can fault
+the library's kernel (`faults`) excuses a crash there too; one reached by the eager checks
 (`on_eager`) is matched on a Case. An engine bug both paths reach sets both, and its predicate and
 confirmation take either.
 """
@@ -44,6 +44,7 @@ class KnownIssue:
     worked_around: str = ""
     on_replay: bool = False  # reached by CUDA-graph replay (harness/checks/replay.py), on a GraphCase
     on_eager: bool = True  # reached by the eager checks (numeric, invariance, model), on a Case
+    faults: bool = False  # a replay crash it reaches is excused too: a fault of the kernel is how it can show
 
 
 def has_unsplit_plan(g: GraphCase, chunk: int) -> bool:
@@ -164,6 +165,7 @@ KNOWN_ISSUES = (
         confirm=flashinfer_graph_confirm.graph_unsplit_plan,
         on_replay=True,
         on_eager=False,
+        faults=True,
     ),
     KnownIssue(
         id="flashinfer-graph-capture-unsplit",
@@ -178,6 +180,7 @@ KNOWN_ISSUES = (
         confirm=flashinfer_graph_confirm.graph_unsplit_plan,
         on_replay=True,
         on_eager=False,
+        faults=True,
     ),
     KnownIssue(
         id="vllm-cpu-fp8-e4m3-bf16-subnormals",
@@ -266,6 +269,7 @@ KNOWN_ISSUES = (
         confirm=engine_confirm.vllm_fa3_graph_window_metadata,
         on_replay=True,
         on_eager=False,
+        faults=True,  # the captured kernel schedules its tiles from another kernel's metadata
     ),
 )
 
@@ -307,11 +311,14 @@ def reaching_issue(backend_name: str, case: Case | GraphCase) -> tuple[KnownIssu
     return found[0] if found else None
 
 
-def excuse(backend_name: str, case: Case | GraphCase, reason: str, device: str) -> tuple[bool, str]:
+def excuse(
+    backend_name: str, case: Case | GraphCase, reason: str, device: str, crashed: bool = False
+) -> tuple[bool, str]:
     """(whether a failure is excused, the reason to record). Excused, as xfail: a known issue reaches
-    the case on the installed release and confirms itself there (the first that does). A case issues
-    reach that the library gets right (or cannot run) is the glue's failure, and its reason says so."""
-    found = reaching_issues(backend_name, case)
+    the case on the installed release and confirms itself there (the first that does); a crash
+    (`crashed`) only by an issue that can fault the kernel (`faults`). A case issues reach that the
+    library gets right (or cannot run) is the glue's failure, and its reason says so."""
+    found = [(i, v) for i, v in reaching_issues(backend_name, case) if i.faults or not crashed]
     for issue, version in found:
         if confirmed(issue, case, device):
             return True, (
