@@ -606,7 +606,7 @@ def fa3_planner(monkeypatch):
 
     modules = {
         "vllm.vllm_flash_attn": SimpleNamespace(get_scheduler_metadata=plan),
-        "vllm.v1.attention.backends.fa_utils": SimpleNamespace(get_flash_attn_version=lambda head_size: 3),
+        "vllm.v1.attention.backends.fa_utils": SimpleNamespace(get_flash_attn_version=lambda head_size=0: 3),
         "vllm.config": SimpleNamespace(
             AttentionConfig=lambda: SimpleNamespace(flash_attn_max_num_splits_for_cuda_graph=32)
         ),
@@ -637,17 +637,27 @@ def test_the_vllm_graph_window_confirmation_compares_the_replays_plan_with_the_c
     assert fa3_planner[0]["cu_seqlens_q"].tolist() == [0, 1, 2, 3, 3]
 
 
-def test_the_vllm_graph_window_confirmation_confirms_nothing_off_fa3(fa3_planner, monkeypatch):
+@pytest.mark.parametrize("builder,kernel", [(3, 3), (3, 2), (2, 3), (4, 4)])
+def test_the_vllm_graph_window_confirmation_confirms_only_where_both_plan_and_kernel_are_fa3(
+    monkeypatch, builder, kernel
+):
+    """The builder plans ahead only on FA3 (get_flash_attn_version()), and only an FA3 kernel (the
+    layer's get_flash_attn_version(head_size)) reads the plan; without vLLM's FA3 nothing confirms."""
     from types import SimpleNamespace
 
     from harness.checks import engine_confirm
 
     modules = {
         "vllm.vllm_flash_attn": SimpleNamespace(get_scheduler_metadata=fa3_plan_size),
-        "vllm.v1.attention.backends.fa_utils": SimpleNamespace(get_flash_attn_version=lambda head_size: 2),
-        "vllm.config": SimpleNamespace(),
+        "vllm.v1.attention.backends.fa_utils": SimpleNamespace(
+            get_flash_attn_version=lambda head_size=0: kernel if head_size else builder
+        ),
+        "vllm.config": SimpleNamespace(
+            AttentionConfig=lambda: SimpleNamespace(flash_attn_max_num_splits_for_cuda_graph=32)
+        ),
     }
+    failing = window_zero((0,), head_dim=32)
     monkeypatch.setattr(engine_confirm, "library", modules.get)
-    assert not engine_confirm.vllm_fa3_graph_window_metadata(window_zero((0,), head_dim=32), "cpu")
+    assert engine_confirm.vllm_fa3_graph_window_metadata(failing, "cpu") is (builder == kernel == 3)
     monkeypatch.setattr(engine_confirm, "library", lambda name: None)
-    assert not engine_confirm.vllm_fa3_graph_window_metadata(window_zero((0,), head_dim=32), "cpu")
+    assert not engine_confirm.vllm_fa3_graph_window_metadata(failing, "cpu")

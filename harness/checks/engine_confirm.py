@@ -135,7 +135,8 @@ def vllm_fa3_graph_window_metadata(g: GraphCase, device: str) -> bool:
     layer = g.layer
     if fa is None or fa_utils is None or config is None or layer.window_left < 0:
         return False
-    if fa_utils.get_flash_attn_version(head_size=layer.head_dim) != 3:
+    versions = fa_utils.get_flash_attn_version(), fa_utils.get_flash_attn_version(head_size=layer.head_dim)
+    if versions != (3, 3):  # the builder plans ahead on FA3 only; the layer's kernel reads the plan on FA3
         return False
     splits = config.AttentionConfig().flash_attn_max_num_splits_for_cuda_graph
     q = g.queries
