@@ -489,3 +489,76 @@ def test_a_sequence_whose_reference_no_output_could_fail_is_refused_not_passed(m
     assert code == NOTHING_CHECKED and "PASS" not in out and "every element of the exact reference" in out
     judged = vacuous.replace_layer(k_scale=0.5, v_scale=3.7)
     assert replay_result(backend(), judged, "cpu").status == "pass"
+
+
+def engine_confirms(monkeypatch, issue_id: str, wrong: bool) -> list:
+    """Known issue `issue_id`'s confirmation stubbed: the engine called directly is `wrong` (no sglang
+    nor vLLM here); returns the cases it was asked about."""
+    asked = []
+    stand_in = [
+        dataclasses.replace(i, confirm=lambda g, device: asked.append(g) or wrong) if i.id == issue_id else i
+        for i in known_issues.KNOWN_ISSUES
+    ]
+    monkeypatch.setattr(known_issues, "KNOWN_ISSUES", tuple(stand_in))
+    monkeypatch.setattr(known_issues, "_CONFIRMED", {})
+    return asked
+
+
+@pytest.mark.parametrize(
+    "name,issue,release,g",
+    [
+        # sglang's graph forward reads the layer's window, 0 read as none: the second replay has two keys
+        (
+            "sglang_fa3",
+            "sglang-window-zero",
+            "0.5.17",
+            GraphCase((decode(0, window_left=0), decode(1, window_left=0)), 1, 40),
+        ),
+        # vLLM's FA3 plans a replay whose requests fit the window for a kernel without one
+        (
+            "vllm_flash_attn",
+            "vllm-fa3-graph-window-metadata",
+            "0.26.0",
+            GraphCase((decode(0, window_left=3), decode(2, window_left=3)), 1, 40),
+        ),
+    ],
+)
+def test_an_engine_graph_failure_its_known_issue_reaches_is_xfail_where_the_engine_confirms_on_the_graph(
+    monkeypatch, name, issue, release, g
+):
+    """The H200's window graphs on sglang_fa3 and vllm_flash_attn: a replay failure there is the engine's
+    where the engine, asked about this GraphCase, is wrong too; the glue's where it is right."""
+    wrong = fake.on_cpu(next(m for m in MUTANTS if m.name.endswith("replay_capture_seq_lens")).make())
+    wrong.name = name
+    monkeypatch.setattr(known_issues, "distribution_version", lambda dist: release)
+    asked = engine_confirms(monkeypatch, issue, wrong=True)
+    res = replay_result(wrong, g, "cpu")
+    assert res.status == "xfail" and res.reason.startswith(f"known issue {issue} ("), res.reason
+    assert asked == [g]
+    engine_confirms(monkeypatch, issue, wrong=False)
+    res = replay_result(wrong, g, "cpu")
+    assert res.status == "fail" and f"not known issue {issue}" in res.reason
+
+
+def test_a_replay_crash_is_excused_only_by_an_issue_that_can_fault_the_kernel(monkeypatch):
+    """sglang-window-zero makes a forward attend over too many keys, never fault: a crash on a graph it
+    reaches and confirms is still a crash; vLLM's FA3 window entry (its kernel reads metadata laid out
+    for another) excuses one where it confirms."""
+
+    class FaultsAtReplay(FlashInferDecTC):
+        def replay_metadata(self, state, batch, bs):
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    sglang = fake.on_cpu(FaultsAtReplay())
+    sglang.name = "sglang_fa3"
+    g = GraphCase((decode(0, window_left=0), decode(1, window_left=0)), 1, 40)
+    monkeypatch.setattr(known_issues, "distribution_version", lambda dist: "0.5.17")
+    engine_confirms(monkeypatch, "sglang-window-zero", wrong=True)
+    assert replay_result(sglang, g, "cpu").status == "crash"
+    vllm = fake.on_cpu(FaultsAtReplay())
+    vllm.name = "vllm_flash_attn"
+    g = GraphCase((decode(0, window_left=3), decode(2, window_left=3)), 1, 40)
+    monkeypatch.setattr(known_issues, "distribution_version", lambda dist: "0.26.0")
+    engine_confirms(monkeypatch, "vllm-fa3-graph-window-metadata", wrong=True)
+    res = replay_result(vllm, g, "cpu")
+    assert res.status == "xfail" and "replay 0: backend raised RuntimeError" in res.reason, res.reason

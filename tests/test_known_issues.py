@@ -3,6 +3,7 @@
 import dataclasses
 
 import pytest
+import torch
 
 from harness.backends import load
 from harness.checks import known_issues
@@ -164,16 +165,17 @@ def test_each_issue_is_keyed_on_the_releases_its_script_failed_on():
             "0.5.17",
             "0.5.13.post1",
         },  # its script, on the CPU (docs/engines.md)
+        "vllm-fa3-graph-window-metadata": {"0.26.0"},  # the suite's graph failures on the H200
     }
 
 
 def test_every_known_issue_names_releases_inside_the_supported_range():
     """A key outside the range would never match a release the glue runs on (one outside is broken)."""
     from harness.backends.engines.sglang.engine import SGLANG
-    from harness.backends.engines.vllm.versions import CPU_RANGE
+    from harness.backends.engines.vllm.versions import CPU_RANGE, GPU_RANGE
     from harness.backends.flashinfer_versions import RANGE
 
-    ranges = {r.distribution: r for r in (RANGE, SGLANG.supported, CPU_RANGE)}
+    ranges = {r.distribution: r for r in (RANGE, SGLANG.supported, CPU_RANGE, GPU_RANGE)}
     for issue in known_issues.KNOWN_ISSUES:
         assert issue.library in ranges, issue.id
         assert all(ranges[issue.library].contains(v) for v in issue.versions), (issue.id, issue.versions)
@@ -489,3 +491,174 @@ def test_the_graph_confirmation_says_what_its_child_found(monkeypatch, capsys):
     g = GraphCase((Case(mode="DECODE", requests=(Request(5, 1),), deterministic=True),), 1, 8)
     assert not driver.graph_unsplit_plan(g, "cuda")
     assert "graph confirmation: exit 2: CANNOT: no CUDA" in capsys.readouterr().err
+
+
+def window_zero(*batches: tuple[int, ...], **fields) -> GraphCase:
+    """A window-0 decode graph: one batch per tuple of request prefixes, each request one new token."""
+    layer = Case(mode="DECODE", requests=(Request(0, 1),), window_left=0, **fields)
+    cases = tuple(layer.replace(requests=tuple(Request(p, 1) for p in b)) for b in batches)
+    return GraphCase(cases, max(len(b) for b in batches), 40)
+
+
+def test_the_window_zero_issue_reaches_cases_and_graphs_where_a_query_has_a_key_besides_its_own():
+    """sglang-window-zero changes an output only where a request holds two keys or more: eagerly, or in
+    some replay of a graph (whose forward reads the same RadixAttention's window)."""
+    (issue,) = [i for i in known_issues.KNOWN_ISSUES if i.id == "sglang-window-zero"]
+    assert issue.on_eager and issue.on_replay
+    one_key = Case(mode="DECODE", requests=(Request(0, 1),), window_left=0)
+    assert not issue.reaches(one_key)
+    assert issue.reaches(one_key.replace(requests=(Request(0, 1), Request(1, 1))))
+    assert issue.reaches(Case(mode="EXTEND", requests=(Request(0, 2),), window_left=0))
+    assert not issue.reaches(one_key.replace(requests=(Request(5, 1),), window_left=1))
+    assert issue.reaches(window_zero((0,), (1,)))  # the H200's failing graph: its second replay
+    assert not issue.reaches(window_zero((0,), (0, 0)))
+    assert not issue.reaches(window_zero((3,), (1,)).replace_layer(window_left=2))
+
+
+def test_the_window_zero_issue_reaches_sglangs_graph_path_on_the_releases_it_names(version):
+    g = window_zero((0,), (1,))
+    version("0.5.17")
+    for case in (g, g.batches[1]):  # the graph path, and the eager path on its second batch
+        assert [i.id for i, _ in known_issues.reaching_issues("sglang_fa3", case)] == ["sglang-window-zero"]
+    version("0.5.18")
+    assert not known_issues.reaching_issues("sglang_fa3", g)
+
+
+def test_the_window_zero_confirmation_asks_of_a_graphs_layer(monkeypatch):
+    """A GraphCase is confirmed on its layer, as the eager case is: RadixAttention built with window 0
+    (a stand-in RadixAttention with sglang's `sliding_window_size or -1`, and one that keeps 0)."""
+    from types import SimpleNamespace
+
+    from harness.checks import engine_confirm
+
+    built = []
+
+    def radix(keeps_zero: bool):
+        def make(*args, sliding_window_size: int, **kw):
+            built.append((args, sliding_window_size))
+            stored = sliding_window_size if keeps_zero else sliding_window_size or -1
+            return SimpleNamespace(sliding_window_size=stored)
+
+        return SimpleNamespace(RadixAttention=make)
+
+    g = window_zero((0,), (1,), num_q_heads=8, num_kv_heads=2, head_dim=64)
+    monkeypatch.setattr(engine_confirm, "library", lambda name: radix(keeps_zero=False))
+    assert engine_confirm.sglang_window_zero(g, "cpu")
+    assert built[-1] == ((8, 64, g.layer.scale, 2), 0)
+    monkeypatch.setattr(engine_confirm, "library", lambda name: radix(keeps_zero=True))
+    assert not engine_confirm.sglang_window_zero(g, "cpu")
+    assert not engine_confirm.sglang_window_zero(g.replace_layer(window_left=1), "cpu")
+
+
+def test_the_vllm_graph_window_issue_reaches_windowed_one_query_graphs_with_a_replay_inside_the_window():
+    """vllm-fa3-graph-window-metadata: where FA3 drops the window for a replay's plan (its longest request
+    holds W + 1 keys or fewer) and then, with one query per request, the causal mask too (head size 64
+    or less, or over 128); never a deterministic graph (no plan ahead) nor the eager path."""
+    (issue,) = [i for i in known_issues.KNOWN_ISSUES if i.id == "vllm-fa3-graph-window-metadata"]
+    assert issue.on_replay and not issue.on_eager
+    failing = window_zero((0,), (0,), head_dim=32)  # the H200's next_token-swa graph
+    assert issue.reaches(failing)
+    assert not issue.reaches(failing.replace_layer(head_dim=128))  # FA3 keeps causal there: same layout
+    assert issue.reaches(failing.replace_layer(head_dim=256))
+    assert not issue.reaches(failing.replace_layer(deterministic=True))
+    assert not issue.reaches(failing.replace_layer(window_left=-1))
+    assert not issue.reaches(window_zero((1,), (3, 0), head_dim=32))  # every replay past the window
+    assert issue.reaches(window_zero((1,), (3, 0), head_dim=32).replace_layer(window_left=4))
+    verify = GraphCase(
+        (Case(mode="TARGET_VERIFY", requests=(Request(0, 1, tree=(-1,)),), window_left=0, head_dim=32),), 1, 2
+    )
+    assert issue.reaches(verify)  # a verify of one draft: one query per request
+    five = Request(5, 5, tree=(-1, 0, 1, 2, 3))
+    assert not issue.reaches(GraphCase((verify.layer.replace(requests=(five,), window_left=23),), 2, 127))
+    assert not known_issues.reaching_issues("vllm_flash_attn", failing.layer)  # eager: not reached
+
+
+def fa3_plan_size(**kw) -> torch.Tensor:
+    """FA3's get_scheduler_metadata as hopper/flash_api.cpp sizes it: a window covering max_seqlen_k
+    dropped, causal dropped too for one query with no window at a head size of 64 or less (or over
+    128), then one vector of round_up(b, 4) for prepare_varlen, one for the dynamic split, one for
+    the head swizzle (causal or local), and the semaphore."""
+    b, q, k, d = kw["batch_size"], kw["max_seqlen_q"], kw["max_seqlen_k"], kw["headdim"]
+    left, right = kw["window_size"]
+    causal = kw["causal"]
+    left, right = -1 if left >= k - 1 else left, -1 if right >= q - 1 else right
+    if q == 1 and left == right == -1 and (d <= 64 or d > 128 or kw["page_size"] is None):
+        causal = False
+    right = 0 if causal else right
+    is_causal = left < 0 and right == 0
+    is_local = (left >= 0 or right >= 0) and not is_causal
+    vectors = 1 + (b <= 992 and kw["num_splits"] > 1) + (is_causal or is_local)
+    return torch.zeros(1 + -(-b // 4) * 4 * vectors, dtype=torch.int32)
+
+
+@pytest.fixture
+def fa3_planner(monkeypatch):
+    """vLLM's FA3 modules as the confirmation reads them, with FA3's plan sizes (fa3_plan_size); the
+    calls it made are kept."""
+    from types import SimpleNamespace
+
+    from harness.checks import engine_confirm
+
+    calls = []
+
+    def plan(**kw):
+        calls.append(kw)
+        return fa3_plan_size(**kw)
+
+    modules = {
+        "vllm.vllm_flash_attn": SimpleNamespace(get_scheduler_metadata=plan),
+        "vllm.v1.attention.backends.fa_utils": SimpleNamespace(get_flash_attn_version=lambda head_size=0: 3),
+        "vllm.config": SimpleNamespace(
+            AttentionConfig=lambda: SimpleNamespace(flash_attn_max_num_splits_for_cuda_graph=32)
+        ),
+    }
+    monkeypatch.setattr(engine_confirm, "library", modules.get)
+    return calls
+
+
+def test_the_vllm_graph_window_confirmation_compares_the_replays_plan_with_the_captures(fa3_planner):
+    """The capture planned at max_model_len over requests of one query each, every replay at its
+    longest request and padded to its captured size: confirmed where a replay's plan is laid out
+    otherwise (the H200's graph), not where the layouts agree."""
+    from harness.checks.engine_confirm import vllm_fa3_graph_window_metadata as confirm
+
+    failing = window_zero((0,), (0,), head_dim=32)
+    assert confirm(failing, "cpu")
+    capture = [c for c in fa3_planner if c["max_seqlen_k"] == 4096]
+    replay = [c for c in fa3_planner if c["max_seqlen_k"] == 1]
+    assert capture and replay
+    assert capture[0]["window_size"] == replay[0]["window_size"] == (0, 0) and replay[0]["causal"]
+    assert capture[0]["num_splits"] == 32 and replay[0]["page_size"] == 16
+    assert not confirm(failing.replace_layer(head_dim=128), "cpu")
+    assert not confirm(window_zero((1,), (3, 0), head_dim=32), "cpu")
+    padded = window_zero((0, 0, 0), head_dim=32)  # three requests replayed at size 4
+    fa3_planner.clear()
+    assert confirm(padded, "cpu")
+    assert [c["cache_seqlens"].tolist() for c in fa3_planner] == [[1, 1, 1, 0], [1, 1, 1, 1]]
+    assert fa3_planner[0]["cu_seqlens_q"].tolist() == [0, 1, 2, 3, 3]
+
+
+@pytest.mark.parametrize("builder,kernel", [(3, 3), (3, 2), (2, 3), (4, 4)])
+def test_the_vllm_graph_window_confirmation_confirms_only_where_both_plan_and_kernel_are_fa3(
+    monkeypatch, builder, kernel
+):
+    """The builder plans ahead only on FA3 (get_flash_attn_version()), and only an FA3 kernel (the
+    layer's get_flash_attn_version(head_size)) reads the plan; without vLLM's FA3 nothing confirms."""
+    from types import SimpleNamespace
+
+    from harness.checks import engine_confirm
+
+    modules = {
+        "vllm.vllm_flash_attn": SimpleNamespace(get_scheduler_metadata=fa3_plan_size),
+        "vllm.v1.attention.backends.fa_utils": SimpleNamespace(
+            get_flash_attn_version=lambda head_size=0: kernel if head_size else builder
+        ),
+        "vllm.config": SimpleNamespace(
+            AttentionConfig=lambda: SimpleNamespace(flash_attn_max_num_splits_for_cuda_graph=32)
+        ),
+    }
+    failing = window_zero((0,), head_dim=32)
+    monkeypatch.setattr(engine_confirm, "library", modules.get)
+    assert engine_confirm.vllm_fa3_graph_window_metadata(failing, "cpu") is (builder == kernel == 3)
+    monkeypatch.setattr(engine_confirm, "library", lambda name: None)
+    assert not engine_confirm.vllm_fa3_graph_window_metadata(failing, "cpu")

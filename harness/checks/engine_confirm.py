@@ -1,4 +1,5 @@
-"""Whether an engine itself, called directly on a case, shows its known issue (vLLM's CPU ops, sglang).
+"""Whether an engine itself, called directly on a case, shows its known issue (vLLM's CPU ops and its
+FA3 scheduler, sglang).
 
 Each function calls the engine as the entry's script in known_issues/ does, on what the harness
 draws for the case, never through the adapter: True when the engine is wrong there, False when it
@@ -9,9 +10,12 @@ from __future__ import annotations
 
 import torch
 
+from harness.backends.engines.vllm.driver import model_len
+from harness.backends.graph_glue import capture_sizes, padded_size
 from harness.checks.library_verdict import library
 from harness.core.batch import make_inputs
 from harness.core.case import Case
+from harness.core.graph_case import GraphCase, kv_extents
 from harness.core.vocab import TORCH_DTYPES
 
 BLOCK, HEADS, DIM = 32, 1, 32  # the vLLM scripts' one-key requests
@@ -103,16 +107,67 @@ def vllm_fp8_e4m3_subnormals(case: Case, device: str) -> bool:
     return bool((got != subnormal).any())
 
 
-def sglang_window_zero(case: Case, device: str) -> bool:
+def sglang_window_zero(case: Case | GraphCase, device: str) -> bool:
     """Known issue sglang-window-zero: sglang's RadixAttention built with the case's window, as
-    known_issues/sglang_window_zero.py builds it, reports no window (-1) for the case's window of 0."""
+    known_issues/sglang_window_zero.py builds it, reports no window (-1) for the case's window of 0.
+    A GraphCase asks of its layer: the graph path's forward reads the same RadixAttention's window."""
     radix = library("sglang.srt.layers.radix_attention")
+    if isinstance(case, GraphCase):
+        case = case.layer
     if radix is None or case.window_left != 0:
         return False
     layer = radix.RadixAttention(
         case.num_q_heads, case.head_dim, case.scale, case.num_kv_heads, layer_id=0, sliding_window_size=0
     )
     return layer.sliding_window_size != 0
+
+
+def vllm_fa3_graph_window_metadata(g: GraphCase, device: str) -> bool:
+    """Known issue vllm-fa3-graph-window-metadata: FA3's scheduler metadata for some replay of the graph,
+    planned as vLLM's FlashAttention builder plans a replay (at the batch's longest sequence), differs in
+    size, so in layout, from the metadata its graph was captured with (planned at max_model_len over
+    the capture's requests of `queries` keys), as known_issues/vllm_fa3_graph_window_metadata.py plans
+    them before its replay goes wrong. False where vLLM's FlashAttention is not FA3 (no plan ahead of the
+    kernel) or cannot be imported (vLLM's CPU build, no CUDA extensions)."""
+    fa = library("vllm.vllm_flash_attn")
+    fa_utils = library("vllm.v1.attention.backends.fa_utils")
+    config = library("vllm.config")
+    layer = g.layer
+    if fa is None or fa_utils is None or config is None or layer.window_left < 0:
+        return False
+    versions = fa_utils.get_flash_attn_version(), fa_utils.get_flash_attn_version(head_size=layer.head_dim)
+    if versions != (3, 3):  # the builder plans ahead on FA3 only; the layer's kernel reads the plan on FA3
+        return False
+    splits = config.AttentionConfig().flash_attn_max_num_splits_for_cuda_graph
+    q = g.queries
+
+    def planned(bs: int, seq_lens: list[int], max_seq_len: int) -> int:
+        """The size of FA3's plan of bs requests (the first len(seq_lens) real, the rest padding of
+        no query and no key), as the builder's `schedule` asks for it."""
+        real = len(seq_lens)
+        cu = [min(i, real) * q for i in range(bs + 1)]
+        return fa.get_scheduler_metadata(
+            batch_size=bs,
+            max_seqlen_q=q,
+            max_seqlen_k=max_seq_len,
+            num_heads_q=layer.num_q_heads,
+            num_heads_kv=layer.num_kv_heads,
+            headdim=layer.head_dim,
+            cache_seqlens=torch.tensor(seq_lens + [0] * (bs - real), dtype=torch.int32, device=device),
+            qkv_dtype=TORCH_DTYPES[layer.dtype],
+            cu_seqlens_q=torch.tensor(cu, dtype=torch.int32, device=device),
+            page_size=layer.page_size,
+            causal=True,
+            window_size=(layer.window_left, 0),
+            num_splits=splits,
+        ).numel()
+
+    sizes, longest = capture_sizes(g.max_batch), model_len(g.max_kv)
+    for c in g.batches:
+        seq, bs = kv_extents(c), padded_size(sizes, c.batch_size)
+        if planned(bs, seq, max(seq)) != planned(bs, [q] * bs, longest):
+            return True
+    return False
 
 
 def vllm_one_key(

@@ -5,8 +5,10 @@ backends whose glue reaches the bug, the cases that reach it, and a standalone r
 known_issues/ (docs/known-issues.md). A failing case that matches becomes `xfail` on those versions
 only: on any other version the same check is an ordinary pass or fail, so a release that fixes the
 bug (or one that still has it) shows up. A matching case that passes stays a pass. An issue of the
-CUDA-graph path (`on_replay`) is matched by the replay check only, on the GraphCase, and excuses a
-crash there too (a fault in the library's kernel is how such a bug shows).
+CUDA-graph path (`on_replay`) is matched by the replay check, on the GraphCase, and one that can fault
+the library's kernel (`faults`) excuses a crash there too; one reached by the eager checks
+(`on_eager`) is matched on a Case. An engine bug both paths reach sets both, and its predicate and
+confirmation take either.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from typing import Any
 from harness.backends.flashinfer_dec import FlashInferDecTC
 from harness.backends.versions import distribution_version
 from harness.checks import engine_confirm, flashinfer_confirm, flashinfer_graph_confirm
+from harness.core.batch import kv_len
 from harness.core.case import Case
 from harness.core.graph_case import GraphCase, kv_extents
 from harness.core.modes import Mode
@@ -32,14 +35,16 @@ class KnownIssue:
     backends: frozenset[str]
     title: str
     repro: str  # the standalone script (torch + the library only)
-    reaches: Callable[[Any], bool]  # of a Case, or of a GraphCase where on_replay
+    reaches: Callable[[Any], bool]  # of a Case where on_eager, of a GraphCase where on_replay
     # (case, device) -> whether the library called directly on the case is wrong: harness/checks/*_confirm.py.
     # None: nothing confirms it, so it excuses no failure.
     confirm: Callable[[Any, str], bool] | None = None
     # Where the glue avoids the bug, if it does: then no backend reaches it (`backends` is empty), so
     # no suite failure is excused by it, and a GPU test runs the library itself to keep it in view.
     worked_around: str = ""
-    on_replay: bool = False  # reached only by CUDA-graph replay (harness/checks/replay.py)
+    on_replay: bool = False  # reached by CUDA-graph replay (harness/checks/replay.py), on a GraphCase
+    on_eager: bool = True  # reached by the eager checks (numeric, invariance, model), on a Case
+    faults: bool = False  # a replay crash it reaches is excused too: a fault of the kernel is how it can show
 
 
 def has_unsplit_plan(g: GraphCase, chunk: int) -> bool:
@@ -72,6 +77,37 @@ def far_negative_prefill(c: Case) -> bool:
         and c.window_right < 0
         and not encoder_window
         and chains
+    )
+
+
+def batches_of(c: Case | GraphCase) -> tuple[Case, ...]:
+    """The batches a check runs on: a GraphCase's replays, or the Case alone."""
+    return c.batches if isinstance(c, GraphCase) else (c,)
+
+
+def window_zero_reached(c: Case | GraphCase) -> bool:
+    """Whether a window of 0 read as no window changes the output (known issue sglang-window-zero): a
+    layer with window_left 0 (a CROSS case has no window) where some request holds two keys or more, so
+    that a query has a key besides its own (eagerly, or in some replay of a graph)."""
+    batches = batches_of(c)
+    two_keys = any(kv_len(b, r) >= 2 for b in batches for r in range(b.batch_size))
+    return batches[0].window_left == 0 and two_keys
+
+
+def fa3_replay_drops_window(g: GraphCase) -> bool:
+    """Whether vLLM's FA3 graph replays `g` on scheduler metadata laid out for another kernel (known
+    issue vllm-fa3-graph-window-metadata): a windowed graph of one query per request (decode, or a
+    verify of one draft), not deterministic (batch invariance turns the ahead-of-time schedule off),
+    of a head size FA3 does not keep causal once it drops a decode's window (64 or less, or over 128),
+    with a replay whose longest request fits the window (W + 1 keys or fewer): there FA3 drops the
+    window the capture, planned at max_model_len, kept."""
+    layer = g.layer
+    return (
+        layer.window_left >= 0
+        and not layer.deterministic
+        and g.queries == 1
+        and not 64 < layer.head_dim <= 128
+        and any(max(kv_extents(c)) <= layer.window_left + 1 for c in g.batches)
     )
 
 
@@ -132,6 +168,8 @@ KNOWN_ISSUES = (
         reaches=lambda g: has_unsplit_plan(g, FlashInferDecTC.split_tokens),
         confirm=flashinfer_graph_confirm.graph_unsplit_plan,
         on_replay=True,
+        on_eager=False,
+        faults=True,
     ),
     KnownIssue(
         id="flashinfer-graph-capture-unsplit",
@@ -145,6 +183,8 @@ KNOWN_ISSUES = (
         reaches=lambda g: g.layer.deterministic and g.max_kv <= FlashInferDecTC.split_tokens,
         confirm=flashinfer_graph_confirm.graph_unsplit_plan,
         on_replay=True,
+        on_eager=False,
+        faults=True,
     ),
     KnownIssue(
         id="vllm-cpu-fp8-e4m3-bf16-subnormals",
@@ -214,8 +254,26 @@ KNOWN_ISSUES = (
         title="RadixAttention stores `sliding_window_size or -1`: a window of 0 (a query sees only its own "
         "key) becomes no window, and the backend attends over the whole context",
         repro="known_issues/sglang_window_zero.py",
-        reaches=lambda c: c.window_left == 0 and c.mode != Mode.CROSS,
+        reaches=window_zero_reached,
         confirm=engine_confirm.sglang_window_zero,
+        on_replay=True,  # the graph path's forward reads the same layer's window
+    ),
+    KnownIssue(
+        id="vllm-fa3-graph-window-metadata",
+        library="vllm",
+        versions=frozenset({"0.26.0"}),
+        backends=frozenset({"vllm_flash_attn"}),
+        title="vLLM's FlashAttention builder (FA3, FULL CUDA graphs) plans a replay's scheduler metadata at "
+        "the batch's longest sequence while the graph's kernel was captured at max_model_len: where every "
+        "request fits the sliding window, FA3 drops the window for the replay's plan, and with one query "
+        "per request and a head size of 64 or less (or over 128) lays the metadata out without the "
+        "head-swizzle vector the captured windowed kernel reads: the replay's output is wrong",
+        repro="known_issues/vllm_fa3_graph_window_metadata.py",
+        reaches=fa3_replay_drops_window,
+        confirm=engine_confirm.vllm_fa3_graph_window_metadata,
+        on_replay=True,
+        on_eager=False,
+        faults=True,  # the captured kernel schedules its tiles from another kernel's metadata
     ),
 )
 
@@ -238,12 +296,13 @@ def confirmed(issue: KnownIssue, case: Case | GraphCase, device: str) -> bool:
 
 def reaching_issues(backend_name: str, case: Case | GraphCase) -> list[tuple[KnownIssue, str]]:
     """The known issues (each with the installed version) whose predicates reach this backend's
-    `case` on the installed release, confirmed or not: on_replay issues for a GraphCase, the others
+    `case` on the installed release, confirmed or not: on_replay issues for a GraphCase, on_eager ones
     for a Case. Two can reach one case (an FP8 case both vLLM cache entries reach)."""
     replay = isinstance(case, GraphCase)
     found = []
     for issue in KNOWN_ISSUES:
-        if issue.on_replay == replay and backend_name in issue.backends and issue.reaches(case):
+        on_path = issue.on_replay if replay else issue.on_eager
+        if on_path and backend_name in issue.backends and issue.reaches(case):
             version = distribution_version(issue.library)
             if version in issue.versions:
                 found.append((issue, version))
@@ -256,11 +315,14 @@ def reaching_issue(backend_name: str, case: Case | GraphCase) -> tuple[KnownIssu
     return found[0] if found else None
 
 
-def excuse(backend_name: str, case: Case | GraphCase, reason: str, device: str) -> tuple[bool, str]:
+def excuse(
+    backend_name: str, case: Case | GraphCase, reason: str, device: str, crashed: bool = False
+) -> tuple[bool, str]:
     """(whether a failure is excused, the reason to record). Excused, as xfail: a known issue reaches
-    the case on the installed release and confirms itself there (the first that does). A case issues
-    reach that the library gets right (or cannot run) is the glue's failure, and its reason says so."""
-    found = reaching_issues(backend_name, case)
+    the case on the installed release and confirms itself there (the first that does); a crash
+    (`crashed`) only by an issue that can fault the kernel (`faults`). A case issues reach that the
+    library gets right (or cannot run) is the glue's failure, and its reason says so."""
+    found = [(i, v) for i, v in reaching_issues(backend_name, case) if i.faults or not crashed]
     for issue, version in found:
         if confirmed(issue, case, device):
             return True, (

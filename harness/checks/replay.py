@@ -14,8 +14,8 @@ harness/checks/judged_inputs.py), and, when the case is deterministic, bitwise a
 adapter's eager `run()` on that batch. As in the numeric check, a sequence with a batch whose exact
 reference no output could fail (`uninformative`: constant or not finite) is refused before capture,
 never passed. A failure names the replay index, the sequence of sizes and the repro; a
-failure or crash a known library issue of the graph path reaches is `xfail` on its versions
-(harness/checks/known_issues.py).
+failure a known library issue of the graph path reaches is `xfail` on its versions, and so is a crash
+one that can fault the kernel reaches (harness/checks/known_issues.py).
 """
 
 from __future__ import annotations
@@ -204,7 +204,7 @@ class _Report:
         text = f"{where}: {reason}; {seq}" if status != "pass" else f"{reason}; {seq}"
         excused = False
         if status in ("fail", "crash"):
-            excused, text = excuse(self.backend.name, self.g, text, self.device)
+            excused, text = excuse(self.backend.name, self.g, text, self.device, crashed=status == "crash")
         return CaseResult(
             status="xfail" if excused else status,
             backend=self.backend.name,

@@ -39,6 +39,13 @@ CACHE_DTYPES = {None: "auto", "float8_e4m3fn": "fp8_e4m3", "float8_e5m2": "fp8_e
 
 BATCH_INVARIANT = "VLLM_BATCH_INVARIANT"
 
+
+def model_len(longest: int) -> int:
+    """The model's max_model_len for a layer whose longest request holds `longest` keys: a whole number
+    of 1024 tokens, at least 4096. A FULL graph is captured at it (the runner's `for_cudagraph_capture`)."""
+    return max(4096, -(-longest // 1024) * 1024)
+
+
 CPU_ENGINE = Engine("vllm", CPU_RANGE)
 GPU_ENGINE = Engine("vllm", GPU_RANGE)
 
@@ -182,7 +189,7 @@ class VllmEngine(EngineAdapter):
             model=model_dir(case.num_q_heads, case.num_kv_heads, case.head_dim),
             skip_tokenizer_init=True,
             dtype=TORCH_DTYPES[case.dtype],
-            max_model_len=max(4096, -(-longest // 1024) * 1024),
+            max_model_len=model_len(longest),
         )
         cache_config = CacheConfig(block_size=case.page_size, cache_dtype=self.kv_cache_dtype(batch))
         cache_config.num_gpu_blocks = batch.pool.num_pages
