@@ -21,7 +21,7 @@ from packaging.version import Version
 from harness.backends import BackendBroken, names
 from harness.backends.engines.base import Engine, EngineAdapter
 from harness.backends.engines.sglang import spec
-from harness.backends.engines.sglang.engine import SGLANG
+from harness.backends.engines.sglang.engine import SGLANG, declare_torchvision_schemas
 from harness.backends.engines.sglang.fa3 import SglangFA3
 from harness.backends.engines.sglang.flashinfer import SglangFlashInfer
 from harness.backends.engines.sglang.flex import SglangFlex
@@ -913,6 +913,7 @@ def test_the_cross_page_table_script_reproduces_with_fa3s_page_reads(fixed, monk
     import runpy
 
     kernel_stand_ins(monkeypatch)
+    declare_torchvision_schemas()
     fab = importlib.import_module("sglang.srt.layers.attention.flashattention_backend")
     monkeypatch.setattr(fab, "flash_attn_with_kvcache", fa3_reading_pages)
     if fixed:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import torch
 
+from harness.backends.engines.sglang.engine import declare_torchvision_schemas
 from harness.backends.engines.sglang.fa3 import SglangFA3
 from harness.checks.library_verdict import library
 from harness.core.batch import build_batch, make_inputs
@@ -126,7 +127,10 @@ def sglang_fa3_cross_page_table(case: Case, device: str) -> bool:
     that does not address the case's encoder keys: for some request r and encoder token j, the slot
     FA3 reads, page_table[r, j // page_size] * page_size + j % page_size, is not r's slot of j. As
     known_issues/sglang_fa3_cross_page_table.py checks its plan; the kernel is not run."""
-    if case.mode != Mode.CROSS or library("sglang.srt.layers.attention.flashattention_backend") is None:
+    if case.mode != Mode.CROSS:
+        return False
+    declare_torchvision_schemas()  # what sglang's import needs on a CPU torch, as the adapter declares
+    if library("sglang.srt.layers.attention.flashattention_backend") is None:
         return False
     batch = build_batch(case, make_inputs(case, device), device)
     adapter = SglangFA3()
