@@ -20,6 +20,7 @@ import torch
 from harness.backends.base import Capabilities
 from harness.backends.engines.sglang.fa3 import FA3
 from harness.backends.engines.vllm.gpu import FLASH_ATTN
+from harness.checks.judged_inputs import judged_inputs
 from harness.checks.numeric import check_case
 from harness.core.batch import Inputs, make_inputs
 from harness.core.case import Case, Request
@@ -260,3 +261,39 @@ def test_sglang_fa3_declares_it_from_the_kernel_and_vllm_flash_attn_has_no_fp8_c
     assert len(quoted) == 1 and "convert_type_out" in quoted[0]
     lines, _ = describe_backend("torch_native")
     assert not any("FP8 probabilities" in line for line in lines)
+
+
+# --- the replay check ------------------------------------------------------------------------------
+
+
+def test_the_replay_check_counts_the_rounded_probabilities(monkeypatch):
+    """A declared backend's replays are judged with the rounded-P reference in the budget (compare's
+    `ref_rounded_p`), the same one the numeric check gives it; an undeclared one's without it."""
+    from harness.checks import replay
+    from harness.core.graph_case import GraphCase
+    from tests import flashinfer_fake as fake
+    from tests.test_fp8_queries import RoundingDecode, decode
+
+    fake.install(monkeypatch)
+    given = []
+
+    def spy(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        given.append(kwargs.get("ref_rounded_p"))
+        return compare(*args, **kwargs)
+
+    compare = replay.compare
+    monkeypatch.setattr(replay, "compare", spy)
+    g = GraphCase((decode(1, 40, 3, seed=30), decode(1, seed=32)), 4, 48)
+    for probabilities in (False, True):
+        given.clear()
+        backend = fake.on_cpu(RoundingDecode())
+        extra = {"fp8_probabilities": ROUNDS} if probabilities else {}
+        backend.capabilities = dataclasses.replace(backend.capabilities, fp8_queries=CAST, **extra)
+        assert replay.replay_result(backend, g, "cpu").status == "pass"
+        assert len(given) == 2
+        if probabilities:
+            judged = [judged_inputs(backend, c, make_inputs(c)) for c in g.batches]
+            want = [fp8_probabilities.reference(c, j).out for c, j in zip(g.batches, judged)]
+            assert all(torch.equal(a, b) for a, b in zip(given, want))
+        else:
+            assert given == [None, None]

@@ -5,9 +5,7 @@ A known issue excuses a failing case only when the library, called directly with
 output the way the numeric check judges a backend's: the same references, the same budget, over the
 inputs the direct call was given. Those are the case's own queries even where the backend declares
 `fp8_queries`: the cast is its glue's, which the confirmation leaves out (a confirmation that casts
-them passes harness/checks/judged_inputs.py's rounded_queries(case, inputs) instead). A library
-that rounds its softmax probabilities to the cache's dtype (FA3's FP8 forward, whatever calls it) is
-judged with that rounding in its budget when the confirmation says so (`fp8_probabilities`).
+them passes harness/checks/judged_inputs.py's rounded_queries(case, inputs) instead).
 """
 
 from __future__ import annotations
@@ -20,7 +18,6 @@ import torch
 from harness.core.batch import Inputs
 from harness.core.case import Case
 from harness.core.compare import Verdict, compare
-from references import fp8_probabilities as rounded_p
 from references.torch_ref import references
 
 
@@ -32,16 +29,11 @@ def library(module: str) -> ModuleType | None:
         return None
 
 
-def library_verdict(
-    case: Case, inputs: Inputs, out: torch.Tensor, device: str, fp8_probabilities: bool = False
-) -> Verdict:
-    """Judge `out` (the library's output for every query of the case) against the references;
-    `fp8_probabilities`: the library rounds P to an FP8 cache's dtype (module doc)."""
+def library_verdict(case: Case, inputs: Inputs, out: torch.Tensor, device: str) -> Verdict:
+    """Judge `out` (the library's output for every query of the case) against the references."""
     fp8 = case.kv_dtype is not None
     exact, native, *rounded = references(
         case, inputs, ("exact", "native", "rounded_kv") if fp8 else ("exact", "native"), device
     )
     extra = {"ref_rounded_kv": rounded[0].out} if fp8 else {}
-    if fp8 and fp8_probabilities:
-        extra["ref_rounded_p"] = rounded_p.reference(case, inputs, device).out
     return compare(case, out, exact.out, native.out, **extra)
