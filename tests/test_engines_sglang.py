@@ -21,7 +21,7 @@ from packaging.version import Version
 from harness.backends import BackendBroken, names
 from harness.backends.engines.base import Engine, EngineAdapter
 from harness.backends.engines.sglang import spec
-from harness.backends.engines.sglang.engine import SGLANG
+from harness.backends.engines.sglang.engine import SGLANG, declare_torchvision_schemas
 from harness.backends.engines.sglang.fa3 import SglangFA3
 from harness.backends.engines.sglang.flashinfer import SglangFlashInfer
 from harness.backends.engines.sglang.flex import SglangFlex
@@ -849,3 +849,78 @@ def test_the_graph_suite_skips_flashinfers_windowed_verify_and_draft_extend(monk
     for family, why in (("verify", "takes no kv_start_idx"), ("draft_extend_v2", "gets no window_left")):
         with pytest.raises(pytest.skip.Exception, match=why):
             graph_suite.run(GraphTarget("sglang_flashinfer", "cuda", GRAPH_CHECK, "swa", family))
+
+
+# --- known issue sglang-fa3-cross-page-table: its confirmation and its script ------------------------
+
+CROSS_PAGES = Case(mode="CROSS", requests=(Request(0, 1, 1), Request(6, 1, 20)), num_kv_heads=2, head_dim=64)
+
+
+def fa3_reading_pages(  # noqa: ANN201 - flash_attn_with_kvcache's keywords
+    q, k_cache, v_cache, page_table, cache_seqlens, cu_seqlens_q, softmax_scale, causal, **kw
+):
+    """flash_attn_with_kvcache as FA3 reads a paged cache: key j of sequence b from page
+    page_table[b, j // page_size] at offset j % page_size of k_cache [pages, page_size, heads, dim]."""
+    ps = k_cache.shape[1]
+    out = torch.zeros(q.shape[0], q.shape[1], v_cache.shape[-1], dtype=q.dtype, device=q.device)
+    for b in range(len(cache_seqlens)):
+        n, q0, q1 = int(cache_seqlens[b]), int(cu_seqlens_q[b]), int(cu_seqlens_q[b + 1])
+        j = torch.arange(n, device=q.device)
+        k, v = (c[page_table[b, j // ps].long(), j % ps].float() for c in (k_cache, v_cache))
+        g = q.shape[1] // k.shape[1]
+        s = torch.einsum("qhd,khd->hqk", q[q0:q1].float(), k.repeat_interleave(g, 1)) * softmax_scale
+        if causal:
+            s = s.masked_fill(j > torch.arange(q1 - q0, device=q.device)[:, None] + n - (q1 - q0), -torch.inf)
+        out[q0:q1] = torch.einsum("hqk,khd->qhd", s.softmax(-1), v.repeat_interleave(g, 1)).to(q.dtype)
+    return out
+
+
+def converted_to_pages(init_forward_metadata):  # noqa: ANN001, ANN201
+    """FlashAttentionBackend.init_forward_metadata with the encoder's table then reduced to pages, as
+    its self-attention table is (`[:, strided_indices] // page_size`): sglang with the bug fixed."""
+
+    def init(self, fb):  # noqa: ANN001, ANN202
+        init_forward_metadata(self, fb)
+        m, ps = self.forward_metadata, self.page_size
+        m.encoder_page_table = m.encoder_page_table[:, ::ps] // ps
+
+    return init
+
+
+@needs_cuda_adapters_release
+def test_the_cross_page_table_confirmation_reads_sglangs_plan(monkeypatch):
+    """Confirmed where sglang's plan gives FA3 token slots as pages (pages of 16), not where a slot
+    is its page (pages of 1), nor in another mode, nor once sglang converts the table."""
+    from harness.checks import engine_confirm
+
+    kernel_stand_ins(monkeypatch)
+    assert engine_confirm.sglang_fa3_cross_page_table(CROSS_PAGES, "cpu")
+    assert not engine_confirm.sglang_fa3_cross_page_table(CROSS_PAGES.replace(page_size=1), "cpu")
+    decode = Case(mode="DECODE", requests=(Request(6, 1),), num_kv_heads=2, head_dim=64)
+    assert not engine_confirm.sglang_fa3_cross_page_table(decode, "cpu")
+    fab = importlib.import_module("sglang.srt.layers.attention.flashattention_backend")
+    cls = fab.FlashAttentionBackend
+    monkeypatch.setattr(cls, "init_forward_metadata", converted_to_pages(cls.init_forward_metadata))
+    assert not engine_confirm.sglang_fa3_cross_page_table(CROSS_PAGES, "cpu")
+
+
+@needs_cuda_adapters_release
+@pytest.mark.parametrize("fixed", [False, True], ids=["as released", "table converted to pages"])
+def test_the_cross_page_table_script_reproduces_with_fa3s_page_reads(fixed, monkeypatch, capsys):
+    """known_issues/sglang_fa3_cross_page_table.py on the CPU, FA3 replaced by a torch kernel that reads
+    a page table as FA3 does: as released, pages of 1 are right and pages of 16 wrong (exit 1); with
+    the encoder's table converted to pages both are right (exit 0)."""
+    import runpy
+
+    kernel_stand_ins(monkeypatch)
+    declare_torchvision_schemas()
+    fab = importlib.import_module("sglang.srt.layers.attention.flashattention_backend")
+    monkeypatch.setattr(fab, "flash_attn_with_kvcache", fa3_reading_pages)
+    if fixed:
+        cls = fab.FlashAttentionBackend
+        monkeypatch.setattr(cls, "init_forward_metadata", converted_to_pages(cls.init_forward_metadata))
+    script = Path(__file__).resolve().parent.parent / "known_issues" / "sglang_fa3_cross_page_table.py"
+    code = runpy.run_path(str(script))["main"]()
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("page_size")]
+    assert [line.endswith(": right") for line in lines] == [True, fixed]
+    assert code == (0 if fixed else 1)

@@ -166,6 +166,8 @@ def test_each_issue_is_keyed_on_the_releases_its_script_failed_on():
             "0.5.13.post1",
         },  # its script, on the CPU (docs/engines.md)
         "vllm-fa3-graph-window-metadata": {"0.26.0"},  # the suite's graph failures on the H200
+        # the code of both releases read (docs/known-issues.md); the H200's cross cases on 0.5.17
+        "sglang-fa3-cross-page-table": {"0.5.23", "0.5.17"},
     }
 
 
@@ -247,6 +249,8 @@ def test_the_engine_and_graph_confirmations_confirm_nothing_without_their_librar
     assert not engine_confirm.vllm_fp8_e4m3_subnormals(fp8, "cpu")
     plain = fp8.replace(window_left=0, kv_dtype=None, k_scale=1.0)
     assert not engine_confirm.sglang_window_zero(plain, "cpu")
+    cross = Case(mode="CROSS", requests=(Request(0, 1, 20),))
+    assert not engine_confirm.sglang_fa3_cross_page_table(cross, "cpu")
     g = GraphCase((Case(mode="DECODE", requests=(Request(9, 1),), deterministic=True, window_left=3),), 1, 16)
     assert not flashinfer_graph_confirm.graph_unsplit_plan(g, "cpu")
     assert not flashinfer_graph_confirm.graph_unsplit_plan(g, "cuda")
@@ -662,3 +666,22 @@ def test_the_vllm_graph_window_confirmation_confirms_only_where_both_plan_and_ke
     assert engine_confirm.vllm_fa3_graph_window_metadata(failing, "cpu") is (builder == kernel == 3)
     monkeypatch.setattr(engine_confirm, "library", lambda name: None)
     assert not engine_confirm.vllm_fa3_graph_window_metadata(failing, "cpu")
+
+
+@pytest.mark.parametrize(
+    "name,case,reached",
+    [
+        ("sglang_fa3", Case(mode="CROSS", requests=(Request(0, 1, 20),)), True),  # pages of 16
+        # pages of one token: a slot is its page
+        ("sglang_fa3", Case(mode="CROSS", requests=(Request(0, 1, 20),), page_size=1), False),
+        ("sglang_fa3", Case(mode="EXTEND", requests=(Request(20, 1),)), False),  # self-attention: converted
+        ("sglang_flashinfer", Case(mode="CROSS", requests=(Request(0, 1, 20),)), False),  # not FA3's plan
+    ],
+)
+@pytest.mark.parametrize("release", ["0.5.17", "0.5.23"])
+def test_the_cross_page_table_issue_reaches_fa3s_cross_cases_on_pages_above_one(
+    name, case, reached, release, monkeypatch
+):
+    monkeypatch.setattr(known_issues, "distribution_version", lambda dist: release)
+    found = [issue.id for issue, _ in known_issues.reaching_issues(name, case)]
+    assert ("sglang-fa3-cross-page-table" in found) == reached

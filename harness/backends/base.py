@@ -55,6 +55,11 @@ class Capabilities:
     # needs every operand in FP8): where the code does so, quoted. Its output is then judged against
     # references over those rounded queries (harness/checks/judged_inputs.py). None: queries as given.
     fp8_queries: str | None = None
+    # With an FP8 cache it rounds the softmax probabilities to the cache's dtype before P @ V (FA3's
+    # FP8 forward: P relative to the running row max, times 2^8): where the code does so, quoted. The
+    # exact reference over P rounded so then joins the budget's noise terms (harness/core/compare.py).
+    # None: P as the arithmetic holds it.
+    fp8_probabilities: str | None = None
     # Modes it can run under a CUDA graph (harness/backends/graph_glue.py); empty: not capturable,
     # why_not["graph"] says why (the replay tests skip with it).
     graph_modes: frozenset[Mode] = frozenset()
@@ -69,6 +74,12 @@ class Capabilities:
             raise ValueError(
                 "fp8_queries declares queries cast to an FP8 cache's dtype: it needs the code that casts "
                 f"them (got {self.fp8_queries!r}) and an FP8 cache in kv_dtypes ({sorted(self.kv_dtypes)})"
+            )
+        if self.fp8_probabilities is not None and not (self.fp8_probabilities.strip() and self.kv_dtypes):
+            raise ValueError(
+                "fp8_probabilities declares softmax probabilities rounded to an FP8 cache's dtype: it needs "
+                f"the code that rounds them (got {self.fp8_probabilities!r}) and an FP8 cache in kv_dtypes "
+                f"({sorted(self.kv_dtypes)})"
             )
 
     @classmethod

@@ -2,20 +2,26 @@
 FA3 scheduler, sglang).
 
 Each function calls the engine as the entry's script in known_issues/ does, on what the harness
-draws for the case, never through the adapter: True when the engine is wrong there, False when it
-is right or cannot be imported (then a failure the entry reaches is the adapter's own).
+draws for the case, never through the adapter's forward: True when the engine is wrong there, False
+when it is right or cannot be imported (then a failure the entry reaches is the adapter's own).
+sglang's FA3 plan is the one read through the adapter's construction: FlashAttentionBackend needs a
+serving process's parts to exist (the stand-ins, harness/backends/engines/sglang/gpu.py), and what
+is judged is sglang's own init_forward_metadata over the pools it is given.
 """
 
 from __future__ import annotations
 
 import torch
 
+from harness.backends.engines.sglang.engine import declare_torchvision_schemas
+from harness.backends.engines.sglang.fa3 import SglangFA3
 from harness.backends.engines.vllm.driver import model_len
 from harness.backends.graph_glue import capture_sizes, padded_size
 from harness.checks.library_verdict import library
-from harness.core.batch import make_inputs
+from harness.core.batch import build_batch, make_inputs
 from harness.core.case import Case
 from harness.core.graph_case import GraphCase, kv_extents
+from harness.core.modes import Mode
 from harness.core.vocab import TORCH_DTYPES
 
 BLOCK, HEADS, DIM = 32, 1, 32  # the vLLM scripts' one-key requests
@@ -166,6 +172,35 @@ def vllm_fa3_graph_window_metadata(g: GraphCase, device: str) -> bool:
     for c in g.batches:
         seq, bs = kv_extents(c), padded_size(sizes, c.batch_size)
         if planned(bs, seq, max(seq)) != planned(bs, [q] * bs, longest):
+            return True
+    return False
+
+
+def sglang_fa3_cross_page_table(case: Case, device: str) -> bool:
+    """Known issue sglang-fa3-cross-page-table: sglang's FlashAttentionBackend, built over the case as
+    sglang_fa3 builds it and planned by its own init_forward_metadata, gives FA3 an encoder page table
+    that does not address the case's encoder keys: for some request r and encoder token j, the slot
+    FA3 reads, page_table[r, j // page_size] * page_size + j % page_size, is not r's slot of j. As
+    known_issues/sglang_fa3_cross_page_table.py checks its plan; the kernel is not run."""
+    if case.mode != Mode.CROSS:
+        return False
+    declare_torchvision_schemas()  # what sglang's import needs on a CPU torch, as the adapter declares
+    if library("sglang.srt.layers.attention.flashattention_backend") is None:
+        return False
+    batch = build_batch(case, make_inputs(case, device), device)
+    adapter = SglangFA3()
+    with adapter.serving_context(batch):
+        rows = adapter.req_pool_indices(batch)
+        r2t, kv = adapter.req_to_token_pool(batch, rows), adapter.token_to_kv_pool(batch)
+        backend = adapter.attention_backend(batch, r2t, kv)
+        fb = adapter.forward_batch(batch, rows)
+        adapter.bind_forward_batch(backend, fb)
+        backend.init_forward_metadata(fb)
+    table = backend.forward_metadata.encoder_page_table.cpu().long()
+    slots, ps = batch.req_to_token.cpu().long(), case.page_size
+    for r, req in enumerate(case.requests):
+        j = torch.arange(req.encoder_len)
+        if not torch.equal(table[r, j // ps] * ps + j % ps, slots[r, : req.encoder_len]):
             return True
     return False
 

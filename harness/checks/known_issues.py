@@ -275,6 +275,18 @@ KNOWN_ISSUES = (
         on_eager=False,
         faults=True,  # the captured kernel schedules its tiles from another kernel's metadata
     ),
+    KnownIssue(
+        id="sglang-fa3-cross-page-table",
+        library="sglang",
+        versions=frozenset({"0.5.23", "0.5.17"}),
+        backends=frozenset({"sglang_fa3"}),
+        title="FlashAttentionBackend plans a cross layer over the encoder's token slots "
+        "(req_to_token, never `// page_size`) where FA3 reads its page table as pages: on pages of more "
+        "than one token a cross layer reads other parts of the pool than the encoder's keys",
+        repro="known_issues/sglang_fa3_cross_page_table.py",
+        reaches=lambda c: c.mode == Mode.CROSS and c.page_size > 1,
+        confirm=engine_confirm.sglang_fa3_cross_page_table,
+    ),
 )
 
 

@@ -10,7 +10,7 @@ import torch
 from harness.backends.base import Backend, ContractError, checked_output
 from harness.checks import crossref
 from harness.checks.errormap import error_map
-from harness.checks.judged_inputs import judged_inputs, judged_note
+from harness.checks.judged_inputs import judged_inputs, judged_note, rounded_probabilities
 from harness.checks.known_issues import excuse
 from harness.core.batch import Inputs, build_batch, make_inputs
 from harness.core.case import Case
@@ -92,11 +92,13 @@ def check_case(backend: Backend, case: Case, device: str = "cpu") -> CaseResult:
         fp8 = case.kv_dtype is not None
         judged = judged_inputs(backend, case, inputs)  # the queries as the backend declares it reads them
         exact, native, *rounded = references(case, judged, REFERENCES[fp8], device)
+        rounded_p = rounded_probabilities(backend, case, judged, device)
     vacuous = uninformative(exact.out)
     if vacuous:  # judged by nothing: refused with the reason, as an unsupported case is
         return CaseResult(status="skip", backend=backend.name, device=device, case=case, reason=vacuous)
     with phase("compare"):
         extra = {"ref_rounded_kv": rounded[0].out, "lse_rounded_kv": rounded[0].lse} if fp8 else {}
+        extra |= {"ref_rounded_p": rounded_p} if rounded_p is not None else {}
         verdict = compare(case, result.out, exact.out, native.out, result.lse, exact.lse, native.lse, **extra)
         if verdict.nonfinite:  # the backend runs again on the case's own inputs: `inputs`, not `judged`
             verdict.reason += ": " + nonfinite_cause(backend, case, inputs, device, exact.lse)

@@ -30,7 +30,7 @@ import torch
 from harness.backends.base import Backend
 from harness.backends.graph_glue import GraphGlue, GraphLimits, StaticInputs, capture_sizes, padded_size
 from harness.backends.graphs import GraphFactory
-from harness.checks.judged_inputs import judged_inputs, judged_note
+from harness.checks.judged_inputs import judged_inputs, judged_note, rounded_probabilities
 from harness.checks.known_issues import excuse
 from harness.checks.numeric import REFERENCES
 from harness.core.batch import Batch, Inputs, build_batch, make_inputs
@@ -162,10 +162,9 @@ def replay_result(backend: Backend, g: GraphCase, device: str = "cpu") -> CaseRe
     assert isinstance(backend, GraphGlue)
     report = _Report(backend=backend, g=g, device=device, extra=extra)
     inputs = [make_inputs(c, device) for c in g.batches]
-    refs = [
-        references(c, judged_inputs(backend, c, i), REFERENCES[c.kv_dtype is not None], device)
-        for c, i in zip(g.batches, inputs)
-    ]
+    judged = [judged_inputs(backend, c, i) for c, i in zip(g.batches, inputs)]
+    refs = [references(c, j, REFERENCES[c.kv_dtype is not None], device) for c, j in zip(g.batches, judged)]
+    rounded_p = [rounded_probabilities(backend, c, j, device) for c, j in zip(g.batches, judged)]
     for at, (exact, *_) in enumerate(refs):
         vacuous = uninformative(exact.out)
         if vacuous:  # judged by nothing: refused with the reason, as the numeric check refuses it
@@ -180,7 +179,7 @@ def replay_result(backend: Backend, g: GraphCase, device: str = "cpu") -> CaseRe
         return report.result(-1, "crash", _raised(e), traceback=traceback.format_exc())
     worst = 0.0
     for at in range(len(g.batches)):
-        failed, ratio = _replay_one(report, runner, at, inputs[at], batches[at], refs[at])
+        failed, ratio = _replay_one(report, runner, at, inputs[at], batches[at], refs[at], rounded_p[at])
         if failed is not None:
             return failed
         worst = max(worst, ratio)
@@ -217,10 +216,17 @@ class _Report:
 
 
 def _replay_one(
-    report: _Report, runner: GraphRunner, at: int, inputs: Inputs, batch: Batch, refs: list[RefOutput]
+    report: _Report,
+    runner: GraphRunner,
+    at: int,
+    inputs: Inputs,
+    batch: Batch,
+    refs: list[RefOutput],
+    rounded_p: torch.Tensor | None,
 ) -> tuple[CaseResult | None, float]:
-    """Replay batch `at` and judge it against its references `refs` (and, in deterministic mode,
-    against its eager run, bit for bit): (the failure, or None; its err/budget)."""
+    """Replay batch `at` and judge it against its references `refs` and `rounded_p` (compare's
+    `ref_rounded_p`, or None), and, in deterministic mode, against its eager run, bit for bit: (the
+    failure, or None; its err/budget)."""
     backend, device = report.backend, report.device
     case = report.g.batches[at]
     try:
@@ -233,6 +239,7 @@ def _replay_one(
         return report.result(at, "crash", _raised(e), traceback=traceback.format_exc()), 0.0
     exact, native, *rounded = refs
     more = {"ref_rounded_kv": rounded[0].out} if rounded else {}
+    more |= {"ref_rounded_p": rounded_p} if rounded_p is not None else {}
     verdict = compare(case, out, exact.out, native.out, None, None, None, **more)
     verdict.reason += judged_note(backend, case)
     if not verdict.passed:

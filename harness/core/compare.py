@@ -7,9 +7,12 @@ computed in the case dtype, and noise is twice the rounding of one add in that d
 output's magnitude. With an FP8 KV cache err_same_precision also counts what dequantizing its values
 into the case dtype alone does (the exact reference over them rounded to it: docs/design.md, "The
 tolerance rule"); for a backend that casts its queries to that cache's dtype (`fp8_queries`) every
-reference is computed over the queries rounded so (harness/checks/judged_inputs.py), the rule
-unchanged. The budget is capped at a quarter of the reference's range (max - min): wider,
-it would pass outputs that carry no information (any constant output is off by half the range).
+reference is computed over the queries rounded so (harness/checks/judged_inputs.py), and for one
+that also rounds its softmax probabilities to that dtype (`fp8_probabilities`, FA3's FP8 forward)
+err_same_precision counts the distance of the exact reference over P rounded so as well
+(references/fp8_probabilities.py). The budget is capped at a quarter of the reference's range
+(max - min): wider, it would pass outputs that carry no information (any constant output is off
+by half the range).
 NaN or Inf in the output fails outright; harness/checks/numeric.py finds out where it came from.
 """
 
@@ -118,10 +121,12 @@ def compare(
     lse_native: torch.Tensor | None = None,
     ref_rounded_kv: torch.Tensor | None = None,
     lse_rounded_kv: torch.Tensor | None = None,
+    ref_rounded_p: torch.Tensor | None = None,
 ) -> Verdict:
     """Judge one backend output against the exact reference with the case's budget. `ref_rounded_kv`,
     `lse_rounded_kv` (an FP8 KV cache): the exact reference over K/V rounded to the case dtype, whose
-    distance from exact joins the native one in the budget."""
+    distance from exact joins the native one in the budget; `ref_rounded_p` (a backend rounding its
+    probabilities to the cache's dtype) likewise, over P rounded so (the LSE's sum is unrounded)."""
     if tuple(out.shape) != tuple(ref_exact.shape):
         return _failed(
             err=float("inf"),
@@ -136,7 +141,7 @@ def compare(
     diff = (outd - ref).abs_().flatten()
     with_lse = lse is not None and lse_exact is not None and lse_native is not None and not case.sinks
     lse_rows = (lse, lse_exact, lse_native, lse_rounded_kv) if with_lse else None
-    values = _read_back(case, diff, ref, ref_native, ref_rounded_kv, lse_rows)
+    values = _read_back(case, diff, ref, ref_native, (ref_rounded_kv, ref_rounded_p), lse_rows)
     flat_at, err, native_err, rounding, spread = values[:5]
     rule = mult * native_err + 2.0 * rounding
     budget = rule if rule <= RANGE_CAP * spread else RANGE_CAP * spread  # a NaN rule is capped too
@@ -191,10 +196,11 @@ def _read_back(
     diff: torch.Tensor,
     ref: torch.Tensor,
     ref_native: torch.Tensor,
-    ref_rounded_kv: torch.Tensor | None,
+    rounded: tuple[torch.Tensor | None, ...],
     lse_rows: tuple[torch.Tensor | None, ...] | None,
 ) -> list[float]:
-    """[worst element's flat index, err, native err, rounding, the reference's range] and, with the
+    """[worst element's flat index, err, native err (plus the distance of each `rounded` reference
+    given), rounding, the reference's range] and, with the
     LSE rows (lse, exact, native, rounded KV or None), [LSE err, native LSE err, LSE rounding].
 
     Every number the verdict needs is computed where the tensors are and read back at once: on a GPU
@@ -203,8 +209,9 @@ def _read_back(
     reference is finite, so a NaN or Inf in the output shows in `err`."""
     err_t, at_t = torch.max(diff, 0) if diff.numel() else [_max_abs(diff)] * 2  # no rows: 0, at 0
     native_err = _max_abs(ref_native.to(ref) - ref)
-    if ref_rounded_kv is not None:
-        native_err = native_err + _max_abs(ref_rounded_kv.to(ref) - ref)
+    for other in rounded:
+        if other is not None:
+            native_err = native_err + _max_abs(other.to(ref) - ref)
     scalars = [at_t.double(), err_t, native_err, _rounding(ref, case.dtype), _range(ref)]
     if lse_rows is not None:
         lse, lse_exact, lse_native, lse_rounded_kv = lse_rows

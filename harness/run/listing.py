@@ -29,6 +29,11 @@ def describe_backend(name: str) -> tuple[list[str], bool]:
     lines.append(f"  features: {', '.join(feats) or '-'}; FP8 KV caches: {fp8}")
     if c.fp8_queries:
         lines.append(f"  FP8 queries: cast to the cache's dtype, judged over them so: {c.fp8_queries}")
+    if c.fp8_probabilities:
+        lines.append(
+            f"  FP8 probabilities: rounded to the cache's dtype before P @ V, counted in the budget: "
+            f"{c.fp8_probabilities}"
+        )
     graph = ", ".join(sorted(str(m) for m in c.graph_modes))
     lines.append(f"  CUDA graph: {graph}" if graph else f"  CUDA graph: none: {c.graph_reason()}")
     broken = False

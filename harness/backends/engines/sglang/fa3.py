@@ -8,7 +8,8 @@ decode and extend over a page table of the pool's pages, a sliding window (`wind
 soft cap (`softcap=layer.logit_cap`), sinks (forward's `sinks`, handed to the kernel), cross layers
 (the encoder's pages, is_encoder_decoder), encoder-only layers (causal False) and an FP8 E4M3 cache
 (the query cast to the cache dtype, k_descale / v_descale from the layer's scales: declared
-`fp8_queries`, so its output is judged over the queries rounded so), TARGET_VERIFY
+`fp8_queries`, so its output is judged over the queries rounded so; FA3's FP8 forward rounds the
+softmax probabilities to E4M3 before P @ V: declared `fp8_probabilities`), TARGET_VERIFY
 (a chain, topk 1: a causal pass over seq_lens + draft_token_num keys; a tree, topk > 1: a cascade of a
 pass over the cached keys and one over each draft's ancestors, taken from the EagleVerifyInput's custom
 mask) and DRAFT_EXTEND_V2 (an extend over the bumped seq_lens). Under a CUDA graph
@@ -51,6 +52,10 @@ FA3 = Capabilities.with_features(
     fp8_queries="FlashAttentionBackend.forward_extend and forward_decode cast the queries to the cache's "
     "dtype with no query scale, `q = q.to(self.kv_cache_dtype)`, passing only k_descale / v_descale "
     "(flashattention_backend.py, 0.5.17)",
+    fp8_probabilities="FA3's FP8 forward (sgl_kernel.flash_attn, FlashAttention-3's hopper kernel) converts "
+    "P to the FP8 element type before the P @ V GEMM, `convert_type_out(tOrP_acc, tOrP)` "
+    "(mainloop_fwd_sm90_tma_gmma_ws.hpp), P = exp2(s - running max + 8) (softmax.h, Max_offset 8 for FP8), "
+    "the row sum from the unrounded P",
     exclusive=frozenset({("window", "ENCODER_ONLY"), ("window", "tree"), ("sinks", "tree")}),
     # FlashAttentionBackend._init_full_cg_decode_metadata's modes (0.5.17 .. 0.5.23)
     graph_modes=frozenset({Mode.DECODE, Mode.TARGET_VERIFY, Mode.DRAFT_EXTEND_V2}),
