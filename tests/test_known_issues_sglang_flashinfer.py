@@ -68,8 +68,9 @@ def test_the_soft_cap_issue_reaches_soft_capped_forwards_of_every_mode_but_a_ver
     assert reaches(CAPPED_DECODE)
     assert not reaches(CAPPED_DECODE.replace(soft_cap=0.0))
     assert reaches(CAPPED_DECODE.replace(mode="EXTEND", requests=(Request(8, 6),)))
-    assert reaches(CAPPED_DECODE.replace(mode="TARGET_VERIFY", requests=(Request(8, 3, tree=(-1, 0, 1)),)))
-    assert not reaches(CAPPED_DECODE.replace(mode="TARGET_VERIFY", requests=(Request(8, 3, tree=(-1, 0, 0)),)))
+    chain, tree = Request(8, 3, tree=(-1, 0, 1)), Request(8, 3, tree=(-1, 0, 0))
+    assert reaches(CAPPED_DECODE.replace(mode="TARGET_VERIFY", requests=(chain,)))
+    assert not reaches(CAPPED_DECODE.replace(mode="TARGET_VERIFY", requests=(tree,)))
 
 
 def test_the_ragged_window_issue_reaches_a_chunk_wider_than_the_window_off_the_deterministic_path():
@@ -102,7 +103,7 @@ def test_the_ragged_window_confirmation_is_right_where_flashinfer_is_and_says_wh
     assert not engine_confirm.sglang_flashinfer_ragged_window(inside, "cpu")
 
 
-def test_the_ragged_window_confirmation_confirms_nothing_where_a_forward_window_is_applied(forward_cap_applied):
+def test_the_ragged_window_confirmation_confirms_nothing_where_a_forward_window_applies(forward_cap_applied):
     assert not engine_confirm.sglang_flashinfer_ragged_window(CHUNK_OVER_WINDOW, "cpu")
 
 
@@ -118,7 +119,7 @@ def test_without_flashinfer_neither_confirmation_confirms():
         ("torch_native~window_ignored", CHUNK_OVER_WINDOW, "sglang-flashinfer-ragged-window"),
     ],
 )
-def test_the_failure_is_xfail_on_the_release_it_was_seen_on_only(version, monkeypatch, mutant, case, issue_id):
+def test_a_failure_is_xfail_on_the_release_it_was_seen_on_only(version, monkeypatch, mutant, case, issue_id):
     fake.install(monkeypatch)
     backend = wrong_as_sglang_flashinfer(mutant)
     version("0.5.17")

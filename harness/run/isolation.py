@@ -92,7 +92,8 @@ class IsolatedRunner:
         self.sent.add(key)
         out = self.worker.call(_run_in_worker, (key, blob, fn, args), limit)
         if out.kind == "timeout":
-            text = f"no result within {limit:g}s: the case was stopped and its worker killed"
+            during = f" {out.compiling}" if out.compiling else ""
+            text = f"no result within {limit:g}s{during}: the case was stopped and its worker killed"
             out.error = text + (f"\nworker output:\n{out.output}" if out.output else "")
         elif out.kind == "died":
             text = f"the worker process died ({describe_exit(out.code)}) while running the case"
