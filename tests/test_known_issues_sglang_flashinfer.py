@@ -88,6 +88,8 @@ def test_the_soft_cap_confirmation_is_right_where_flashinfer_is_and_says_where_i
     assert engine_confirm.sglang_flashinfer_soft_cap(CAPPED_DECODE, "cpu")
     assert engine_confirm.sglang_flashinfer_soft_cap(CAPPED_DECODE.replace(mode="EXTEND"), "cpu")
     assert not engine_confirm.sglang_flashinfer_soft_cap(CAPPED_DECODE.replace(soft_cap=0.0), "cpu")
+    fp8 = CAPPED_DECODE.replace(kv_dtype="float8_e4m3fn", k_scale=0.5, v_scale=0.0173)
+    assert engine_confirm.sglang_flashinfer_soft_cap(fp8, "cpu")  # judged on its model-dtype twin
 
 
 def test_the_soft_cap_confirmation_confirms_nothing_where_a_forward_cap_is_applied(forward_cap_applied):
@@ -99,6 +101,8 @@ def test_the_ragged_window_confirmation_is_right_where_flashinfer_is_and_says_wh
     assert engine_confirm.sglang_flashinfer_ragged_window(CHUNK_OVER_WINDOW, "cpu")
     no_prefix = CHUNK_OVER_WINDOW.replace(requests=(Request(0, 30),))  # forward() given no window at all
     assert engine_confirm.sglang_flashinfer_ragged_window(no_prefix, "cpu")
+    drafts = CHUNK_OVER_WINDOW.replace(mode="DRAFT_EXTEND_V2", requests=(Request(40, 4),), window_left=1)
+    assert engine_confirm.sglang_flashinfer_ragged_window(drafts, "cpu")
     inside = CHUNK_OVER_WINDOW.replace(requests=(Request(40, 8), Request(3, 5)))
     assert not engine_confirm.sglang_flashinfer_ragged_window(inside, "cpu")
 

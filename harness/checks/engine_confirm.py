@@ -7,6 +7,7 @@ is right or cannot be imported (then a failure the entry reaches is the adapter'
 
 from __future__ import annotations
 
+import dataclasses
 from types import ModuleType
 
 import torch
@@ -219,6 +220,17 @@ def sglang_ragged_forward(
     )
 
 
+def model_dtype_twin(case: Case, inputs: Inputs) -> tuple[Case, Inputs]:
+    """The case without its FP8 cache, over the same values in the case dtype: where the confirmations
+    below judge, the bugs being the masks' and the cap's, not the cache's (sglang's ragged pass attends
+    over the new K/V in the model's dtype)."""
+    if case.kv_dtype is None:
+        return case, inputs
+    dt = TORCH_DTYPES[case.dtype]
+    twin = case.replace(kv_dtype=None, k_scale=1.0, v_scale=1.0)
+    return twin, dataclasses.replace(inputs, kv_all=inputs.kv_all.to(dt))
+
+
 def sglang_flashinfer_soft_cap(case: Case, device: str) -> bool:
     """Known issue sglang-flashinfer-soft-cap: FlashInfer called as sglang's FlashInferAttnBackend calls
     it for a soft-capped layer (the cap given to forward() only, never to plan(), which alone picks the
@@ -228,7 +240,7 @@ def sglang_flashinfer_soft_cap(case: Case, device: str) -> bool:
     fi = library("flashinfer")
     if fi is None or not case.soft_cap:
         return False
-    inputs = make_inputs(case, device)
+    case, inputs = model_dtype_twin(case, make_inputs(case, device))
     qkv = (inputs.q_all, inputs.kv_all[0], inputs.kv_all[1])
     lens = (list(inputs.q_lens), list(inputs.kv_lens))
     causal = case.mode != Mode.ENCODER_ONLY
@@ -237,10 +249,11 @@ def sglang_flashinfer_soft_cap(case: Case, device: str) -> bool:
 
 
 def new_tokens_case(case: Case, inputs: Inputs) -> tuple[Case, Inputs]:
-    """The case cut to its new tokens (each request's extend_len queries over its own last extend_len
-    keys, no prefix), with the case's own drawn values: what sglang's ragged pass attends over."""
+    """The case cut to its new tokens, an extend of each request's extend_len queries over its own last
+    extend_len keys (no prefix), with the case's own drawn values: what sglang's ragged pass attends
+    over."""
     ext = [r.extend_len for r in case.requests]
-    sub = case.replace(requests=tuple(Request(0, e) for e in ext))
+    sub = case.replace(mode=Mode.EXTEND, requests=tuple(Request(0, e) for e in ext))
     q = list(inputs.q)
     k = [kr[kr.shape[0] - e :] for kr, e in zip(inputs.k, ext)]
     v = [vr[vr.shape[0] - e :] for vr, e in zip(inputs.v, ext)]
@@ -256,7 +269,7 @@ def sglang_flashinfer_ragged_window(case: Case, device: str) -> bool:
     fi = library("flashinfer")
     if fi is None or case.window_left < 0:
         return False
-    sub, inputs = new_tokens_case(case, make_inputs(case, device))
+    sub, inputs = new_tokens_case(*model_dtype_twin(case, make_inputs(case, device)))
     qkv = (inputs.q_all, inputs.kv_all[0], inputs.kv_all[1])
     lens = (list(inputs.q_lens), list(inputs.kv_lens))
     with_prefix = any(r.prefix_len for r in case.requests)
