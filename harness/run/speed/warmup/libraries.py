@@ -13,6 +13,10 @@
   are recorded too (each group captures and replays them), the model check runs whole, one model
   per variant; when the recording fails, one case per mode of each dtype x head_dim x heads.
   Compiled: inductor's FX graph cache missed.
+- sglang_flashinfer: its drawn cases (record mode, graph replays included, the model check left
+  out) grouped by the FlashInfer modules sglang's FlashInferAttnBackend loads, each group run through
+  the adapter; a fixed list when the recording fails. Compiled: a module appeared in FlashInfer's
+  JIT cache.
 Each pool worker function returns COMPILED or CACHED and raises when the variant cannot run.
 """
 
