@@ -6,7 +6,8 @@ then runs the checks sent to it over a pipe, each backend pickled to it once. Th
   CRASH with the error text and the worker's last output;
 - the worker died (segfault, abort, killed): CRASH with its exit signal and the tail of its stderr
   (faulthandler prints the Python stack there);
-- no result within the time limit: HANG, and the worker is killed.
+- no result within the time limit: HANG, and the worker is killed; its reason names the compilers
+  running then, the worker's own or other processes' (harness/run/compilers.py), if any.
 After a CRASH or HANG the worker is replaced (a CUDA context that saw an illegal access is dead) and
 the run goes on with the next case; from then on a spare process is kept starting beside the worker,
 so a later fault's replacement has imported already. With several GPUs, `WorkerPool` keeps one worker per GPU.
