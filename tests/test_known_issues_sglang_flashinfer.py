@@ -7,6 +7,7 @@ import pytest
 from harness.checks import engine_confirm, known_issues
 from harness.checks.numeric import check_case
 from harness.core.case import Case, Request
+from harness.core.graph_case import GraphCase
 from harness.mutants import by_name
 from tests import flashinfer_fake as fake
 
@@ -109,6 +110,17 @@ def test_the_ragged_window_confirmation_is_right_where_flashinfer_is_and_says_wh
 
 def test_the_ragged_window_confirmation_confirms_nothing_where_a_forward_window_applies(forward_cap_applied):
     assert not engine_confirm.sglang_flashinfer_ragged_window(CHUNK_OVER_WINDOW, "cpu")
+
+
+def test_under_a_graph_the_soft_cap_issue_reaches_and_confirms_on_a_replayed_batch(monkeypatch):
+    fake.install(monkeypatch)
+    issue_ = issue("sglang-flashinfer-soft-cap-replay")
+    g = GraphCase((CAPPED_DECODE, CAPPED_DECODE.replace(requests=(Request(30, 1),))), 4, 64)
+    assert issue_.on_replay and issue_.reaches(g)
+    assert engine_confirm.sglang_flashinfer_soft_cap_replay(g, "cpu")
+    plain = GraphCase(tuple(c.replace(soft_cap=0.0) for c in g.batches), 4, 64)
+    assert not issue_.reaches(plain)
+    assert not engine_confirm.sglang_flashinfer_soft_cap_replay(plain, "cpu")
 
 
 def test_without_flashinfer_neither_confirmation_confirms():

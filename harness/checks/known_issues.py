@@ -256,6 +256,18 @@ KNOWN_ISSUES = (
         confirm=engine_confirm.sglang_flashinfer_soft_cap,
     ),
     KnownIssue(
+        id="sglang-flashinfer-soft-cap-replay",
+        library="sglang",
+        versions=frozenset({"0.5.17"}),
+        backends=frozenset({"sglang_flashinfer"}),
+        title="the same soft cap, dropped under a CUDA graph: the captured wrappers are planned without it "
+        "(fast_decode_plan included)",
+        repro="known_issues/sglang_flashinfer_soft_cap.py",
+        reaches=lambda g: any(sglang_capped(c) for c in g.batches),
+        confirm=engine_confirm.sglang_flashinfer_soft_cap_replay,
+        on_replay=True,
+    ),
+    KnownIssue(
         id="sglang-flashinfer-ragged-window",
         library="sglang",
         versions=frozenset({"0.5.17"}),
