@@ -87,7 +87,9 @@ def test_the_ragged_window_issue_reaches_a_chunk_wider_than_the_window_off_the_d
 def test_the_soft_cap_confirmation_is_right_where_flashinfer_is_and_says_where_it_is_not(monkeypatch):
     fake.install(monkeypatch)
     assert engine_confirm.sglang_flashinfer_soft_cap(CAPPED_DECODE, "cpu")
+    assert fake.calls("ragged.init")[-1]["backend"] == "fa2"  # sglang's decode wrappers' backend
     assert engine_confirm.sglang_flashinfer_soft_cap(CAPPED_DECODE.replace(mode="EXTEND"), "cpu")
+    assert fake.calls("ragged.init")[-1]["backend"] == "auto"  # its ragged wrapper's
     assert not engine_confirm.sglang_flashinfer_soft_cap(CAPPED_DECODE.replace(soft_cap=0.0), "cpu")
     fp8 = CAPPED_DECODE.replace(kv_dtype="float8_e4m3fn", k_scale=0.5, v_scale=0.0173)
     assert engine_confirm.sglang_flashinfer_soft_cap(fp8, "cpu")  # judged on its model-dtype twin

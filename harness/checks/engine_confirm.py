@@ -181,7 +181,10 @@ def vllm_softcap_nan(case: Case, device: str) -> bool:
     return bool(vllm_one_key(ops, q, k, v, isa, softcap=case.soft_cap).isnan().any())
 
 
-# What sglang's FlashInferAttnBackend builds its ragged prefill wrapper with (0.5.17 .. 0.5.23, off sm100).
+# The FlashInfer backend of the wrappers sglang's FlashInferAttnBackend runs each mode through (0.5.17 ..
+# 0.5.23, off sm100): its ragged prefill wrapper is built with "auto" (FA3's module on Hopper), its
+# decode and paged (verify) wrappers with "fa2".
+SGLANG_KERNEL_BACKEND = {Mode.DECODE: "fa2", Mode.TARGET_VERIFY: "fa2"}
 SGLANG_RAGGED_BACKEND = "auto"
 SGLANG_WORKSPACE_BYTES = 128 << 20
 
@@ -195,16 +198,17 @@ def sglang_ragged_forward(
     forward_window: int | None,
     causal: bool,
 ) -> torch.Tensor:
-    """FlashInfer's ragged prefill as sglang's FlashInferAttnBackend drives it: planned with no soft cap
-    (FlashInferIndicesUpdaterPrefill.call_begin_forward: begin_forward(qo_indptr, kv_indptr, heads,
-    head_dim, q_data_type)) and `plan_window`, then run through the deprecated forward() with the
-    layer's soft cap and scale and `forward_window` (None: forward() given no window_left, as
-    forward_extend's no-prefix call is)."""
+    """FlashInfer's ragged prefill as sglang's FlashInferAttnBackend drives its wrappers: planned with no
+    soft cap (FlashInferIndicesUpdaterPrefill.call_begin_forward: begin_forward(qo_indptr, kv_indptr,
+    heads, head_dim, q_data_type)) and `plan_window`, then run through the deprecated forward() with
+    the layer's soft cap and scale and `forward_window` (None: forward() given no window_left, as
+    forward_extend's no-prefix call is); on the kernel backend sglang's wrapper for the case's mode
+    has (SGLANG_KERNEL_BACKEND)."""
     dt = TORCH_DTYPES[case.dtype]
     wrapper = fi.BatchPrefillWithRaggedKVCacheWrapper(
         torch.empty(SGLANG_WORKSPACE_BYTES, dtype=torch.uint8, device=qkv[0].device),
         "NHD",
-        backend=SGLANG_RAGGED_BACKEND,
+        backend=SGLANG_KERNEL_BACKEND.get(case.mode, SGLANG_RAGGED_BACKEND),
     )
     wrapper.begin_forward(
         indptr(lens[0]),
@@ -272,7 +276,8 @@ def sglang_flashinfer_ragged_window(case: Case, device: str) -> bool:
     case's new tokens, as FlashInferAttnBackend drives it (planned with no window_left; run with the
     layer's window when the batch has a cached prefix, with none when it has not), judged against the
     new tokens' own windowed attention: wrong there. The cached prefix, which sglang attends through
-    its paged wrapper with a window mask of its own, is left out."""
+    its paged wrapper with a window mask of its own, is left out. A soft cap is dropped here as sglang
+    drops it; where it matters, sglang-flashinfer-soft-cap, listed first, is the entry that excuses."""
     fi = library("flashinfer")
     if fi is None or case.window_left < 0:
         return False
