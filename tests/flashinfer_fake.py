@@ -478,6 +478,17 @@ class BatchPrefillWithRaggedKVCacheWrapper(_Variant):
         out, lse = torch.cat(outs), torch.cat(lses)
         return (out, lse) if return_lse else out
 
+    begin_forward = plan
+
+    def forward(self, q, k, v, causal=False, window_left=-1, logits_soft_cap=None, sm_scale=None, **rest):
+        """The deprecated entry (sglang's): sets the run-time state, then runs what plan() compiled."""
+        _takes("BatchPrefillWithRaggedKVCacheWrapper.forward", rest)
+        CALLS.append(("ragged.forward", {"causal": causal, "window_left": window_left, **rest}))
+        self._causal, self._window_left = causal, window_left
+        self._logits_soft_cap = logits_soft_cap or 0.0
+        self._sm_scale = sm_scale if sm_scale is not None else 1.0 / math.sqrt(q.shape[-1])
+        return self.run(q, k, v)
+
 
 def _split_attend(q, keys, vals, visible, scale, cap, chunk):
     """_attend over the keys in chunks of `chunk` (0: one pass), each chunk's output rounded to the

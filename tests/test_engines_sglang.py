@@ -313,6 +313,25 @@ def test_the_model_runner_stand_in_follows_the_case(monkeypatch):
     assert not plain.model_config.is_encoder_decoder and plain.model_config.get_num_kv_heads(1) == 2
 
 
+@needs_sglang
+def test_the_layer_and_the_runner_carry_the_window_cap_and_scale_as_sglangs_models_give_them(monkeypatch):
+    """sglang's model runner takes its sliding_window_size from the model (resolve_sliding_window_size:
+    `model.get_attention_sliding_window_size()`, gemma2's `config.sliding_window - 1`), the value
+    gemma2's windowed layers give RadixAttention, with `logit_cap = config.attn_logit_softcapping` and
+    their own `scaling`: the adapter's layer and runner carry one W, the case's soft cap and scale."""
+    gemma2 = sglang_source("sglang.srt.models.gemma2")
+    assert "return config.sliding_window - 1" in gemma2
+    assert "logit_cap = self.config.attn_logit_softcapping" in gemma2
+    resolve = sglang_source("sglang.srt.model_executor.model_runner_components.load_model_utils")
+    assert "sliding_window_size = model.get_attention_sliding_window_size()" in resolve
+    fields = dict(window_left=5, soft_cap=30.0, sm_scale=0.1)
+    case = Case(mode="DECODE", requests=(Request(9, 1), Request(3, 1)), page_size=16, **fields)
+    layer = SglangFlashInfer().layer(build_batch(case, make_inputs(case), "cpu"))
+    runner = stand_in_runner(SglangFlashInfer, monkeypatch, **fields)
+    assert layer.sliding_window_size == runner.sliding_window_size == 5
+    assert layer.logit_cap == 30.0 and layer.scaling == 0.1
+
+
 # Where each CUDA backend turns the layer's sliding_window_size into the keys a query sees.
 WINDOW_SOURCES = {
     # a decode keeps the last W + 1 keys: seq_lens clamped to W + 1 (FlashInferIndicesUpdaterDecode)

@@ -3,8 +3,12 @@ run goes on with a fresh worker, and the suite and the mutant hunts report it as
 
 import ctypes
 import os
+import shutil
+import signal
+import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -53,6 +57,20 @@ class Sleeps(TorchNative):
         return super().run(batch)
 
 
+class CompilesPastTheLimit(TorchNative):
+    """A first use of a JIT variant whose build outlasts the case's limit: a compiler child (a process
+    named nvcc) still running; its pid is written to `pid_file` so that the test can end it."""
+
+    def __init__(self, nvcc: str, pid_file: str) -> None:
+        super().__init__()
+        self.nvcc, self.pid_file = nvcc, pid_file
+
+    def run(self, batch):
+        child = subprocess.Popen([self.nvcc, "600"])
+        Path(self.pid_file).write_text(str(child.pid))
+        time.sleep(3600)
+
+
 class RaisesCudaError(TorchNative):
     def run(self, batch):
         raise RuntimeError("CUDA error: an illegal memory access was encountered")
@@ -93,6 +111,21 @@ def test_crash_and_hang_are_results_and_the_run_goes_on(runner):
     # One worker for the first cases, then a fresh one after each of the four crashes or hangs only:
     # healthy cases reuse the worker they find.
     assert runner.worker.started == 5
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc (Linux)")
+def test_a_hang_while_compiling_says_so(tmp_path):
+    nvcc, pid_file = tmp_path / "nvcc", tmp_path / "pid"
+    nvcc.symlink_to(shutil.which("sleep"))
+    runner = isolation.IsolatedRunner(timeout=5, first_timeout=10)  # the backend's first case: 10 s
+    try:
+        res = runner.run(check_case, CompilesPastTheLimit(str(nvcc), str(pid_file)), GOOD, "cpu")
+    finally:
+        runner.close()
+        if pid_file.exists():
+            os.kill(int(pid_file.read_text()), signal.SIGKILL)  # orphaned by the worker's kill
+    assert res.status == "hang"
+    assert "no result within 10s while compiling (its worker was running nvcc x1" in res.reason
 
 
 def test_a_crash_keeps_its_fatal_line_after_a_long_extension_module_list(runner):

@@ -20,10 +20,11 @@ from pathlib import Path
 import pytest
 
 from harness import cli
+from harness.backends import load
 from harness.backends.flex_compiled import FlexCompiled
 from harness.run.speed import variant_shards, warmup
 from harness.run.speed.warmup import libraries, ninja, stamp
-from harness.run.speed.warmup.libraries import FA4, FLASHINFER, FLEX, LIBRARIES
+from harness.run.speed.warmup.libraries import FA4, FLASHINFER, FLEX, LIBRARIES, SGLANG_FLASHINFER
 from harness.search.profiles import SIZES
 from tests import warmup_fake
 from tests.helpers import fresh_cache
@@ -580,3 +581,61 @@ def test_make_check_is_one_command_that_warms_up_beside_the_check():
     assert make_n("warmup") == ["py -m harness warmup"]
     narrowed = make_n("warmup", "WARMUP_ARGS=--backend fa4")[0]
     assert narrowed.split() == ["py", "-m", "harness", "warmup", "--backend", "fa4"]
+
+
+# --- sglang_flashinfer ---------------------------------------------------------------------------
+
+
+def test_sglang_flashinfer_variants_are_the_recorded_cases_grouped_by_the_modules_they_load(monkeypatch):
+    """sglang plans FlashInfer without the soft cap, so the cap selects nothing; a prefix (ragged plus
+    paged plus merge_state), an FP8 cache, determinism (paged only) and grouped heads (tensor-core
+    decode) each do."""
+    from harness.core.case import Case, Request
+
+    base = Case(mode="EXTEND", requests=(Request(40, 24),), num_q_heads=8, num_kv_heads=2)
+    same = base.replace(requests=(Request(9, 3), Request(70, 1)), soft_cap=30.0, seed=3)
+    fresh = base.replace(requests=(Request(0, 24),))
+    fp8 = base.replace(kv_dtype="float8_e4m3fn", k_scale=0.5)
+    det = base.replace(deterministic=True)
+    decode = base.replace(mode="DECODE", requests=(Request(40, 1),))
+    ungrouped = decode.replace(num_q_heads=4, num_kv_heads=4)
+    drawn = [base, same, fresh, fp8, det, decode, ungrouped]
+    recorded = [{"backend": "sglang_flashinfer", "family": "x", "kind": "numeric", "case": c} for c in drawn]
+    asked = []
+
+    def record(profile, backend, leave_out=""):  # noqa: ANN001, ANN202
+        asked.append((backend, leave_out))
+        return recorded
+
+    monkeypatch.setattr(libraries, "record_cases", record)
+    grouped = [[c for _, c in v.task.cases] for v in SGLANG_FLASHINFER.variants("gpu")]
+    assert grouped == [[base, same], [fresh], [fp8], [det], [decode], [ungrouped]]
+    assert asked == [("sglang_flashinfer", libraries.FLEX_UNRECORDED_TESTS)]  # graph replays recorded
+    assert SGLANG_FLASHINFER.note() == "7 drawn cases in 6 groups (record mode)"
+
+
+def test_sglang_flashinfer_without_a_recording_runs_a_fixed_list_it_supports(monkeypatch):
+    _no_recording(monkeypatch)
+    cases = [v.task.cases[0][1] for v in SGLANG_FLASHINFER.variants("ci")]
+    backend = load("sglang_flashinfer")
+    assert cases and all(backend.supports(c) is None for c in cases)
+    keys = {libraries.sglang_flashinfer_key(c) for c in cases}
+    assert len(keys) == len(cases)  # each loads modules of its own
+    assert {c.kv_dtype for c in cases} == {None, "float8_e4m3fn", "float8_e5m2"}
+    assert any(c.mode == "EXTEND" and not c.requests[0].prefix_len for c in cases)  # the ragged FA3 module
+    assert SGLANG_FLASHINFER.note().endswith("compiling a fixed list of cases instead")
+
+
+def test_sglang_flashinfer_counts_a_variant_as_compiled_when_a_module_appeared(monkeypatch):
+    _no_recording(monkeypatch)
+    task = SGLANG_FLASHINFER.variants("ci")[0].task
+    jit: set[str] = set()
+    monkeypatch.setattr(libraries.flashinfer_warmup, "list_modules", lambda: sorted(jit))
+    monkeypatch.setattr(libraries, "run_task", lambda backend, task: jit.add("batch_prefill_sm90"))
+    assert libraries.compile_sglang_flashinfer(task) == warmup.COMPILED
+    assert libraries.compile_sglang_flashinfer(task) == warmup.CACHED
+
+
+def test_a_check_of_sglang_flashinfer_warms_up_its_own_library_only():
+    assert warmup.select(LIBRARIES, ["sglang_flashinfer"]) == [SGLANG_FLASHINFER]
+    assert SGLANG_FLASHINFER not in warmup.select(LIBRARIES, ["flashinfer_paged", "sglang_fa3"])

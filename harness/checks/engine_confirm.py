@@ -11,15 +11,19 @@ is judged is sglang's own init_forward_metadata over the pools it is given.
 
 from __future__ import annotations
 
+import dataclasses
+from types import ModuleType
+
 import torch
 
 from harness.backends.engines.sglang.engine import declare_torchvision_schemas
 from harness.backends.engines.sglang.fa3 import SglangFA3
 from harness.backends.engines.vllm.driver import model_len
 from harness.backends.graph_glue import capture_sizes, padded_size
-from harness.checks.library_verdict import library
-from harness.core.batch import build_batch, make_inputs
-from harness.core.case import Case
+from harness.checks.flashinfer_confirm import indptr
+from harness.checks.library_verdict import library, library_verdict
+from harness.core.batch import Inputs, build_batch, make_inputs
+from harness.core.case import Case, Request
 from harness.core.graph_case import GraphCase, kv_extents
 from harness.core.modes import Mode
 from harness.core.vocab import TORCH_DTYPES
@@ -263,3 +267,111 @@ def vllm_softcap_nan(case: Case, device: str) -> bool:
     )
     k[..., 0], q[..., 0] = 1.0, case.logit_offset
     return bool(vllm_one_key(ops, q, k, v, isa, softcap=case.soft_cap).isnan().any())
+
+
+# The FlashInfer backend of the wrappers sglang's FlashInferAttnBackend runs each mode through (0.5.17 ..
+# 0.5.23, off sm100): its ragged prefill wrapper is built with "auto" (FA3's module on Hopper), its
+# decode and paged (verify) wrappers with "fa2".
+SGLANG_KERNEL_BACKEND = {Mode.DECODE: "fa2", Mode.TARGET_VERIFY: "fa2"}
+SGLANG_RAGGED_BACKEND = "auto"
+SGLANG_WORKSPACE_BYTES = 128 << 20
+
+
+def sglang_ragged_forward(
+    fi: ModuleType,
+    case: Case,
+    qkv: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+    lens: tuple[list[int], list[int]],
+    plan_window: int,
+    forward_window: int | None,
+    causal: bool,
+) -> torch.Tensor:
+    """FlashInfer's ragged prefill as sglang's FlashInferAttnBackend drives its wrappers: planned with no
+    soft cap (FlashInferIndicesUpdaterPrefill.call_begin_forward: begin_forward(qo_indptr, kv_indptr,
+    heads, head_dim, q_data_type)) and `plan_window`, then run through the deprecated forward() with
+    the layer's soft cap and scale and `forward_window` (None: forward() given no window_left, as
+    forward_extend's no-prefix call is); on the kernel backend sglang's wrapper for the case's mode
+    has (SGLANG_KERNEL_BACKEND)."""
+    dt = TORCH_DTYPES[case.dtype]
+    wrapper = fi.BatchPrefillWithRaggedKVCacheWrapper(
+        torch.empty(SGLANG_WORKSPACE_BYTES, dtype=torch.uint8, device=qkv[0].device),
+        "NHD",
+        backend=SGLANG_KERNEL_BACKEND.get(case.mode, SGLANG_RAGGED_BACKEND),
+    )
+    wrapper.begin_forward(
+        indptr(lens[0]),
+        indptr(lens[1]),
+        case.num_q_heads,
+        case.num_kv_heads,
+        case.head_dim,
+        window_left=plan_window,
+        q_data_type=dt,
+    )
+    window = {} if forward_window is None else {"window_left": forward_window}
+    return wrapper.forward(
+        *(t.to(dt) for t in qkv), causal=causal, sm_scale=case.scale, logits_soft_cap=case.soft_cap, **window
+    )
+
+
+def model_dtype_twin(case: Case, inputs: Inputs) -> tuple[Case, Inputs]:
+    """The case without its FP8 cache, over the same values in the case dtype: where the confirmations
+    below judge, the bugs being the masks' and the cap's, not the cache's (sglang's ragged pass attends
+    over the new K/V in the model's dtype)."""
+    if case.kv_dtype is None:
+        return case, inputs
+    dt = TORCH_DTYPES[case.dtype]
+    twin = case.replace(kv_dtype=None, k_scale=1.0, v_scale=1.0)
+    return twin, dataclasses.replace(inputs, kv_all=inputs.kv_all.to(dt))
+
+
+def sglang_flashinfer_soft_cap(case: Case, device: str) -> bool:
+    """Known issue sglang-flashinfer-soft-cap: FlashInfer called as sglang's FlashInferAttnBackend calls
+    it for a soft-capped layer (the cap given to forward() only, never to plan(), which alone picks the
+    kernel that applies it), over each request's queries and every key (causal, non-causal for an
+    encoder layer) with the case's window planned in, so that only the cap is sglang's: wrong on
+    the case, judged as the numeric check judges."""
+    fi = library("flashinfer")
+    if fi is None or not case.soft_cap:
+        return False
+    case, inputs = model_dtype_twin(case, make_inputs(case, device))
+    qkv = (inputs.q_all, inputs.kv_all[0], inputs.kv_all[1])
+    lens = (list(inputs.q_lens), list(inputs.kv_lens))
+    causal = case.mode != Mode.ENCODER_ONLY
+    out = sglang_ragged_forward(fi, case, qkv, lens, case.window_left, case.window_left, causal)
+    return not library_verdict(case, inputs, out, device).passed
+
+
+def sglang_flashinfer_soft_cap_replay(g: GraphCase, device: str) -> bool:
+    """Known issue sglang-flashinfer-soft-cap under a CUDA graph (its captured wrappers are planned
+    without the cap too, fast_decode_plan included): the eager confirmation on any replayed batch."""
+    return any(sglang_flashinfer_soft_cap(c, device) for c in g.batches)
+
+
+def new_tokens_case(case: Case, inputs: Inputs) -> tuple[Case, Inputs]:
+    """The case cut to its new tokens, an extend of each request's extend_len queries over its own last
+    extend_len keys (no prefix), with the case's own drawn values: what sglang's ragged pass attends
+    over."""
+    ext = [r.extend_len for r in case.requests]
+    sub = case.replace(mode=Mode.EXTEND, requests=tuple(Request(0, e) for e in ext))
+    q = list(inputs.q)
+    k = [kr[kr.shape[0] - e :] for kr, e in zip(inputs.k, ext)]
+    v = [vr[vr.shape[0] - e :] for vr, e in zip(inputs.v, ext)]
+    return sub, Inputs.from_requests(q, k, v, None)
+
+
+def sglang_flashinfer_ragged_window(case: Case, device: str) -> bool:
+    """Known issue sglang-flashinfer-ragged-window: the ragged pass of sglang's windowed extend over the
+    case's new tokens, as FlashInferAttnBackend drives it (planned with no window_left; run with the
+    layer's window when the batch has a cached prefix, with none when it has not), judged against the
+    new tokens' own windowed attention: wrong there. The cached prefix, which sglang attends through
+    its paged wrapper with a window mask of its own, is left out. A soft cap is dropped here as sglang
+    drops it; where it matters, sglang-flashinfer-soft-cap, listed first, is the entry that excuses."""
+    fi = library("flashinfer")
+    if fi is None or case.window_left < 0:
+        return False
+    sub, inputs = new_tokens_case(*model_dtype_twin(case, make_inputs(case, device)))
+    qkv = (inputs.q_all, inputs.kv_all[0], inputs.kv_all[1])
+    lens = (list(inputs.q_lens), list(inputs.kv_lens))
+    with_prefix = any(r.prefix_len for r in case.requests)
+    out = sglang_ragged_forward(fi, sub, qkv, lens, -1, case.window_left if with_prefix else None, True)
+    return not library_verdict(sub, inputs, out, device).passed

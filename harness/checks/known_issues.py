@@ -111,6 +111,36 @@ def fa3_replay_drops_window(g: GraphCase) -> bool:
     )
 
 
+# The modes whose every forward sglang's FlashInferAttnBackend runs through a wrapper planned without the
+# layer's soft cap (decode, the ragged and paged prefills, the verify's paged wrapper).
+SGLANG_FLASHINFER_CAPPED = (
+    Mode.DECODE,
+    Mode.EXTEND,
+    Mode.DRAFT_EXTEND_V2,
+    Mode.TARGET_VERIFY,
+    Mode.ENCODER_ONLY,
+)
+
+
+def sglang_capped(c: Case) -> bool:
+    """Whether sglang_flashinfer runs a soft-capped case through a wrapper planned without its cap, in
+    a shape its confirmation attends alike (every verify tree a chain: causal over the drafts)."""
+    chains = all(r.tree is None or list(r.tree) == list(range(-1, len(r.tree) - 1)) for r in c.requests)
+    return c.soft_cap > 0 and c.mode in SGLANG_FLASHINFER_CAPPED and chains
+
+
+def sglang_ragged_windowed(c: Case) -> bool:
+    """Whether sglang_flashinfer runs a windowed extend through its ragged wrapper (taken unless
+    deterministic) with a request whose new tokens reach past the window among themselves (more than
+    W + 1 of them), where that wrapper, planned without window_left, masks no window."""
+    return (
+        c.window_left >= 0
+        and c.mode in (Mode.EXTEND, Mode.DRAFT_EXTEND_V2)
+        and not c.deterministic
+        and any(r.extend_len > c.window_left + 1 for r in c.requests)
+    )
+
+
 def power_of_two(x: float) -> bool:
     """Whether x is 2**n: a value times or over it keeps its mantissa, so an FP8 code's value divided
     by such a scale is the code exactly, and rounding toward zero or to nearest agree."""
@@ -286,6 +316,43 @@ KNOWN_ISSUES = (
         repro="known_issues/sglang_fa3_cross_page_table.py",
         reaches=lambda c: c.mode == Mode.CROSS and c.page_size > 1,
         confirm=engine_confirm.sglang_fa3_cross_page_table,
+    ),
+    KnownIssue(
+        id="sglang-flashinfer-soft-cap",
+        library="sglang",
+        versions=frozenset({"0.5.17"}),
+        backends=frozenset({"sglang_flashinfer"}),
+        title="FlashInferAttnBackend gives the layer's logit_cap to the wrappers' deprecated forward() only, "
+        "never to plan() / begin_forward(), where FlashInfer (0.2 on) picks the kernel that applies a soft "
+        "cap: every decode and prefill runs uncapped",
+        repro="known_issues/sglang_flashinfer_soft_cap.py",
+        reaches=sglang_capped,
+        confirm=engine_confirm.sglang_flashinfer_soft_cap,
+    ),
+    KnownIssue(
+        id="sglang-flashinfer-soft-cap-replay",
+        library="sglang",
+        versions=frozenset({"0.5.17"}),
+        backends=frozenset({"sglang_flashinfer"}),
+        title="the same soft cap, dropped under a CUDA graph: the captured wrappers are planned without it "
+        "(fast_decode_plan included)",
+        repro="known_issues/sglang_flashinfer_soft_cap.py",
+        reaches=lambda g: any(sglang_capped(c) for c in g.batches),
+        confirm=engine_confirm.sglang_flashinfer_soft_cap_replay,
+        on_replay=True,
+        on_eager=False,
+    ),
+    KnownIssue(
+        id="sglang-flashinfer-ragged-window",
+        library="sglang",
+        versions=frozenset({"0.5.17"}),
+        backends=frozenset({"sglang_flashinfer"}),
+        title="FlashInferAttnBackend plans its ragged prefill wrapper without window_left (and its no-prefix "
+        "extend passes none at all): an extend's new tokens attend to each other with no window, the "
+        "window given to forward() trimming whole key tiles only",
+        repro="known_issues/sglang_flashinfer_ragged_window.py",
+        reaches=sglang_ragged_windowed,
+        confirm=engine_confirm.sglang_flashinfer_ragged_window,
     ),
 )
 

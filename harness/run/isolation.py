@@ -6,7 +6,8 @@ then runs the checks sent to it over a pipe, each backend pickled to it once. Th
   CRASH with the error text and the worker's last output;
 - the worker died (segfault, abort, killed): CRASH with its exit signal and the tail of its stderr
   (faulthandler prints the Python stack there);
-- no result within the time limit: HANG, and the worker is killed.
+- no result within the time limit: HANG, and the worker is killed; its reason names the compilers
+  running then, the worker's own or other processes' (harness/run/compilers.py), if any.
 After a CRASH or HANG the worker is replaced (a CUDA context that saw an illegal access is dead) and
 the run goes on with the next case; from then on a spare process is kept starting beside the worker,
 so a later fault's replacement has imported already. With several GPUs, `WorkerPool` keeps one worker per GPU.
@@ -92,7 +93,8 @@ class IsolatedRunner:
         self.sent.add(key)
         out = self.worker.call(_run_in_worker, (key, blob, fn, args), limit)
         if out.kind == "timeout":
-            text = f"no result within {limit:g}s: the case was stopped and its worker killed"
+            during = f" {out.compiling}" if out.compiling else ""
+            text = f"no result within {limit:g}s{during}: the case was stopped and its worker killed"
             out.error = text + (f"\nworker output:\n{out.output}" if out.output else "")
         elif out.kind == "died":
             text = f"the worker process died ({describe_exit(out.code)}) while running the case"

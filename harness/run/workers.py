@@ -35,6 +35,8 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any, TypeVar
 
+from harness.run import compilers
+
 STARTUP_TIMEOUT = 300.0  # spawning a worker and importing torch and the harness
 LOG_TAIL = 3000  # characters of a call's output kept in its Outcome
 FATAL = "Fatal Python error:"  # faulthandler's first line when the process dies of a signal
@@ -77,13 +79,15 @@ def output_tail(text: str, limit: int = LOG_TAIL) -> str:
 class Outcome:
     """One call in a worker: `ok` (value), `raised` (error: its traceback), `died` (code: the exit
     status, negative for a signal) or `timeout` (the worker was killed); output: the tail of what
-    the worker printed during the call."""
+    the worker printed during the call; compiling: for a timeout, the compilers that were running
+    then (harness/run/compilers.py), "" if none."""
 
     kind: str
     value: Any = None
     error: str = ""
     code: int | None = None
     output: str = ""
+    compiling: str = ""
 
     @property
     def error_line(self) -> str:
@@ -288,8 +292,9 @@ class Worker:
         self.conn.send((fn, args))
         if not self.conn.poll(timeout):
             output = self.log_tail()
+            compiling = compilers.survey(self.proc.pid) if self.proc is not None else ""
             self.stop(kill=True)
-            return Outcome(kind="timeout", output=output)
+            return Outcome(kind="timeout", output=output, compiling=compiling)
         try:
             kind, value = self.conn.recv()
         except (EOFError, OSError):

@@ -13,7 +13,10 @@ layers (non-causal ragged prefill), an FP8 cache read with the layer's k_scale /
 generate_attn_arg_prefill, whose custom mask carries the tree) and DRAFT_EXTEND_V2 (its eager path plans
 an extend over the cached prefix from the ForwardBatch, spec_info unread). Under a CUDA graph
 (harness/backends/engines/sglang/graph.py) it captures DECODE, TARGET_VERIFY and DRAFT_EXTEND_V2, the
-modes of init_forward_metadata_out_graph. Not run on a GPU yet (docs/engines.md).
+modes of init_forward_metadata_out_graph. Run on an H200 with 0.5.17, eagerly (docs/engines.md): two of
+its paths drop what the layer declares, FlashInfer compiling both into the kernel plan() picks while
+sglang passes them to forward() only: the soft cap on every wrapper, the window on the ragged prefill
+(known issues sglang-flashinfer-soft-cap and sglang-flashinfer-ragged-window).
 """
 
 from __future__ import annotations

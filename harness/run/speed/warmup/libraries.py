@@ -13,6 +13,10 @@
   are recorded too (each group captures and replays them), the model check runs whole, one model
   per variant; when the recording fails, one case per mode of each dtype x head_dim x heads.
   Compiled: inductor's FX graph cache missed.
+- sglang_flashinfer: its drawn cases (record mode, graph replays included, the model check left
+  out) grouped by the FlashInfer modules sglang's FlashInferAttnBackend loads, each group run through
+  the adapter; a fixed list when the recording fails. Compiled: a module appeared in FlashInfer's
+  JIT cache.
 Each pool worker function returns COMPILED or CACHED and raises when the variant cannot run.
 """
 
@@ -383,4 +387,85 @@ FLEX = Library(
     note=lambda: _NOTES.get("flex_compiled"),
 )
 
-LIBRARIES = (FLASHINFER, FA4, FLEX)
+# --- sglang_flashinfer -------------------------------------------------------------------------
+
+
+def sglang_flashinfer_key(case) -> tuple:  # noqa: ANN001 - a Case or a GraphCase
+    """What selects the FlashInfer modules sglang's FlashInferAttnBackend loads for a case: its ragged
+    wrapper (backend "auto": FA3's sm90 module on Hopper, which the core warm-up, all fa2, never
+    builds) unless deterministic, the paged wrappers (fa2, of the KV cache's dtype; a window's module
+    when deterministic), merge_state after a cached prefix, the decode wrapper (tensor cores from 4
+    query heads per KV head, or an FP8 cache), a custom mask's packbits (verify, a windowed prefix),
+    a captured graph's wrappers. Its soft cap selects nothing: sglang plans without it."""
+    from harness.core.graph_case import GraphCase
+
+    graph = isinstance(case, GraphCase)
+    c = case.layer if graph else case
+    prefix = any(r.prefix_len for r in c.requests)
+    grouped = c.num_q_heads // c.num_kv_heads >= 4
+    window = c.window_left >= 0
+    return (graph, str(c.mode), c.dtype, c.head_dim, c.kv_dtype, c.deterministic, window, prefix, grouped)
+
+
+def sglang_flashinfer_fallback(profile: str) -> list:
+    """Without a recording: per dtype x head_dim of the profile and KV cache dtype, an extend after a
+    prefix and one without, a grouped and an ungrouped decode, a deterministic windowed extend and a
+    verify tree, those the adapter supports."""
+    from harness.core.case import Case, Request
+    from harness.run.speed.warmup.flashinfer import KV_CACHES, profile_variants
+
+    backend = _backend("sglang_flashinfer")
+    out = []
+    for (dtype, head_dim), kv in itertools.product(profile_variants(profile), KV_CACHES):
+        fp8 = {"kv_dtype": kv, "k_scale": 0.5, "v_scale": 2.0} if kv else {}
+        base = Case(mode="EXTEND", requests=(Request(40, 24),), dtype=dtype, head_dim=head_dim, **fp8)
+        for c in (
+            base,
+            base.replace(requests=(Request(0, 24),)),
+            base.replace(mode="DECODE", requests=(Request(40, 1),)),
+            base.replace(mode="DECODE", requests=(Request(40, 1),), num_q_heads=4, num_kv_heads=4),
+            base.replace(window_left=8, deterministic=True),
+            base.replace(mode="TARGET_VERIFY", requests=(Request(40, 4, tree=(-1, 0, 0, 1)),)),
+        ):
+            if backend.supports(c) is None:
+                out.append(c)
+    return out
+
+
+def sglang_flashinfer_variants(profile: str) -> list[Variant]:
+    """The recorded cases (graph replays included; the model check left out) grouped by the modules
+    they load; the fallback list when the recording run fails."""
+    from harness.checks.invariance import neighbour_sizes
+    from harness.search.profiles import SIZES
+
+    _NOTES.pop("sglang_flashinfer", None)
+    try:
+        recorded = record_cases(profile, "sglang_flashinfer", FLEX_UNRECORDED_TESTS)
+    except RecordFailed as e:
+        _NOTES["sglang_flashinfer"] = f"{e}; compiling a fixed list of cases instead"
+        cases = sglang_flashinfer_fallback(profile)
+        return [Variant("sglang_flashinfer", _describe(c), RecordedTask((("numeric", c),))) for c in cases]
+    neighbours = neighbour_sizes(SIZES[profile])
+    out = recorded_groups("sglang_flashinfer", recorded, sglang_flashinfer_key, neighbours)
+    _NOTES["sglang_flashinfer"] = f"{len(recorded)} drawn cases in {len(out)} groups (record mode)"
+    return out
+
+
+def compile_sglang_flashinfer(task: RecordedTask) -> str:
+    """Run one variant's cases as their checks do; COMPILED if a FlashInfer module appeared in the JIT
+    cache meanwhile."""
+    before = set(flashinfer_warmup.list_modules())
+    run_task("sglang_flashinfer", task)
+    return COMPILED if set(flashinfer_warmup.list_modules()) - before else CACHED
+
+
+SGLANG_FLASHINFER = Library(
+    name="sglang_flashinfer",
+    backends=("sglang_flashinfer",),
+    unavailable=_available("sglang_flashinfer"),
+    variants=sglang_flashinfer_variants,
+    compile=compile_sglang_flashinfer,
+    note=lambda: _NOTES.get("sglang_flashinfer"),
+)
+
+LIBRARIES = (FLASHINFER, FA4, FLEX, SGLANG_FLASHINFER)

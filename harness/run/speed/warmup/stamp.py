@@ -31,6 +31,7 @@ PACKAGES = (
     ("flashinfer-python", "flashinfer"),
     ("flash-attn-4", "flash-attn", "flash-attn-3"),
     ("nvidia-cutlass-dsl",),
+    ("sglang",),  # which FlashInfer modules its attention backend loads
     ("hypothesis",),
 )
 

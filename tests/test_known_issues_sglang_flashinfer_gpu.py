@@ -1,0 +1,75 @@
+"""On the GPU: the sglang FlashInfer entries confirm themselves on the cases sglang_flashinfer failed on
+an H200 (sglang 0.5.17, flashinfer-python 0.6.18.post1), and not where FlashInfer called sglang's way
+is right: a soft cap that changes nothing at small logits, a chunk of new tokens inside the window.
+Skipped, with the reason, without CUDA or a supported flashinfer.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from harness.backends.flashinfer_glue import why_unavailable
+from harness.checks import known_issues
+from harness.checks.engine_confirm import sglang_flashinfer_ragged_window, sglang_flashinfer_soft_cap
+from harness.core.case import Case, Request
+
+SKIP = (
+    "no CUDA device: torch.cuda.is_available() is False"
+    if not torch.cuda.is_available()
+    else why_unavailable()
+)
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(SKIP is not None, reason=str(SKIP))]
+
+# Two of the failing records on the H200, as their repro lines give them.
+CAPPED_DECODE = Case(
+    mode="DECODE",
+    requests=(Request(62, 1),) * 3,
+    num_q_heads=8,
+    num_kv_heads=2,
+    head_dim=64,
+    dtype="float16",
+    soft_cap=30.0,
+    q_amplitude=30.0,
+    page_size=16,
+    page_layout="interleaved",
+    seed=1179,
+)
+CHUNK_OVER_WINDOW = Case(
+    mode="EXTEND",
+    requests=(Request(40, 30), Request(3, 20)),
+    num_q_heads=8,
+    num_kv_heads=2,
+    head_dim=64,
+    window_left=7,
+    page_size=16,
+)
+
+
+def reaches(issue_id: str, case: Case) -> bool:
+    (issue,) = [i for i in known_issues.KNOWN_ISSUES if i.id == issue_id]
+    return issue.reaches(case)
+
+
+def test_the_soft_cap_issue_confirms_on_the_failed_decode_and_extend():
+    assert sglang_flashinfer_soft_cap(CAPPED_DECODE, "cuda")
+    catalogue = dict(mode="EXTEND", requests=(Request(8, 6),), dtype="bfloat16", q_amplitude=8.0)
+    assert sglang_flashinfer_soft_cap(CAPPED_DECODE.replace(**catalogue), "cuda")  # soft_capped_logits
+
+
+def test_the_soft_cap_issue_does_not_confirm_where_the_cap_changes_nothing():
+    small = CAPPED_DECODE.replace(q_amplitude=1.0, soft_cap=1000.0)
+    assert reaches("sglang-flashinfer-soft-cap", small)
+    assert not sglang_flashinfer_soft_cap(small, "cuda")
+
+
+def test_the_ragged_window_issue_confirms_on_chunk_over_window_and_a_prefill():
+    assert sglang_flashinfer_ragged_window(CHUNK_OVER_WINDOW, "cuda")
+    assert sglang_flashinfer_ragged_window(CHUNK_OVER_WINDOW.replace(requests=(Request(0, 40),)), "cuda")
+
+
+def test_the_ragged_window_issue_does_not_confirm_inside_the_window():
+    """Every new token within W + 1 of the chunk's first: the unplanned window hides nothing there."""
+    inside = CHUNK_OVER_WINDOW.replace(window_left=40)
+    assert not reaches("sglang-flashinfer-ragged-window", inside)
+    assert not sglang_flashinfer_ragged_window(inside, "cuda")
