@@ -517,12 +517,7 @@ def fa3_planned_with(case: Case, monkeypatch):
     batch = build_batch(case, make_inputs(case), "cpu")
     adapter = SglangFA3()
     with adapter.serving_context(batch):
-        rows = adapter.req_pool_indices(batch)
-        r2t, kv = adapter.req_to_token_pool(batch, rows), adapter.token_to_kv_pool(batch)
-        backend = adapter.attention_backend(batch, r2t, kv)
-        fb = adapter.forward_batch(batch, rows)
-        adapter.bind_forward_batch(backend, fb)
-        backend.init_forward_metadata(fb)
+        backend, fb, _ = adapter.planned(batch)
     return batch, backend, fb
 
 

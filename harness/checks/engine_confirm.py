@@ -194,12 +194,7 @@ def sglang_fa3_cross_page_table(case: Case, device: str) -> bool:
     batch = build_batch(case, make_inputs(case, device), device)
     adapter = SglangFA3()
     with adapter.serving_context(batch):
-        rows = adapter.req_pool_indices(batch)
-        r2t, kv = adapter.req_to_token_pool(batch, rows), adapter.token_to_kv_pool(batch)
-        backend = adapter.attention_backend(batch, r2t, kv)
-        fb = adapter.forward_batch(batch, rows)
-        adapter.bind_forward_batch(backend, fb)
-        backend.init_forward_metadata(fb)
+        backend, _, _ = adapter.planned(batch)
     table = backend.forward_metadata.encoder_page_table.cpu().long()
     slots, ps = batch.req_to_token.cpu().long(), case.page_size
     for r, req in enumerate(case.requests):

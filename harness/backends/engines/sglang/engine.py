@@ -245,16 +245,22 @@ class SglangAdapter(EngineAdapter):
         """Keyword arguments of the backend's forward beyond q, k, v, layer and the batch."""
         return {}
 
+    def planned(self, batch: Batch) -> tuple[Any, Any, Any]:
+        """sglang's backend, ForwardBatch and layer over the batch, its metadata planned by
+        init_forward_metadata as a serving process plans a forward (inside serving_context)."""
+        rows = self.req_pool_indices(batch)
+        r2t = self.req_to_token_pool(batch, rows)
+        kv = self.token_to_kv_pool(batch)
+        backend = self.attention_backend(batch, r2t, kv)
+        fb = self.forward_batch(batch, rows)
+        self.bind_forward_batch(backend, fb)
+        layer = self.layer(batch)
+        backend.init_forward_metadata(fb)
+        return backend, fb, layer
+
     def run(self, batch: Batch) -> BackendOutput:
         with self.serving_context(batch):
-            rows = self.req_pool_indices(batch)
-            r2t = self.req_to_token_pool(batch, rows)
-            kv = self.token_to_kv_pool(batch)
-            backend = self.attention_backend(batch, r2t, kv)
-            fb = self.forward_batch(batch, rows)
-            self.bind_forward_batch(backend, fb)
-            layer = self.layer(batch)
-            backend.init_forward_metadata(fb)
+            backend, fb, layer = self.planned(batch)
             k, v = self.new_kv(batch)
             q = batch.q.reshape(batch.q.shape[0], -1)
             o = backend.forward(q, k, v, layer, fb, **self.forward_kwargs(batch))
