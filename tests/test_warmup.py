@@ -675,7 +675,7 @@ def test_vllm_flashinfer_variants_are_the_recorded_cases_grouped_as_its_builder_
     from harness.core.graph_case import GraphCase
 
     base = Case(mode="EXTEND", requests=(Request(40, 24),), num_q_heads=8, num_kv_heads=2)
-    fresh = base.replace(requests=(Request(0, 24), Request(9, 1)), num_q_heads=4, num_kv_heads=4, seed=3)
+    fresh = base.replace(requests=(Request(0, 24), Request(0, 3)), num_q_heads=4, num_kv_heads=4, seed=3)
     verify = base.replace(mode="TARGET_VERIFY", requests=(Request(40, 4, tree=(-1, 0, 1, 2)),))
     capped = base.replace(soft_cap=30.0)
     capped_more = capped.replace(soft_cap=50.0, requests=(Request(5, 3),))
