@@ -140,6 +140,11 @@ def test_flashinfer_declares_the_queries_its_builder_casts_on_the_device(monkeyp
     else:
         assert caps.fp8_query_rows == rows and "maybe_quant_query" in caps.fp8_queries
     assert caps.window == (capability != (9, 0))  # the window refusal decided beside it, unchanged
+    from harness.run.listing import describe_backend
+
+    quoted = [line for line in describe_backend("vllm_flashinfer")[0] if line.startswith("  FP8 queries")]
+    assert len(quoted) == (rows is not None)
+    assert all(("(the prefill requests' only)" in line) == (rows == "prefill") for line in quoted)
 
 
 @pytest.mark.parametrize("model", ["gemma2", "mistral"])
