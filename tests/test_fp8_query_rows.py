@@ -11,13 +11,17 @@ import dataclasses
 import pytest
 import torch
 
+from harness import backends
 from harness.backends.base import Capabilities
 from harness.backends.engines.sglang.fa3 import FA3
 from harness.checks.judged_inputs import judged_inputs, prefill_requests, rounded_queries
 from harness.checks.numeric import check_case
+from harness.checks.replay import replay_result
 from harness.core.batch import make_inputs
+from harness.core.graph_case import GraphCase
 from harness.core.modes import Mode
-from tests.test_fp8_queries import CAST, RoundingNative, cast, fp8_case
+from tests import flashinfer_fake as fake
+from tests.test_fp8_queries import CAST, RoundingDecode, RoundingNative, cast, decode, fp8_case
 
 
 class PrefillRounding(RoundingNative):
@@ -92,8 +96,9 @@ def test_the_prefill_rule_rounds_exactly_the_prefill_requests_rows():
     assert torch.equal(got[1:], every[1:])  # the prefill and the decode after it, rounded
     decodes = fp8_case("DECODE", ((40, 1), (3, 1)), 0)
     inputs = make_inputs(decodes)
-    judged = judged_inputs(declaring(RoundingNative, "prefill"), decodes, inputs)
-    assert torch.equal(judged.q_all, inputs.q_all)  # decodes only: no row rounded
+    assert judged_inputs(declaring(RoundingNative, "prefill"), decodes, inputs) is inputs  # no row rounded
+    res = check_case(declaring(PrefillRounding, "prefill"), decodes)
+    assert res.status == "pass" and "judged over" not in res.reason, res.reason
 
 
 def test_a_rows_rule_is_one_of_the_known_and_needs_the_cast_declared():
@@ -106,3 +111,20 @@ def test_a_rows_rule_is_one_of_the_known_and_needs_the_cast_declared():
 
 def test_sglang_fa3_still_rounds_every_row():
     assert FA3.fp8_queries is not None and FA3.fp8_query_rows == "all"
+
+
+def test_the_replay_check_reads_the_rule_too(monkeypatch):
+    """Decode graphs (vllm_flashinfer's only graph mode): declared "prefill", no row is judged rounded,
+    so a replay that leaves its decode queries as they are passes and one that rounds them fails."""
+    fake.install(monkeypatch)
+    g = GraphCase((decode(1, 40, 3, seed=30), decode(1, seed=32), decode(9, 2, seed=29)), 4, 48)
+
+    def prefill_rows(backend):  # noqa: ANN001, ANN202
+        caps = backend.capabilities
+        backend.capabilities = dataclasses.replace(caps, fp8_queries=CAST, fp8_query_rows="prefill")
+        return backend
+
+    rounding = replay_result(prefill_rows(fake.on_cpu(RoundingDecode())), g, "cpu")
+    assert rounding.status == "fail", rounding.reason
+    plain = replay_result(prefill_rows(fake.on_cpu(backends.load("flashinfer_dec_tc"))), g, "cpu")
+    assert plain.status == "pass", plain.reason

@@ -73,9 +73,12 @@ def rounded_queries(case: Case, inputs: Inputs, rows: str = "all") -> Inputs:
 
 
 def rounds_queries(backend: Backend, case: Case) -> bool:
-    """Whether the backend's output on this case is judged over rounded queries (of the requests its
-    `fp8_query_rows` names): it declares `fp8_queries` and the case has an FP8 cache."""
-    return backend.capabilities.fp8_queries is not None and case.kv_dtype is not None
+    """Whether the backend's output on this case is judged over rounded queries: it declares
+    `fp8_queries`, the case has an FP8 cache, and its `fp8_query_rows` names a request of the case."""
+    caps = backend.capabilities
+    if caps.fp8_queries is None or case.kv_dtype is None:
+        return False
+    return any(rounded_requests(caps.fp8_query_rows, [r.extend_len for r in case.requests]))
 
 
 def judged_inputs(backend: Backend, case: Case, inputs: Inputs) -> Inputs:
