@@ -5,12 +5,12 @@ A backend that declares `fp8_queries` (harness/backends/base.py) casts its queri
 dtype before attention, with no query scale (FA3 needs every operand in FP8), either every request's
 queries or, declared `fp8_query_rows` "prefill", only those of the requests the engine runs through
 its prefill path (vLLM's FlashInfer on Hopper casts its prefill queries for FA3 and keeps its decode
-queries in the model dtype for XQA): prefill_requests says which, as vLLM splits a batch. The tolerance rule
-models the cache's quantization, not the queries': judged over the case's own queries, such a backend
-fails by the queries' rounding alone. Judged over the queries rounded the same way (the same torch
-cast, on the same device), every reference (exact, native, rounded KV) and so the budget describe the
-kernel's arithmetic on what it was given: a kernel wrong beyond that still fails. The Batch a backend
-runs keeps the case's queries; only the references read these.
+queries in the model dtype for XQA): prefill_requests says which, as vLLM splits a batch. The
+tolerance rule models the cache's quantization, not the queries': judged over the case's own
+queries, such a backend fails by the queries' rounding alone. Judged over the queries rounded the
+same way (the same torch cast, on the same device), every reference (exact, native, rounded KV) and
+so the budget describe the kernel's arithmetic on what it was given: a kernel wrong beyond that
+still fails. The Batch a backend runs keeps the case's queries; only the references read these.
 
 A backend that declares `fp8_probabilities` also rounds its softmax probabilities to the cache's
 dtype before P @ V (FA3's FP8 forward): where exactly depends on its key blocks' running max, so no
