@@ -118,6 +118,35 @@ def test_flashinfer_refuses_windows_where_vllms_builder_raises(monkeypatch, rele
         assert adapter.supports(case.replace(window_left=-1, hybrid_swa_pool=False)) is None
 
 
+@pytest.mark.parametrize(
+    "capability, rows",
+    [
+        ((9, 0), "prefill"),  # FA3 prefill takes FP8 queries, XQA decode the model dtype
+        ((10, 0), "all"),  # trtllm-gen: every request's
+        ((10, 3), "all"),
+        ((8, 9), None),  # FA2 only: none
+        ((12, 0), None),
+        (None, None),  # no CUDA device: what vLLM's code declares
+    ],
+)
+def test_flashinfer_declares_the_queries_its_builder_casts_on_the_device(monkeypatch, capability, rows):
+    """get_q_data_type's device tests: which requests' queries vLLM's FlashInfer casts to an FP8
+    cache's dtype, and so which rows its output is judged over rounded (judged_inputs)."""
+    monkeypatch.setattr(type(GPU_ENGINE), "release", lambda self: "0.26.0")
+    monkeypatch.setattr(gpu, "device_capability", lambda: capability)
+    caps = VllmFlashInfer().capabilities
+    if rows is None:
+        assert caps.fp8_queries is None and caps.fp8_query_rows == "all"
+    else:
+        assert caps.fp8_query_rows == rows and "maybe_quant_query" in caps.fp8_queries
+    assert caps.window == (capability != (9, 0))  # the window refusal decided beside it, unchanged
+    from harness.run.listing import describe_backend
+
+    quoted = [line for line in describe_backend("vllm_flashinfer")[0] if line.startswith("  FP8 queries")]
+    assert len(quoted) == (rows is not None)
+    assert all(("(the prefill requests' only)" in line) == (rows == "prefill") for line in quoted)
+
+
 @pytest.mark.parametrize("model", ["gemma2", "mistral"])
 def test_windowed_models_skip_with_vllms_reason_where_flashinfer_refuses_windows(monkeypatch, model):
     """Gemma2 alternates sliding and full layers, Mistral slides on every one: where vllm_flashinfer

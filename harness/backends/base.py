@@ -26,6 +26,11 @@ from harness.core.vocab import (
     SHAPE_TRAITS,
 )
 
+# The rules for which requests' queries a backend that declares `fp8_queries` rounds: every request's,
+# or only those vLLM's split_decodes_and_prefills (threshold 1) counts as prefills
+# (harness/checks/judged_inputs.py's prefill_requests).
+FP8_QUERY_ROWS = ("all", "prefill")
+
 
 @dataclass(frozen=True, kw_only=True)
 class Capabilities:
@@ -55,6 +60,9 @@ class Capabilities:
     # needs every operand in FP8): where the code does so, quoted. Its output is then judged against
     # references over those rounded queries (harness/checks/judged_inputs.py). None: queries as given.
     fp8_queries: str | None = None
+    # Which requests' queries that cast reaches (FP8_QUERY_ROWS): "all", or "prefill" where an engine
+    # casts only the requests it runs through its prefill path (vLLM's FlashInfer on Hopper).
+    fp8_query_rows: str = "all"
     # With an FP8 cache it rounds the softmax probabilities to the cache's dtype before P @ V (FA3's
     # FP8 forward: P relative to the running row max, times 2^8): where the code does so, quoted. The
     # exact reference over P rounded so then joins the budget's noise terms (harness/core/compare.py).
@@ -74,6 +82,12 @@ class Capabilities:
             raise ValueError(
                 "fp8_queries declares queries cast to an FP8 cache's dtype: it needs the code that casts "
                 f"them (got {self.fp8_queries!r}) and an FP8 cache in kv_dtypes ({sorted(self.kv_dtypes)})"
+            )
+        rows = self.fp8_query_rows
+        if rows not in FP8_QUERY_ROWS or (rows != "all" and self.fp8_queries is None):
+            raise ValueError(
+                f"fp8_query_rows {rows!r} names which requests' queries the fp8_queries cast reaches: one "
+                f"of {', '.join(FP8_QUERY_ROWS)}, and other than 'all' only with fp8_queries declared"
             )
         if self.fp8_probabilities is not None and not (self.fp8_probabilities.strip() and self.kv_dtypes):
             raise ValueError(

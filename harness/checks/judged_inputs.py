@@ -2,12 +2,15 @@
 it computes over them.
 
 A backend that declares `fp8_queries` (harness/backends/base.py) casts its queries to an FP8 cache's
-dtype before attention, with no query scale (FA3 needs every operand in FP8). The tolerance rule
-models the cache's quantization, not the queries': judged over the case's own queries, such a backend
-fails by the queries' rounding alone. Judged over the queries rounded the same way (the same torch
-cast, on the same device), every reference (exact, native, rounded KV) and so the budget describe the
-kernel's arithmetic on what it was given: a kernel wrong beyond that still fails. The Batch a backend
-runs keeps the case's queries; only the references read these.
+dtype before attention, with no query scale (FA3 needs every operand in FP8), either every request's
+queries or, declared `fp8_query_rows` "prefill", only those of the requests the engine runs through
+its prefill path (vLLM's FlashInfer on Hopper casts its prefill queries for FA3 and keeps its decode
+queries in the model dtype for XQA): prefill_requests says which, as vLLM splits a batch. The
+tolerance rule models the cache's quantization, not the queries': judged over the case's own
+queries, such a backend fails by the queries' rounding alone. Judged over the queries rounded the
+same way (the same torch cast, on the same device), every reference (exact, native, rounded KV) and
+so the budget describe the kernel's arithmetic on what it was given: a kernel wrong beyond that
+still fails. The Batch a backend runs keeps the case's queries; only the references read these.
 
 A backend that declares `fp8_probabilities` also rounds its softmax probabilities to the cache's
 dtype before P @ V (FA3's FP8 forward): where exactly depends on its key blocks' running max, so no
@@ -19,37 +22,70 @@ the budget's noise terms (harness/core/compare.py), as the cache's own rounding 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 
 import torch
 
-from harness.backends.base import Backend
+from harness.backends.base import FP8_QUERY_ROWS, Backend
 from harness.core.batch import Inputs
 from harness.core.case import Case
 from harness.core.vocab import TORCH_KV_DTYPES
 from references import fp8_probabilities
 
 
-def rounded_queries(case: Case, inputs: Inputs) -> Inputs:
-    """`inputs` with every query rounded to the case's FP8 cache dtype and back to its own dtype
-    (scale 1). A query past that dtype's largest finite value is kept as it is: the cast saturates or
-    gives NaN there, a loss of range rather than of precision, which stays judged."""
+def prefill_requests(q_lens: Sequence[int]) -> tuple[bool, ...]:
+    """Per request, whether vLLM's split_decodes_and_prefills (decode_threshold 1, require_uniform, as
+    FlashInferMetadataBuilder calls it) counts it a prefill in a batch of these new-token counts, in
+    the batch's order (the adapter does not reorder it): none when no request has more than one new
+    token; every one when the first has; else every request from the first whose count differs from
+    the first's, so a one-token request after a longer one is a prefill too."""
+    if not q_lens or max(q_lens) <= 1:
+        return (False,) * len(q_lens)
+    if q_lens[0] > 1:
+        return (True,) * len(q_lens)
+    first = next(i for i, n in enumerate(q_lens) if n != q_lens[0])
+    return tuple(i >= first for i in range(len(q_lens)))
+
+
+def rounded_requests(rows: str, q_lens: Sequence[int]) -> tuple[bool, ...]:
+    """Per request, whether the rule `rows` (base.FP8_QUERY_ROWS) rounds its queries."""
+    if rows == "all":
+        return (True,) * len(q_lens)
+    if rows == "prefill":
+        return prefill_requests(q_lens)
+    raise ValueError(f"unknown fp8_query_rows {rows!r}; known: {', '.join(FP8_QUERY_ROWS)}")
+
+
+def rounded_queries(case: Case, inputs: Inputs, rows: str = "all") -> Inputs:
+    """`inputs` with the queries of the requests the rule `rows` names (rounded_requests) rounded to the
+    case's FP8 cache dtype and back to their own dtype (scale 1), every other query as it is. A query
+    past that dtype's largest finite value is kept as it is: the cast saturates or gives NaN there, a
+    loss of range rather than of precision, which stays judged."""
     if case.kv_dtype is None:
         raise ValueError("rounded_queries needs a case with an FP8 cache: this one's kv_dtype is None")
     fp8 = TORCH_KV_DTYPES[case.kv_dtype]
     q = inputs.q_all
+    chosen = torch.tensor(rounded_requests(rows, inputs.q_lens), device=q.device)
+    per_row = chosen.repeat_interleave(torch.tensor(inputs.q_lens, device=q.device))[:, None, None]
     rounded = q.to(fp8).to(q.dtype)
-    return dataclasses.replace(inputs, q_all=torch.where(q.abs() <= torch.finfo(fp8).max, rounded, q))
+    keep = (q.abs() <= torch.finfo(fp8).max) & per_row
+    return dataclasses.replace(inputs, q_all=torch.where(keep, rounded, q))
 
 
 def rounds_queries(backend: Backend, case: Case) -> bool:
     """Whether the backend's output on this case is judged over rounded queries: it declares
-    `fp8_queries` and the case has an FP8 cache."""
-    return backend.capabilities.fp8_queries is not None and case.kv_dtype is not None
+    `fp8_queries`, the case has an FP8 cache, and its `fp8_query_rows` names a request of the case."""
+    caps = backend.capabilities
+    if caps.fp8_queries is None or case.kv_dtype is None:
+        return False
+    return any(rounded_requests(caps.fp8_query_rows, [r.extend_len for r in case.requests]))
 
 
 def judged_inputs(backend: Backend, case: Case, inputs: Inputs) -> Inputs:
     """The inputs the references compute over for the backend's output on `case` (module doc)."""
-    return rounded_queries(case, inputs) if rounds_queries(backend, case) else inputs
+    if not rounds_queries(backend, case):
+        return inputs
+    return rounded_queries(case, inputs, backend.capabilities.fp8_query_rows)
 
 
 def rounds_probabilities(backend: Backend, case: Case) -> bool:
@@ -71,7 +107,9 @@ def judged_note(backend: Backend, case: Case) -> str:
     counts rounded probabilities, else ""."""
     note = ""
     if rounds_queries(backend, case):
-        note += f"; judged over the queries rounded to {case.kv_dtype} (the backend declares fp8_queries)"
+        rows = backend.capabilities.fp8_query_rows
+        whose = "the queries" if rows == "all" else "its prefill requests' queries"
+        note += f"; judged over {whose} rounded to {case.kv_dtype} (the backend declares fp8_queries)"
     if rounds_probabilities(backend, case):
         note += (
             f"; the budget counts the probabilities rounded to {case.kv_dtype} "

@@ -5,7 +5,9 @@ A known issue excuses a failing case only when the library, called directly with
 output the way the numeric check judges a backend's: the same references, the same budget, over the
 inputs the direct call was given. Those are the case's own queries even where the backend declares
 `fp8_queries`: the cast is its glue's, which the confirmation leaves out (a confirmation that casts
-them passes harness/checks/judged_inputs.py's rounded_queries(case, inputs) instead).
+them passes harness/checks/judged_inputs.py's rounded_queries(case, inputs, rows), with the backend's
+`fp8_query_rows` as `rows`, so the rows it casts are the rows judged rounded, as the numeric check
+judges them).
 """
 
 from __future__ import annotations

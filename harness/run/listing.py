@@ -28,7 +28,8 @@ def describe_backend(name: str) -> tuple[list[str], bool]:
     fp8 = ", ".join(sorted(c.kv_dtypes)) or "-"
     lines.append(f"  features: {', '.join(feats) or '-'}; FP8 KV caches: {fp8}")
     if c.fp8_queries:
-        lines.append(f"  FP8 queries: cast to the cache's dtype, judged over them so: {c.fp8_queries}")
+        whose = "" if c.fp8_query_rows == "all" else " (the prefill requests' only)"
+        lines.append(f"  FP8 queries: cast to the cache's dtype{whose}, judged over them so: {c.fp8_queries}")
     if c.fp8_probabilities:
         lines.append(
             f"  FP8 probabilities: rounded to the cache's dtype before P @ V, counted in the budget: "

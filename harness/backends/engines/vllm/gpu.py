@@ -5,10 +5,11 @@ vLLM's CUDA build (`vllm`) installed; elsewhere unavailable with the reason.
 Capabilities are what vLLM 0.32's code declares for these classes, read from it on a machine without a
 GPU (docs/engines.md says what ran on a GPU). Features vLLM decides per device at run time (FA3's sinks
 and FP8 cache, FlashInfer's sinks) are left out, each with where vLLM decides; the one refusal vLLM
-raises on a known device, FlashInfer's windows on compute capability 9.0 before 0.30, is decided on
-the device, in VllmFlashInfer.capabilities. Both replay under CUDA graphs through vLLM's own
-full-cudagraph path (graph.py): the modes are what each metadata builder's `cudagraph_support` lets
-vLLM's runner capture on every device of the supported releases.
+raises on a known device, FlashInfer's windows on compute capability 9.0 before 0.30, and which
+requests' queries FlashInfer casts to an FP8 cache's dtype (the prefill requests' on 9.0, every one's
+on 10.x) are decided on the device, in VllmFlashInfer.capabilities. Both replay under CUDA graphs
+through vLLM's own full-cudagraph path (graph.py): the modes are what each metadata builder's
+`cudagraph_support` lets vLLM's runner capture on every device of the supported releases.
 """
 
 from __future__ import annotations
@@ -97,6 +98,16 @@ FLASHINFER_NO_WINDOWS = dataclasses.replace(
 )
 
 
+# Where the builder casts the queries to an FP8 cache's dtype (0.26.0 and 0.32.0 read): on a device of
+# compute capability 9.0, only the prefill requests' (FA3 prefill takes FP8 queries, XQA decode the
+# model dtype); on 10.x, every request's (trtllm-gen); elsewhere none (FA2 only).
+FLASHINFER_FP8_QUERIES = (
+    "FlashInferMetadataBuilder.get_q_data_type gives the cache's FP8 dtype (model dtype for decodes on "
+    "capability 9.0, where use_trtllm_attention is not False; every request's on 10.x) and "
+    "FlashInferImpl.forward's maybe_quant_query casts the slice to it with layer._q_scale (1)"
+)
+
+
 @cache
 def device_capability() -> tuple[int, int] | None:
     """(major, minor) of CUDA device 0, the device vLLM's `current_platform.is_device_capability` asks
@@ -118,8 +129,27 @@ class VllmFlashInfer(VllmEngine, VllmGraph):
 
     @property
     def capabilities(self) -> Capabilities:  # type: ignore[override]
-        """FLASHINFER, less windows where the builder refuses them (refuses_windows)."""
-        return FLASHINFER_NO_WINDOWS if self.refuses_windows() else FLASHINFER
+        """FLASHINFER, less windows where the builder refuses them (refuses_windows), with the queries
+        cast to an FP8 cache's dtype where the builder casts them (fp8_query_rows)."""
+        caps = FLASHINFER_NO_WINDOWS if self.refuses_windows() else FLASHINFER
+        rows = self.fp8_query_rows()
+        if rows is None:
+            return caps
+        return dataclasses.replace(caps, fp8_queries=FLASHINFER_FP8_QUERIES, fp8_query_rows=rows)
+
+    def fp8_query_rows(self) -> str | None:
+        """Which requests' queries the builder casts to an FP8 cache's dtype here (base.FP8_QUERY_ROWS),
+        None for none: get_q_data_type's own device tests, the same in 0.26.0 and 0.32.0. On
+        capability 9.0 the decode requests keep the model dtype (the adapter leaves vLLM's
+        use_trtllm_attention and disable_flashinfer_q_quantization unset), so only the prefill ones, as
+        split_decodes_and_prefills splits the batch (judged_inputs.prefill_requests); on 10.x
+        (`is_device_capability_family(100)`) every request's."""
+        capability = device_capability()
+        if capability == (9, 0):
+            return "prefill"
+        if capability is not None and capability[0] == 10:
+            return "all"
+        return None
 
     def refuses_windows(self) -> bool:
         """Whether the installed release's FlashInferMetadataBuilder raises on a windowed layer here:
