@@ -30,6 +30,7 @@ import itertools
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from harness.checks.judged_inputs import prefill_requests
 from harness.run import cache_dir
 from harness.run.speed import variant_shards
 from harness.run.speed.warmup import CACHED, COMPILED, Library, Variant
@@ -393,7 +394,7 @@ FLEX = Library(
 # --- the engines' FlashInfer: sglang_flashinfer, vllm_flashinfer --------------------------------
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class EngineModules:
     """What an engine's FlashInfer attention backend plans that selects the modules it loads, beyond
     what every engine's does (a captured graph's wrappers, dtype, head_dim, the KV cache's dtype, a
@@ -432,12 +433,10 @@ SGLANG_MODULES = EngineModules(mode=lambda c: str(c.mode), deterministic=True, p
 
 
 def vllm_split(case) -> tuple[bool, bool]:  # noqa: ANN001 - a Case
-    """(decodes, prefills): which of its wrappers vLLM's FlashInferMetadataBuilder plans for a batch.
-    Its `reorder_batch_threshold` is 1 and `split_decodes_and_prefills` counts every request from the
-    first one of more than one query token as a prefill."""
-    rows = [r.extend_len for r in case.requests]
-    first = next((i for i, n in enumerate(rows) if n > 1), len(rows))
-    return first > 0, first < len(rows)
+    """(decodes, prefills): which of its wrappers vLLM's FlashInferMetadataBuilder plans for a batch,
+    by vLLM's split of the batch (judged_inputs.prefill_requests, the rule its FP8 query cast follows)."""
+    prefills = prefill_requests([r.extend_len for r in case.requests])
+    return not all(prefills), any(prefills)
 
 
 # vLLM's FlashInferMetadataBuilder (0.26.0): decodes through its tensor-core decode wrapper (the
