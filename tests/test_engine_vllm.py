@@ -16,7 +16,7 @@ import torch
 
 from harness import backends
 from harness.backends.base import BackendBroken
-from harness.backends.engines.vllm import gpu
+from harness.backends.engines.vllm import flex_attention, gpu
 from harness.backends.engines.vllm.cpu_attn import VllmCpuAttn
 from harness.backends.engines.vllm.driver import CPU_ENGINE, GPU_ENGINE
 from harness.backends.engines.vllm.flex_attention import VllmFlex
@@ -326,7 +326,7 @@ def test_declared_graph_modes_are_the_lowest_cudagraph_support_of_the_builder(ad
     levels = _cudagraph_support_levels(module, builder)
     assert levels, f"{builder} names no AttentionCGSupport level"
     lowest = min(levels, key=lambda name: AttentionCGSupport[name].value)
-    caps = adapter().capabilities
+    caps = adapter().capabilities if adapter is not VllmFlex else flex_attention.CAPABILITIES
     assert caps.graph_modes == graph_modes_for(lowest), (levels, caps.graph_modes)
     for mode in set(GRAPH_MODES) & caps.modes - caps.graph_modes:
         assert f"graph {mode}" in caps.why_not, f"no reason for {mode} under a graph"
@@ -603,6 +603,8 @@ def test_the_flex_graph_path_drives_vllms_own_objects_end_to_end_on_the_cpu(monk
     from vllm.config import CUDAGraphMode
 
     class CpuFlexGraph(VllmFlex):
+        capabilities = flex_attention.CAPABILITIES  # vLLM's CUDA build's
+
         def check_full_decode_mode(self, config):
             config.compilation_config.cudagraph_mode = CUDAGraphMode.FULL_DECODE_ONLY  # off on the CPU
 
@@ -621,3 +623,13 @@ def test_the_flex_graph_path_drives_vllms_own_objects_end_to_end_on_the_cpu(monk
     g = GraphCase(batches, max_batch=2, max_kv=64)
     result = replay_result(CpuFlexGraph(), g, "cpu")
     assert result.status == "pass", (result.reason, result.extra.get("traceback"))
+
+
+@pytest.mark.parametrize(("engine", "graphs"), [(GPU_ENGINE, True), (CPU_ENGINE, False)], ids=["cuda", "cpu"])
+def test_flex_declares_cuda_graphs_under_vllms_cuda_build_only(monkeypatch, engine, graphs):
+    """vLLM's CPU build turns cudagraph_mode off, so under it vllm_flex declares no graph mode, with why."""
+    monkeypatch.setattr(VllmFlex, "engine", engine)
+    caps = VllmFlex().capabilities
+    assert bool(caps.graph_modes) == graphs
+    assert (caps.graph_reason() is None) == graphs
+    assert graphs or "CPU build" in caps.graph_reason()

@@ -14,12 +14,13 @@ IS_DIVISIBLE off) and CUDA graphs through vLLM's full-cudagraph path (graph.py),
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import torch
 
 from harness.backends.base import BackendOutput, Capabilities
-from harness.backends.engines.vllm.driver import VllmEngine
+from harness.backends.engines.vllm.driver import GPU_ENGINE, VllmEngine
 from harness.backends.engines.vllm.graph import GRAPH_WHY, PAD_SLOT, VllmGraph, graph_modes_for
 from harness.core.batch import Batch
 from harness.core.modes import Mode
@@ -51,11 +52,27 @@ CAPABILITIES = Capabilities.with_features(
     },
 )
 
+# vLLM's CPU build: CpuPlatform keeps the platform's support_static_graph_mode() False, so VllmConfig
+# sets cudagraph_mode NONE and no builder keeps full-cudagraph state (check_full_decode_mode would raise).
+CPU_BUILD = dataclasses.replace(
+    CAPABILITIES,
+    graph_modes=frozenset(),
+    why_not={
+        **CAPABILITIES.why_not,
+        "graph": "vLLM's CPU build captures no CUDA graphs (VllmConfig sets cudagraph_mode NONE where "
+        "the platform's support_static_graph_mode() is False, as CpuPlatform's is)",
+    },
+)
+
 
 class VllmFlex(VllmEngine, VllmGraph):
     name = "vllm_flex"
     engine_backend = "vllm.v1.attention.backends.flex_attention.FlexAttentionBackend"
-    capabilities = CAPABILITIES
+
+    @property
+    def capabilities(self) -> Capabilities:  # type: ignore[override]
+        """CAPABILITIES under vLLM's CUDA build; CPU_BUILD, without CUDA graphs, under its CPU build."""
+        return CAPABILITIES if self.engine is GPU_ENGINE else CPU_BUILD
 
     def run(self, batch: Batch) -> BackendOutput:
         if batch.device.type == "cpu":
