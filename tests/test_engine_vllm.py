@@ -595,11 +595,13 @@ def test_flex_skips_padding_slots_where_it_writes_the_cache_itself(monkeypatch):
 
 
 @needs_vllm
-def test_the_flex_graph_path_drives_vllms_own_objects_end_to_end_on_the_cpu(monkeypatch):
+@pytest.mark.parametrize("window", [-1, 9], ids=["full", "swa"])
+def test_the_flex_graph_path_drives_vllms_own_objects_end_to_end_on_the_cpu(monkeypatch, window):
     """The graph path over vLLM's FLEX_ATTENTION with its builder in FULL_DECODE_ONLY mode (its persistent
-    query_start_loc, seq_lens, doc ids and block-mask indices) and the cache written at the padded
-    slot_mapping buffer; each replay's forward is re-run eagerly (no CUDA graph on the CPU) over the
-    metadata built before it, for a shrinking and growing sequence within budget."""
+    query_start_loc, seq_lens, doc ids and block-mask indices; a window from the layer's KV-cache spec,
+    which the builder reads in that mode only) and the cache written at the padded slot_mapping buffer;
+    each replay's forward is re-run eagerly (no CUDA graph on the CPU) over the metadata built before
+    it, for a shrinking and growing sequence within budget."""
     from vllm.config import CUDAGraphMode
 
     class CpuFlexGraph(VllmFlex):
@@ -614,7 +616,8 @@ def test_the_flex_graph_path_drives_vllms_own_objects_end_to_end_on_the_cpu(monk
             return metadata
 
     monkeypatch.setattr(GraphFactory, "new", lambda self: _Rerun())
-    layer = Case(mode="DECODE", requests=(Request(37, 1), Request(5, 1)), page_size=16, dtype="bfloat16")
+    requests = (Request(37, 1), Request(5, 1))
+    layer = Case(mode="DECODE", requests=requests, page_size=16, dtype="bfloat16", window_left=window)
     batches = (
         layer,
         layer.replace(requests=(Request(60, 1),), seed=1),
