@@ -616,6 +616,7 @@ def test_the_flex_graph_path_drives_vllms_own_objects_end_to_end_on_the_cpu(monk
             return metadata
 
     monkeypatch.setattr(GraphFactory, "new", lambda self: _Rerun())
+    torch._dynamo.reset()  # each CPU flex case compiles afresh, as VllmFlex.run does (docs/engines.md)
     requests = (Request(37, 1), Request(5, 1))
     layer = Case(mode="DECODE", requests=requests, page_size=16, dtype="bfloat16", window_left=window)
     batches = (
