@@ -548,26 +548,31 @@ class _Rerun:
         self.out.copy_(self.forward())
 
 
+class ForcedFullDecode:
+    """A vLLM graph path on the CPU: the builder forced into FULL_DECODE_ONLY (vLLM turns graphs off
+    on a CPU platform), each captured size's metadata kept as built for its replay's eager re-run."""
+
+    def check_full_decode_mode(self, config):
+        from vllm.config import CUDAGraphMode
+
+        config.compilation_config.cudagraph_mode = CUDAGraphMode.FULL_DECODE_ONLY
+
+    def build(self, state, common, capture):
+        metadata = super().build(state, common, capture)
+        state.per_size[common.num_reqs] = metadata
+        return metadata
+
+
 @needs_vllm
 def test_the_graph_path_drives_vllms_own_objects_end_to_end_on_the_cpu(monkeypatch):
     """The graph path over vLLM's CPU_ATTN (whose builder vLLM never captures, so each replay's forward
     is re-run eagerly with the metadata built before it): the runner's buffers, vLLM's config, layer and
     builder, the cache filled from each batch's pool and vLLM's write at the slot_mapping buffer give
     every replay of a shrinking and growing sequence within budget."""
-    from vllm.config import CUDAGraphMode
-
-    class CpuGraphPath(VllmCpuAttn, VllmGraph):
+    class CpuGraphPath(ForcedFullDecode, VllmCpuAttn, VllmGraph):
         @property
         def capabilities(self):
             return dataclasses.replace(super().capabilities, graph_modes=frozenset({Mode.DECODE}))
-
-        def check_full_decode_mode(self, config):
-            config.compilation_config.cudagraph_mode = CUDAGraphMode.FULL_DECODE_ONLY  # off on the CPU
-
-        def build(self, state, common, capture):
-            metadata = super().build(state, common, capture)
-            state.per_size[common.num_reqs] = metadata
-            return metadata
 
     monkeypatch.setattr(GraphFactory, "new", lambda self: _Rerun())
     torch._C._cpu._init_amx()  # as VllmCpuAttn.run does
@@ -631,18 +636,8 @@ def test_the_flex_graph_path_drives_vllms_own_objects_end_to_end_on_the_cpu(monk
     which the builder reads in that mode only) and the cache written at the padded slot_mapping buffer;
     each replay's forward is re-run eagerly (no CUDA graph on the CPU) over the metadata built before
     it, for a shrinking and growing sequence within budget."""
-    from vllm.config import CUDAGraphMode
-
-    class CpuFlexGraph(VllmFlex):
+    class CpuFlexGraph(ForcedFullDecode, VllmFlex):
         capabilities = flex_attention.CAPABILITIES  # vLLM's CUDA build's
-
-        def check_full_decode_mode(self, config):
-            config.compilation_config.cudagraph_mode = CUDAGraphMode.FULL_DECODE_ONLY  # off on the CPU
-
-        def build(self, state, common, capture):
-            metadata = super().build(state, common, capture)
-            state.per_size[common.num_reqs] = metadata
-            return metadata
 
     monkeypatch.setattr(GraphFactory, "new", lambda self: _Rerun())
     torch._dynamo.reset()  # each CPU flex case compiles afresh, as VllmFlex.run does (docs/engines.md)
