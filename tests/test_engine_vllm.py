@@ -563,6 +563,21 @@ class ForcedFullDecode:
         return metadata
 
 
+def _assert_replays_pass(monkeypatch, adapter: ForcedFullDecode, **layer: object) -> None:
+    """Replays a bfloat16 decode of two requests, then one longer, then two again (a shrinking and growing
+    sequence within max_batch 2 and max_kv 64), each replay's forward re-run eagerly, through `adapter`'s
+    graph path on the CPU, and asserts it passes; `layer` gives the rest of the case's fields."""
+    monkeypatch.setattr(GraphFactory, "new", lambda self: _Rerun())
+    first = Case(mode="DECODE", requests=(Request(37, 1), Request(5, 1)), dtype="bfloat16", **layer)
+    batches = (
+        first,
+        first.replace(requests=(Request(60, 1),), seed=1),
+        first.replace(requests=(Request(3, 1), Request(50, 1)), seed=2),
+    )
+    result = replay_result(adapter, GraphCase(batches, max_batch=2, max_kv=64), "cpu")
+    assert result.status == "pass", (result.reason, result.extra.get("traceback"))
+
+
 @needs_vllm
 def test_the_graph_path_drives_vllms_own_objects_end_to_end_on_the_cpu(monkeypatch):
     """The graph path over vLLM's CPU_ATTN (whose builder vLLM never captures, so each replay's forward
@@ -574,17 +589,8 @@ def test_the_graph_path_drives_vllms_own_objects_end_to_end_on_the_cpu(monkeypat
         def capabilities(self):
             return dataclasses.replace(super().capabilities, graph_modes=frozenset({Mode.DECODE}))
 
-    monkeypatch.setattr(GraphFactory, "new", lambda self: _Rerun())
     torch._C._cpu._init_amx()  # as VllmCpuAttn.run does
-    layer = Case(mode="DECODE", requests=(Request(37, 1), Request(5, 1)), page_size=32, dtype="bfloat16")
-    batches = (
-        layer,
-        layer.replace(requests=(Request(60, 1),), seed=1),
-        layer.replace(requests=(Request(3, 1), Request(50, 1)), seed=2),
-    )
-    g = GraphCase(batches, max_batch=2, max_kv=64)
-    result = replay_result(CpuGraphPath(), g, "cpu")
-    assert result.status == "pass", (result.reason, result.extra.get("traceback"))
+    _assert_replays_pass(monkeypatch, CpuGraphPath(), page_size=32)
 
 
 @needs_vllm
@@ -639,18 +645,8 @@ def test_the_flex_graph_path_drives_vllms_own_objects_end_to_end_on_the_cpu(monk
     class CpuFlexGraph(ForcedFullDecode, VllmFlex):
         capabilities = flex_attention.CAPABILITIES  # vLLM's CUDA build's
 
-    monkeypatch.setattr(GraphFactory, "new", lambda self: _Rerun())
     torch._dynamo.reset()  # each CPU flex case compiles afresh, as VllmFlex.run does (docs/engines.md)
-    requests = (Request(37, 1), Request(5, 1))
-    layer = Case(mode="DECODE", requests=requests, page_size=16, dtype="bfloat16", window_left=window)
-    batches = (
-        layer,
-        layer.replace(requests=(Request(60, 1),), seed=1),
-        layer.replace(requests=(Request(3, 1), Request(50, 1)), seed=2),
-    )
-    g = GraphCase(batches, max_batch=2, max_kv=64)
-    result = replay_result(CpuFlexGraph(), g, "cpu")
-    assert result.status == "pass", (result.reason, result.extra.get("traceback"))
+    _assert_replays_pass(monkeypatch, CpuFlexGraph(), page_size=16, window_left=window)
 
 
 @pytest.mark.parametrize(("engine", "graphs"), [(GPU_ENGINE, True), (CPU_ENGINE, False)], ids=["cuda", "cpu"])
