@@ -16,6 +16,7 @@ import shutil
 import subprocess
 import sys
 import types
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -622,16 +623,23 @@ def test_sglang_flashinfer_variants_are_the_recorded_cases_grouped_by_the_module
     assert SGLANG_FLASHINFER.note() == "7 drawn cases in 6 groups (record mode)"
 
 
-def test_sglang_flashinfer_without_a_recording_runs_a_fixed_list_it_supports(monkeypatch):
+def _fixed_list(monkeypatch, library: warmup.Library, key: Callable) -> list:
+    """Without a recording, `library`'s cases: asserted each supported by its backend, each loading
+    modules of its own by `key`, over every KV cache dtype, and said so in the library's note."""
     _no_recording(monkeypatch)
-    cases = [v.task.cases[0][1] for v in SGLANG_FLASHINFER.variants("ci")]
-    backend = load("sglang_flashinfer")
+    cases = [v.task.cases[0][1] for v in library.variants("ci")]
+    backend = load(library.name)
     assert cases and all(backend.supports(c) is None for c in cases)
-    keys = {libraries.sglang_flashinfer_key(c) for c in cases}
+    keys = {key(c) for c in cases}
     assert len(keys) == len(cases)  # each loads modules of its own
     assert {c.kv_dtype for c in cases} == {None, "float8_e4m3fn", "float8_e5m2"}
+    assert library.note().endswith("compiling a fixed list of cases instead")
+    return cases
+
+
+def test_sglang_flashinfer_without_a_recording_runs_a_fixed_list_it_supports(monkeypatch):
+    cases = _fixed_list(monkeypatch, SGLANG_FLASHINFER, libraries.sglang_flashinfer_key)
     assert any(c.mode == "EXTEND" and not c.requests[0].prefix_len for c in cases)  # the ragged FA3 module
-    assert SGLANG_FLASHINFER.note().endswith("compiling a fixed list of cases instead")
 
 
 def test_sglang_flashinfer_counts_a_variant_as_compiled_when_a_module_appeared(monkeypatch):
@@ -716,17 +724,10 @@ def test_vllm_splits_a_batch_into_decodes_then_prefills_as_its_builder_does():
 
 
 def test_vllm_flashinfer_without_a_recording_runs_a_fixed_list_it_supports(monkeypatch):
-    _no_recording(monkeypatch)
-    cases = [v.task.cases[0][1] for v in VLLM_FLASHINFER.variants("ci")]
-    backend = load("vllm_flashinfer")
-    assert cases and all(backend.supports(c) is None for c in cases)
-    keys = {libraries.vllm_flashinfer_key(c) for c in cases}
-    assert len(keys) == len(cases)  # each loads modules of its own
-    assert {c.kv_dtype for c in cases} == {None, "float8_e4m3fn", "float8_e5m2"}
+    cases = _fixed_list(monkeypatch, VLLM_FLASHINFER, libraries.vllm_flashinfer_key)
     assert {libraries.vllm_split(c) for c in cases} == {(True, False), (False, True)}
     assert any(c.soft_cap > 0 and c.mode == "EXTEND" for c in cases)  # the soft-capped fa3 prefill
     assert any(c.soft_cap > 0 and c.mode == "DECODE" for c in cases)
-    assert VLLM_FLASHINFER.note().endswith("compiling a fixed list of cases instead")
 
 
 def test_vllm_flashinfer_counts_a_variant_as_compiled_when_a_module_appeared(monkeypatch):
