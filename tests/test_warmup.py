@@ -595,6 +595,19 @@ def test_make_check_is_one_command_that_warms_up_beside_the_check():
 # --- sglang_flashinfer ---------------------------------------------------------------------------
 
 
+def _recording(monkeypatch, backend: str, drawn: list) -> list:
+    """The recording run draws `drawn` for `backend`; the returned list collects what was asked."""
+    recorded = [{"backend": backend, "family": "x", "kind": "numeric", "case": c} for c in drawn]
+    asked = []
+
+    def record(profile, backend, leave_out=""):  # noqa: ANN001, ANN202
+        asked.append((backend, leave_out))
+        return recorded
+
+    monkeypatch.setattr(libraries, "record_cases", record)
+    return asked
+
+
 def test_sglang_flashinfer_variants_are_the_recorded_cases_grouped_by_the_modules_they_load(monkeypatch):
     """sglang plans FlashInfer without the soft cap, so the cap selects nothing; a prefix (ragged plus
     paged plus merge_state), an FP8 cache, determinism (paged only) and grouped heads (tensor-core
@@ -608,15 +621,7 @@ def test_sglang_flashinfer_variants_are_the_recorded_cases_grouped_by_the_module
     det = base.replace(deterministic=True)
     decode = base.replace(mode="DECODE", requests=(Request(40, 1),))
     ungrouped = decode.replace(num_q_heads=4, num_kv_heads=4)
-    drawn = [base, same, fresh, fp8, det, decode, ungrouped]
-    recorded = [{"backend": "sglang_flashinfer", "family": "x", "kind": "numeric", "case": c} for c in drawn]
-    asked = []
-
-    def record(profile, backend, leave_out=""):  # noqa: ANN001, ANN202
-        asked.append((backend, leave_out))
-        return recorded
-
-    monkeypatch.setattr(libraries, "record_cases", record)
+    asked = _recording(monkeypatch, "sglang_flashinfer", [base, same, fresh, fp8, det, decode, ungrouped])
     grouped = [[c for _, c in v.task.cases] for v in SGLANG_FLASHINFER.variants("gpu")]
     assert grouped == [[base, same], [fresh], [fp8], [det], [decode], [ungrouped]]
     assert asked == [("sglang_flashinfer", libraries.FLEX_UNRECORDED_TESTS)]  # graph replays recorded
@@ -642,35 +647,12 @@ def test_sglang_flashinfer_without_a_recording_runs_a_fixed_list_it_supports(mon
     assert any(c.mode == "EXTEND" and not c.requests[0].prefix_len for c in cases)  # the ragged FA3 module
 
 
-def test_sglang_flashinfer_counts_a_variant_as_compiled_when_a_module_appeared(monkeypatch):
-    _no_recording(monkeypatch)
-    task = SGLANG_FLASHINFER.variants("ci")[0].task
-    jit: set[str] = set()
-    monkeypatch.setattr(libraries.flashinfer_warmup, "list_modules", lambda: sorted(jit))
-    monkeypatch.setattr(libraries, "run_task", lambda backend, task: jit.add("batch_prefill_sm90"))
-    assert SGLANG_FLASHINFER.compile(task) == warmup.COMPILED
-    assert SGLANG_FLASHINFER.compile(task) == warmup.CACHED
-
-
 def test_a_check_of_sglang_flashinfer_warms_up_its_own_library_only():
     assert warmup.select(LIBRARIES, ["sglang_flashinfer"]) == [SGLANG_FLASHINFER]
     assert SGLANG_FLASHINFER not in warmup.select(LIBRARIES, ["flashinfer_paged", "sglang_fa3"])
 
 
 # --- vllm_flashinfer -----------------------------------------------------------------------------
-
-
-def _recording(monkeypatch, backend: str, drawn: list) -> list:
-    """The recording run draws `drawn` for `backend`; the returned list collects what was asked."""
-    recorded = [{"backend": backend, "family": "x", "kind": "numeric", "case": c} for c in drawn]
-    asked = []
-
-    def record(profile, backend, leave_out=""):  # noqa: ANN001, ANN202
-        asked.append((backend, leave_out))
-        return recorded
-
-    monkeypatch.setattr(libraries, "record_cases", record)
-    return asked
 
 
 def test_vllm_flashinfer_variants_are_the_recorded_cases_grouped_as_its_builder_loads_modules(monkeypatch):
@@ -730,9 +712,10 @@ def test_vllm_flashinfer_without_a_recording_runs_a_fixed_list_it_supports(monke
     assert any(c.soft_cap > 0 and c.mode == "DECODE" for c in cases)
 
 
-def test_vllm_flashinfer_counts_a_variant_as_compiled_when_a_module_appeared(monkeypatch):
+@pytest.mark.parametrize("library", [SGLANG_FLASHINFER, VLLM_FLASHINFER], ids=lambda lib: lib.name)
+def test_an_engines_flashinfer_counts_a_variant_as_compiled_when_a_module_appeared(monkeypatch, library):
     _no_recording(monkeypatch)
-    task = VLLM_FLASHINFER.variants("ci")[0].task
+    task = library.variants("ci")[0].task
     jit: set[str] = set()
     ran = []
     monkeypatch.setattr(libraries.flashinfer_warmup, "list_modules", lambda: sorted(jit))
@@ -742,9 +725,9 @@ def test_vllm_flashinfer_counts_a_variant_as_compiled_when_a_module_appeared(mon
         jit.add("batch_prefill_sm90")
 
     monkeypatch.setattr(libraries, "run_task", run)
-    assert VLLM_FLASHINFER.compile(task) == warmup.COMPILED
-    assert VLLM_FLASHINFER.compile(task) == warmup.CACHED
-    assert ran == ["vllm_flashinfer", "vllm_flashinfer"]
+    assert library.compile(task) == warmup.COMPILED
+    assert library.compile(task) == warmup.CACHED
+    assert ran == [library.name, library.name]
 
 
 def test_the_engines_flashinfer_compile_functions_reach_a_worker():
