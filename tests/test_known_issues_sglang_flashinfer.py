@@ -6,31 +6,11 @@ import pytest
 
 from harness.checks import engine_confirm, known_issues
 from harness.checks.numeric import check_case
-from harness.core.case import Case, Request
+from harness.core.case import Request
 from harness.core.graph_case import GraphCase
 from harness.mutants import by_name
 from tests import flashinfer_fake as fake
-
-# The decode that failed on the H200 (float16, soft cap 30, queries of amplitude 30), smaller.
-CAPPED_DECODE = Case(
-    mode="DECODE",
-    requests=(Request(20, 1), Request(9, 1)),
-    num_q_heads=4,
-    num_kv_heads=2,
-    head_dim=32,
-    dtype="float16",
-    soft_cap=30.0,
-    q_amplitude=30.0,
-)
-# The catalogue's chunk_over_window: a chunk of new tokens wider than the window, after a prefix.
-CHUNK_OVER_WINDOW = Case(
-    mode="EXTEND",
-    requests=(Request(40, 30), Request(3, 20)),
-    num_q_heads=4,
-    num_kv_heads=2,
-    head_dim=32,
-    window_left=7,
-)
+from tests.sglang_flashinfer_cases import CAPPED_DECODE, CHUNK_OVER_WINDOW
 
 
 def issue(issue_id: str) -> known_issues.KnownIssue:

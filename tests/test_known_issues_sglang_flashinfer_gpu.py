@@ -13,6 +13,7 @@ from harness.backends.flashinfer_glue import why_unavailable
 from harness.checks import known_issues
 from harness.checks.engine_confirm import sglang_flashinfer_ragged_window, sglang_flashinfer_soft_cap
 from harness.core.case import Case, Request
+from tests.sglang_flashinfer_cases import CAPPED_DECODE, CHUNK_OVER_WINDOW
 
 SKIP = (
     "no CUDA device: torch.cuda.is_available() is False"
@@ -20,30 +21,6 @@ SKIP = (
     else why_unavailable()
 )
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(SKIP is not None, reason=str(SKIP))]
-
-# Two of the failing records on the H200, as their repro lines give them.
-CAPPED_DECODE = Case(
-    mode="DECODE",
-    requests=(Request(62, 1),) * 3,
-    num_q_heads=8,
-    num_kv_heads=2,
-    head_dim=64,
-    dtype="float16",
-    soft_cap=30.0,
-    q_amplitude=30.0,
-    page_size=16,
-    page_layout="interleaved",
-    seed=1179,
-)
-CHUNK_OVER_WINDOW = Case(
-    mode="EXTEND",
-    requests=(Request(40, 30), Request(3, 20)),
-    num_q_heads=8,
-    num_kv_heads=2,
-    head_dim=64,
-    window_left=7,
-    page_size=16,
-)
 
 
 def reaches(issue_id: str, case: Case) -> bool:
