@@ -230,7 +230,7 @@ def test_the_rounded_p_reference_rounds_the_prefill_requests_only():
 
 
 # Decode batches, in which vLLM's split counts no prefill: drawn by seed so that P rounded in the
-# decodes fails (of 90, 47 did: ratios 1.03-1.88); the prefill rule's stand-in passes all 90 (<= 0.32).
+# decodes fails (of 90, 48 did: ratios 1.03-1.88); the prefill rule's stand-in passes all 90 (<= 0.32).
 DECODES = [fp8_case("DECODE", ((1, 1),), 10), fp8_case("DECODE", ((40, 1), (3, 1)), 3)]
 
 
