@@ -112,11 +112,15 @@ FLASHINFER_FP8_QUERIES = (
 # takes no FP8 query, jit/attention/modules.py), whose FP8 kernel rounds P to the cache's dtype times
 # the dtype's largest value. The decode requests keep the model dtype: the tensor-core decode's "auto"
 # is fa2 there (decode.py plan), which, as every fa2 path, dequantizes K/V to the query's dtype and
-# keeps P in it (prefill.cuh compute_sfm_v) or in fp32 (decode.cuh): nothing rounded to FP8. On 10.x
-# the FP8 queries go to trtllm-gen's closed kernels: not read, nothing declared. The FP8 kernel also
-# has no soft cap (DefaultFP8Attention's LogitsTransform returns the logits; prefill.py's FP8
-# paged_run is passed no logits_soft_cap): a soft-capped prefill over an FP8 cache on 9.0 is judged
-# against the capped reference like any other, not excused.
+# keeps P in it (prefill.cuh compute_sfm_v) or in fp32 (decode.cuh): nothing rounded to FP8. That is
+# the decode of a machine without FlashInfer's cubins (the H200 run logged decode_backend=
+# flashinfer-native: vLLM's has_nvidia_artifactory was False). With them vLLM decodes through XQA,
+# whose sm90 FP8 kernel (csrc/xqa/mha_sm90.cu, MathElem = CacheElem) casts the decode queries to e4m3
+# and rounds their P times 448 too: not declared here. On 10.x the FP8 queries go to trtllm-gen's
+# closed kernels: not read, nothing declared. The FP8 kernel also has no soft cap
+# (DefaultFP8Attention's LogitsTransform returns the logits; prefill.py's FP8 paged_run is passed no
+# logits_soft_cap): a soft-capped prefill over an FP8 cache on 9.0 is judged against the capped
+# reference like any other, not excused.
 FLASHINFER_FP8_PROBABILITIES = (
     "FlashInfer's sm90 FP8 prefill (DefaultFP8Attention, hopper/quantization/mainloop_mma.cuh mma_fp8) "
     "multiplies P = exp2(s - running max) by p_scale = numeric_limits<DTypeKV>::max() (448 in e4m3, "
