@@ -69,10 +69,10 @@ class Capabilities:
     # casts only the requests it runs through its prefill path (vLLM's FlashInfer on Hopper).
     fp8_query_rows: str = "all"
     # With an FP8 cache it rounds the softmax probabilities to the cache's dtype before P @ V (FA3's
-    # FP8 forward: P relative to the running row max, times 2^8): where the code does so, quoted. The
-    # exact reference over P rounded so then joins the budget's noise terms (harness/core/compare.py),
-    # on the rows fp8_query_rows names (an FP8 P @ V runs in a kernel that takes FP8 queries too).
-    # None: P as the arithmetic holds it.
+    # FP8 forward: P relative to the running row max, times 2^8; FlashInfer's sm90 FP8 prefill: times
+    # the dtype's max): where the code does so, quoted. The exact reference over P rounded so then
+    # joins the budget's noise terms (harness/core/compare.py), on the rows fp8_query_rows names (an
+    # FP8 P @ V runs in a kernel that takes FP8 queries too). None: P as the arithmetic holds it.
     fp8_probabilities: str | None = None
     # What P is multiplied by before that rounding (FP8_PROBABILITY_SCALES): FA3's 2^8 or FlashInfer's
     # "dtype max".
