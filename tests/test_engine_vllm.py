@@ -153,6 +153,28 @@ def test_flashinfer_declares_the_queries_its_builder_casts_on_the_device(monkeyp
     assert all(("(the prefill requests' only)" in line) == (rows == "prefill") for line in quoted)
 
 
+@pytest.mark.parametrize("capability", [(9, 0), (10, 0), (8, 9), (12, 0), None])
+def test_flashinfer_declares_p_rounded_where_its_fp8_prefill_runs(monkeypatch, capability):
+    """On capability 9.0 the FP8 queries of the prefill requests take FlashInfer's sm90 FP8 prefill
+    ("auto" picks fa3 for an FP8 query), which rounds P to the cache's dtype times the dtype's max; the
+    decode requests run fa2, P in 16 bits. Elsewhere no FlashInfer kernel read rounds P (10.x:
+    trtllm-gen, not read)."""
+    monkeypatch.setattr(type(GPU_ENGINE), "release", lambda self: "0.26.0")
+    monkeypatch.setattr(gpu, "device_capability", lambda: capability)
+    caps = VllmFlashInfer().capabilities
+    if capability != (9, 0):
+        assert caps.fp8_probabilities is None and caps.fp8_probability_scale == "2^8"
+        return
+    assert caps.fp8_query_rows == "prefill" and caps.fp8_probability_scale == "dtype max"
+    assert "convert_type<DTypeKV>(tSrS)" in caps.fp8_probabilities and "p_scale" in caps.fp8_probabilities
+    from harness.run.listing import describe_backend
+
+    quoted = [
+        line for line in describe_backend("vllm_flashinfer")[0] if line.startswith("  FP8 probabilities")
+    ]
+    assert len(quoted) == 1 and "times dtype max" in quoted[0] and "the prefill requests' only" in quoted[0]
+
+
 @pytest.mark.parametrize("model", ["gemma2", "mistral"])
 def test_windowed_models_skip_with_vllms_reason_where_flashinfer_refuses_windows(monkeypatch, model):
     """Gemma2 alternates sliding and full layers, Mistral slides on every one: where vllm_flashinfer

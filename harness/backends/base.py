@@ -30,6 +30,11 @@ from harness.core.vocab import (
 # or only those vLLM's split_decodes_and_prefills (threshold 1) counts as prefills
 # (harness/checks/judged_inputs.py's prefill_requests).
 FP8_QUERY_ROWS = ("all", "prefill")
+# What a backend that declares `fp8_probabilities` multiplies P (relative to the running row max, in
+# [0, 1]) by before rounding it to the cache's dtype: "2^8" (FA3: softmax.h's Max_offset 8) or "dtype
+# max", the FP8 dtype's largest value, 448 in e4m3 and 57344 in e5m2 (FlashInfer's sm90 FP8 prefill:
+# StandardFP8Attention's p_scale, hopper/variants.cuh). references/fp8_probabilities.py's P_SCALES.
+FP8_PROBABILITY_SCALES = ("2^8", "dtype max")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -64,10 +69,14 @@ class Capabilities:
     # casts only the requests it runs through its prefill path (vLLM's FlashInfer on Hopper).
     fp8_query_rows: str = "all"
     # With an FP8 cache it rounds the softmax probabilities to the cache's dtype before P @ V (FA3's
-    # FP8 forward: P relative to the running row max, times 2^8): where the code does so, quoted. The
-    # exact reference over P rounded so then joins the budget's noise terms (harness/core/compare.py).
-    # None: P as the arithmetic holds it.
+    # FP8 forward: P relative to the running row max, times 2^8; FlashInfer's sm90 FP8 prefill: times
+    # the dtype's max): where the code does so, quoted. The exact reference over P rounded so then
+    # joins the budget's noise terms (harness/core/compare.py), on the rows fp8_query_rows names (an
+    # FP8 P @ V runs in a kernel that takes FP8 queries too). None: P as the arithmetic holds it.
     fp8_probabilities: str | None = None
+    # What P is multiplied by before that rounding (FP8_PROBABILITY_SCALES): FA3's 2^8 or FlashInfer's
+    # "dtype max".
+    fp8_probability_scale: str = "2^8"
     # Modes it can run under a CUDA graph (harness/backends/graph_glue.py); empty: not capturable,
     # why_not["graph"] says why (the replay tests skip with it).
     graph_modes: frozenset[Mode] = frozenset()
@@ -94,6 +103,13 @@ class Capabilities:
                 "fp8_probabilities declares softmax probabilities rounded to an FP8 cache's dtype: it needs "
                 f"the code that rounds them (got {self.fp8_probabilities!r}) and an FP8 cache in kv_dtypes "
                 f"({sorted(self.kv_dtypes)})"
+            )
+        scale = self.fp8_probability_scale
+        if scale not in FP8_PROBABILITY_SCALES or (scale != "2^8" and self.fp8_probabilities is None):
+            raise ValueError(
+                f"fp8_probability_scale {scale!r} names what P is multiplied by before its rounding: one "
+                f"of {', '.join(FP8_PROBABILITY_SCALES)}, and other than '2^8' only with fp8_probabilities "
+                "declared"
             )
 
     @classmethod

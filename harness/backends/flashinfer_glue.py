@@ -5,6 +5,9 @@ then runs it. The shared decisions are one method each, so a mutant overrides ex
 engine's reads in glue.py (kv_start rounded down to a page here), and here the page table, options
 at plan, split parameters, the LSE base, and an FP8 cache's dtype at plan and scales at run. Every
 wrapper names backend="fa2": "auto" picks fa3 on an H100, whose plan ignores the split parameters.
+With an FP8 cache fa2 takes a half-precision query (it refuses an FP8 one) and rounds nothing else to
+FP8: K and V are dequantized to the query's dtype, P kept in it (prefill.cuh compute_sfm_v) or in fp32
+(decode.cuh), so no adapter declares `fp8_queries` or `fp8_probabilities` (docs/design.md).
 The supported releases and what differs between them: flashinfer_versions.py.
 """
 

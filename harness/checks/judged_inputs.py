@@ -13,10 +13,12 @@ so the budget describe the kernel's arithmetic on what it was given: a kernel wr
 still fails. The Batch a backend runs keeps the case's queries; only the references read these.
 
 A backend that declares `fp8_probabilities` also rounds its softmax probabilities to the cache's
-dtype before P @ V (FA3's FP8 forward): where exactly depends on its key blocks' running max, so no
-one reference is its arithmetic. The exact reference over P rounded against each row's final max
-(references/fp8_probabilities.py) measures that rounding instead: its distance from exact joins
-the budget's noise terms (harness/core/compare.py), as the cache's own rounding does.
+dtype before P @ V (FA3's FP8 forward, FlashInfer's sm90 FP8 prefill): where exactly depends on its
+key blocks' running max, so no one reference is its arithmetic. The exact reference over P rounded
+against each row's final max, times the factor the backend declares (`fp8_probability_scale`), in
+the requests whose queries it casts (`fp8_query_rows`: an FP8 P @ V takes FP8 queries too), measures
+that rounding instead (references/fp8_probabilities.py): its distance from exact joins the budget's
+noise terms (harness/core/compare.py), as the cache's own rounding does.
 """
 
 from __future__ import annotations
@@ -90,29 +92,35 @@ def judged_inputs(backend: Backend, case: Case, inputs: Inputs) -> Inputs:
 
 def rounds_probabilities(backend: Backend, case: Case) -> bool:
     """Whether the budget for the backend's output on this case counts P rounded to the cache's dtype:
-    it declares `fp8_probabilities` and the case has an FP8 cache."""
-    return backend.capabilities.fp8_probabilities is not None and case.kv_dtype is not None
+    it declares `fp8_probabilities`, the case has an FP8 cache, and its `fp8_query_rows` names a
+    request of the case."""
+    caps = backend.capabilities
+    if caps.fp8_probabilities is None or case.kv_dtype is None:
+        return False
+    return any(rounded_requests(caps.fp8_query_rows, [r.extend_len for r in case.requests]))
 
 
 def rounded_probabilities(backend: Backend, case: Case, judged: Inputs, device: str) -> torch.Tensor | None:
-    """The exact reference's output over `judged` with P rounded as FA3 rounds it, where the backend
-    declares so on this case (`rounds_probabilities`): compare()'s `ref_rounded_p`. Else None."""
+    """The exact reference's output over `judged` with P rounded as the backend declares (its
+    `fp8_probability_scale`, in the requests its `fp8_query_rows` names), where it declares so on this
+    case (`rounds_probabilities`): compare()'s `ref_rounded_p`. Else None."""
     if not rounds_probabilities(backend, case):
         return None
-    return fp8_probabilities.reference(case, judged, device).out
+    caps = backend.capabilities
+    rows = rounded_requests(caps.fp8_query_rows, [r.extend_len for r in case.requests])
+    return fp8_probabilities.reference(case, judged, device, caps.fp8_probability_scale, rows).out
 
 
 def judged_note(backend: Backend, case: Case) -> str:
     """What a verdict's reason adds when the references were over rounded queries or the budget
     counts rounded probabilities, else ""."""
     note = ""
+    whose = "the" if backend.capabilities.fp8_query_rows == "all" else "its prefill requests'"
     if rounds_queries(backend, case):
-        rows = backend.capabilities.fp8_query_rows
-        whose = "the queries" if rows == "all" else "its prefill requests' queries"
-        note += f"; judged over {whose} rounded to {case.kv_dtype} (the backend declares fp8_queries)"
+        note += f"; judged over {whose} queries rounded to {case.kv_dtype} (the backend declares fp8_queries)"
     if rounds_probabilities(backend, case):
         note += (
-            f"; the budget counts the probabilities rounded to {case.kv_dtype} "
+            f"; the budget counts {whose} probabilities rounded to {case.kv_dtype} "
             "(the backend declares fp8_probabilities)"
         )
     return note

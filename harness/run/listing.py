@@ -31,9 +31,10 @@ def describe_backend(name: str) -> tuple[list[str], bool]:
         whose = "" if c.fp8_query_rows == "all" else " (the prefill requests' only)"
         lines.append(f"  FP8 queries: cast to the cache's dtype{whose}, judged over them so: {c.fp8_queries}")
     if c.fp8_probabilities:
+        whose = "" if c.fp8_query_rows == "all" else ", the prefill requests' only"
         lines.append(
-            f"  FP8 probabilities: rounded to the cache's dtype before P @ V, counted in the budget: "
-            f"{c.fp8_probabilities}"
+            f"  FP8 probabilities: times {c.fp8_probability_scale}, rounded to the cache's dtype before P @ V"
+            f"{whose}, counted in the budget: {c.fp8_probabilities}"
         )
     graph = ", ".join(sorted(str(m) for m in c.graph_modes))
     lines.append(f"  CUDA graph: {graph}" if graph else f"  CUDA graph: none: {c.graph_reason()}")

@@ -17,6 +17,16 @@ modes of init_forward_metadata_out_graph. Run on an H200 with 0.5.17, eagerly (d
 its paths drop what the layer declares, FlashInfer compiling both into the kernel plan() picks while
 sglang passes them to forward() only: the soft cap on every wrapper, the window on the ragged prefill
 (known issues sglang-flashinfer-soft-cap and sglang-flashinfer-ragged-window).
+
+With an FP8 cache nothing is rounded to FP8 but the cache (no `fp8_queries`, no `fp8_probabilities`):
+the paged prefill and decode wrappers are built with backend "fa2" (FlashInferAttnBackend.__init__,
+`self.prefill_backend = "fa2"`, `self.decode_backend = "fa2"`) and planned with the model's dtype for
+the queries (`q_data_type = model_runner.dtype`); an FP8 cache makes the decode use tensor cores
+(should_use_tensor_core), i.e. fa2's prefill kernel. fa2 (FlashInfer 0.6.18.post1) dequantizes K and V
+to the query's dtype and keeps P in it (include/flashinfer/attention/prefill.cuh, compute_sfm_v:
+`vec_cast<DTypeQ, float>` of P, `vec_cast<DTypeQ, DTypeKV>` of V) or in fp32 (decode.cuh). The ragged
+wrapper's "auto" may pick fa3 on Hopper, but over the batch's new keys and values in the model's dtype,
+not the cache.
 """
 
 from __future__ import annotations

@@ -5,9 +5,10 @@ vLLM's CUDA build (`vllm`) installed; elsewhere unavailable with the reason.
 Capabilities are what vLLM 0.32's code declares for these classes, read from it on a machine without a
 GPU (docs/engines.md says what ran on a GPU). Features vLLM decides per device at run time (FA3's sinks
 and FP8 cache, FlashInfer's sinks) are left out, each with where vLLM decides; the one refusal vLLM
-raises on a known device, FlashInfer's windows on compute capability 9.0 before 0.30, and which
+raises on a known device, FlashInfer's windows on compute capability 9.0 before 0.30, which
 requests' queries FlashInfer casts to an FP8 cache's dtype (the prefill requests' on 9.0, every one's
-on 10.x) are decided on the device, in VllmFlashInfer.capabilities. Both replay under CUDA graphs
+on 10.x) and, on 9.0, those requests' probabilities rounded to it by FlashInfer's FP8 prefill, are
+decided on the device, in VllmFlashInfer.capabilities. Both replay under CUDA graphs
 through vLLM's own full-cudagraph path (graph.py): the modes are what each metadata builder's
 `cudagraph_support` lets vLLM's runner capture on every device of the supported releases.
 """
@@ -106,6 +107,27 @@ FLASHINFER_FP8_QUERIES = (
     "capability 9.0, where use_trtllm_attention is not False; every request's on 10.x) and "
     "FlashInferImpl.forward's maybe_quant_query casts the slice to it with layer._q_scale (1)"
 )
+# What those FP8 queries reach on capability 9.0 (FlashInfer 0.6.18.post1 read): the prefill wrapper's
+# backend "auto" picks fa3 for an FP8 query over an FP8 cache (utils.py is_fa3_backend_supported; fa2
+# takes no FP8 query, jit/attention/modules.py), whose FP8 kernel rounds P to the cache's dtype times
+# the dtype's largest value. The decode requests keep the model dtype: the tensor-core decode's "auto"
+# is fa2 there (decode.py plan), which, as every fa2 path, dequantizes K/V to the query's dtype and
+# keeps P in it (prefill.cuh compute_sfm_v) or in fp32 (decode.cuh): nothing rounded to FP8. That is
+# the decode of a machine without FlashInfer's cubins (the H200 run logged decode_backend=
+# flashinfer-native: vLLM's has_nvidia_artifactory was False). With them vLLM decodes through XQA,
+# whose sm90 FP8 kernel (csrc/xqa/mha_sm90.cu, MathElem = CacheElem) casts the decode queries to e4m3
+# and rounds their P times 448 too: not declared here. On 10.x the FP8 queries go to trtllm-gen's
+# closed kernels: not read, nothing declared. The FP8 kernel also has no soft cap
+# (DefaultFP8Attention's LogitsTransform returns the logits; prefill.py's FP8 paged_run is passed no
+# logits_soft_cap): a soft-capped prefill over an FP8 cache on 9.0 is judged against the capped
+# reference like any other, not excused.
+FLASHINFER_FP8_PROBABILITIES = (
+    "FlashInfer's sm90 FP8 prefill (DefaultFP8Attention, hopper/quantization/mainloop_mma.cuh mma_fp8) "
+    "multiplies P = exp2(s - running max) by p_scale = numeric_limits<DTypeKV>::max() (448 in e4m3, "
+    "StandardFP8Attention.PQuantize, hopper/variants.cuh) and converts it, `convert_type<DTypeKV>(tSrS)`, "
+    "before the P @ V GEMM; the row sum from the unrounded P (attention_updater.cuh), v_scale / p_scale at "
+    "finalize"
+)
 
 
 @cache
@@ -130,12 +152,19 @@ class VllmFlashInfer(VllmEngine, VllmGraph):
     @property
     def capabilities(self) -> Capabilities:  # type: ignore[override]
         """FLASHINFER, less windows where the builder refuses them (refuses_windows), with the queries
-        cast to an FP8 cache's dtype where the builder casts them (fp8_query_rows)."""
+        cast to an FP8 cache's dtype where the builder casts them (fp8_query_rows), and on capability
+        9.0 those requests' probabilities rounded to it by FlashInfer's FP8 prefill
+        (FLASHINFER_FP8_PROBABILITIES: P times the dtype's largest value)."""
         caps = FLASHINFER_NO_WINDOWS if self.refuses_windows() else FLASHINFER
         rows = self.fp8_query_rows()
         if rows is None:
             return caps
-        return dataclasses.replace(caps, fp8_queries=FLASHINFER_FP8_QUERIES, fp8_query_rows=rows)
+        caps = dataclasses.replace(caps, fp8_queries=FLASHINFER_FP8_QUERIES, fp8_query_rows=rows)
+        if device_capability() != (9, 0):
+            return caps
+        return dataclasses.replace(
+            caps, fp8_probabilities=FLASHINFER_FP8_PROBABILITIES, fp8_probability_scale="dtype max"
+        )
 
     def fp8_query_rows(self) -> str | None:
         """Which requests' queries the builder casts to an FP8 cache's dtype here (base.FP8_QUERY_ROWS),
