@@ -18,7 +18,7 @@ from harness import backends
 from harness.backends.base import BackendBroken
 from harness.backends.engines.vllm import flex_attention, gpu
 from harness.backends.engines.vllm.cpu_attn import VllmCpuAttn
-from harness.backends.engines.vllm.driver import CPU_ENGINE, GPU_ENGINE
+from harness.backends.engines.vllm.driver import CPU_ENGINE, GPU_ENGINE, VllmEngine
 from harness.backends.engines.vllm.flex_attention import VllmFlex
 from harness.backends.engines.vllm.gpu import VllmFlashAttn, VllmFlashInfer
 from harness.backends.engines.vllm.graph import (
@@ -313,6 +313,27 @@ FLEX_FAMILIES = [
 def test_flex_passes_each_family_it_claims(case):
     res = check_case(VllmFlex(), case)
     assert res.status == "pass", res.reason
+
+
+@needs_vllm
+def test_flex_compiles_each_case_as_a_fresh_process_would(monkeypatch):
+    """vLLM compiles flex_attention with fullgraph=True under a recompile limit that one process running
+    many models' shapes hit on an H200 (FailOnRecompileLimitHit): dynamo starts afresh before each
+    layer is built, so each case compiles as a fresh serving process would."""
+    events = []
+    reset = torch._dynamo.reset
+    monkeypatch.setattr(torch._dynamo, "reset", lambda: (events.append("reset"), reset()))
+    built = VllmEngine.make_layer
+
+    def make_layer(self, batch, config):  # noqa: ANN001, ANN202
+        events.append("layer")
+        return built(self, batch, config)
+
+    monkeypatch.setattr(VllmEngine, "make_layer", make_layer)
+    for case in (FLEX_FAMILIES[0], FLEX_FAMILIES[3]):
+        res = check_case(VllmFlex(), case)
+        assert res.status == "pass", res.reason
+    assert events == ["reset", "layer"] * 2
 
 
 # --- the CUDA-graph path of the GPU adapters (harness/backends/engines/vllm/graph.py) ------------------
@@ -667,7 +688,6 @@ def test_the_flex_graph_path_drives_vllms_own_objects_end_to_end_on_the_cpu(monk
     class CpuFlexGraph(ForcedFullDecode, VllmFlex):
         capabilities = flex_attention.CAPABILITIES  # vLLM's CUDA build's
 
-    torch._dynamo.reset()  # each CPU flex case compiles afresh, as VllmFlex.run does (docs/engines.md)
     _assert_replays_pass(monkeypatch, CpuFlexGraph(), page_size=16, window_left=window)
 
 

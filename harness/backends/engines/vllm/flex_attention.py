@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from harness.backends.base import BackendOutput, Capabilities
+from harness.backends.base import Capabilities
 from harness.backends.engines.vllm.driver import GPU_ENGINE, VllmEngine
 from harness.backends.engines.vllm.graph import GRAPH_WHY, PAD_SLOT, VllmGraph, graph_modes_for
 from harness.core.batch import Batch
@@ -74,13 +74,15 @@ class VllmFlex(VllmEngine, VllmGraph):
         """CAPABILITIES under vLLM's CUDA build; CPU_BUILD, without CUDA graphs, under its CPU build."""
         return CAPABILITIES if self.engine is GPU_ENGINE else CPU_BUILD
 
-    def run(self, batch: Batch) -> BackendOutput:
-        if batch.device.type == "cpu":
-            # Once dynamo recompiled vLLM's compiled flex_attention with dynamic shapes for a second
-            # batch, torch 2.13.0+cpu's generated C++ failed to build (`cur_kvSplitSize4` undeclared;
-            # docs/engines.md, not yet reduced to a torch-only script): each CPU case compiles afresh.
-            torch._dynamo.reset()
-        return super().run(batch)
+    def make_layer(self, batch: Batch, config: Any) -> Any:
+        """vLLM's layer, built with dynamo's caches emptied. vLLM compiles flex_attention with
+        fullgraph=True under a recompile limit of 16 (flex_attention.py), which one serving process of
+        one model stays within; a check runs many models' shapes in one process and hit that limit on an
+        H200 (FailOnRecompileLimitHit), so each layer compiles as a fresh process would. On the CPU it
+        also avoids torch 2.13.0+cpu's failed rebuild with dynamic shapes (`cur_kvSplitSize4` undeclared;
+        docs/engines.md)."""
+        torch._dynamo.reset()
+        return super().make_layer(batch, config)
 
     def has_cache_write(self) -> bool:
         """Whether vLLM's build registers the flex cache write's op (`_C_cache_ops.reshape_and_cache_flash`):
