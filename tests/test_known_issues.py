@@ -168,6 +168,8 @@ def test_each_issue_is_keyed_on_the_releases_its_script_failed_on():
         "vllm-fa3-graph-window-metadata": {"0.26.0"},  # the suite's graph failures on the H200
         # the code of both releases read (docs/known-issues.md); the H200's cross cases on 0.5.17
         "sglang-fa3-cross-page-table": {"0.5.23", "0.5.17"},
+        # the code of both releases read; their own plan raises on the CPU (tests/test_engines_sglang.py)
+        "sglang-fa3-cross-text-table": {"0.5.23", "0.5.17"},
         # the suite's sglang_flashinfer records on the H200 (docs/engines.md); 0.5.23 reads the same
         "sglang-flashinfer-soft-cap": {"0.5.17"},
         "sglang-flashinfer-soft-cap-replay": {"0.5.17"},  # the same code path, planned for a graph
@@ -689,6 +691,49 @@ def test_the_cross_page_table_issue_reaches_fa3s_cross_cases_on_pages_above_one(
     monkeypatch.setattr(known_issues, "distribution_version", lambda dist: release)
     found = [issue.id for issue, _ in known_issues.reaching_issues(name, case)]
     assert ("sglang-fa3-cross-page-table" in found) == reached
+
+
+H200_CROSS = Case(  # the CROSS case that crashed sglang_fa3 on an H200: 33 + 18 columns, rows of 46
+    mode="CROSS", requests=(Request(0, 13, 33), Request(0, 13, 33), Request(0, 13, 33), Request(0, 18, 18))
+)
+
+
+@pytest.mark.parametrize(
+    "name,case,reached",
+    [
+        ("sglang_fa3", H200_CROSS, True),
+        ("sglang_fa3", H200_CROSS.replace(page_size=1), True),  # a gather of token slots: any page size
+        # a cached decoder text counts in max_seq_len_k as the new tokens do: 33 + (4 + 14) > 46
+        ("sglang_fa3", H200_CROSS.replace(requests=(Request(0, 13, 33), Request(4, 14, 18))), True),
+        # exactly at the row: 33 + 13 = 46 reads column 45
+        ("sglang_fa3", H200_CROSS.replace(requests=(Request(0, 13, 33), Request(0, 13, 18))), False),
+        # the longer text's request holds the longest encoder too: 33 + 18 = its own row of 51
+        ("sglang_fa3", H200_CROSS.replace(requests=(Request(0, 13, 18), Request(0, 18, 33))), False),
+        ("sglang_fa3", Case(mode="EXTEND", requests=(Request(0, 13), Request(0, 18))), False),  # no encoder
+        ("sglang_flashinfer", H200_CROSS, False),  # not FA3's plan
+    ],
+)
+@pytest.mark.parametrize("release", ["0.5.17", "0.5.23"])
+def test_the_cross_text_table_issue_reaches_fa3s_cross_batches_past_a_row(
+    name, case, reached, release, monkeypatch
+):
+    monkeypatch.setattr(known_issues, "distribution_version", lambda dist: release)
+    found = [issue.id for issue, _ in known_issues.reaching_issues(name, case)]
+    assert ("sglang-fa3-cross-text-table" in found) == reached
+
+
+def test_a_crash_of_a_cross_batch_past_its_row_is_the_text_table_entrys_alone(version, monkeypatch):
+    """The H200's case reaches both FA3 cross entries (pages of 16): where both confirm, a wrong output
+    is excused by the page-table entry (the first), a crash only by the text-table entry (it faults)."""
+    version("0.5.17")
+    found = [issue.id for issue, _ in known_issues.reaching_issues("sglang_fa3", H200_CROSS)]
+    assert found == ["sglang-fa3-cross-page-table", "sglang-fa3-cross-text-table"]
+    both = [dataclasses.replace(i, confirm=lambda c, d: True) for i in known_issues.KNOWN_ISSUES]
+    monkeypatch.setattr(known_issues, "KNOWN_ISSUES", tuple(both))
+    wrong = known_issues.excuse("sglang_fa3", H200_CROSS, "err", "cuda")
+    crash = known_issues.excuse("sglang_fa3", H200_CROSS, "raised", "cuda", crashed=True)
+    assert wrong[0] and "known issue sglang-fa3-cross-page-table" in wrong[1]
+    assert crash[0] and "known issue sglang-fa3-cross-text-table" in crash[1]
 
 
 @pytest.mark.parametrize("issue", known_issues.KNOWN_ISSUES, ids=lambda i: i.id)
