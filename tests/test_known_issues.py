@@ -736,6 +736,63 @@ def test_a_crash_of_a_cross_batch_past_its_row_is_the_text_table_entrys_alone(ve
     assert crash[0] and "known issue sglang-fa3-cross-text-table" in crash[1]
 
 
+def raising_as(name: str, error: Exception):
+    """The CPU reference backend under an engine's name, its run raising `error`."""
+    backend = load("torch_native")
+    backend.name = name
+
+    def run(batch):
+        raise error
+
+    backend.run = run
+    return backend
+
+
+@pytest.mark.parametrize("confirms", [True, False])
+def test_an_eager_crash_is_excused_by_a_faulting_issue_that_confirms(version, monkeypatch, confirms):
+    """The numeric check's crash on a case the text-table entry reaches is an xfail where it confirms
+    (its traceback kept, so an isolated worker is still retired), a crash where it does not."""
+    version("0.5.17")
+    stubbed = [dataclasses.replace(i, confirm=lambda c, d: confirms) for i in known_issues.KNOWN_ISSUES]
+    monkeypatch.setattr(known_issues, "KNOWN_ISSUES", tuple(stubbed))
+    res = check_case(raising_as("sglang_fa3", RuntimeError("device-side assert triggered")), H200_CROSS)
+    assert res.status == ("xfail" if confirms else "crash")
+    if confirms:
+        assert res.reason.startswith("known issue sglang-fa3-cross-text-table")
+    else:
+        assert "not known issue sglang-fa3-cross-text-table" in res.reason
+    assert "device-side assert triggered" in res.reason and "traceback" in res.extra
+
+
+def test_a_batch_invariance_crash_is_excused_alike(version, monkeypatch):
+    """The invariance check's crash (a composition that raised) on a case the entry reaches and confirms
+    is an xfail too, its traceback kept."""
+    from harness.checks.invariance import invariance_result
+
+    version("0.5.17")
+    stubbed = [dataclasses.replace(i, confirm=lambda c, d: True) for i in known_issues.KNOWN_ISSUES]
+    monkeypatch.setattr(known_issues, "KNOWN_ISSUES", tuple(stubbed))
+    backend = raising_as("sglang_fa3", RuntimeError("device-side assert triggered"))
+    res = invariance_result(backend, H200_CROSS.replace(deterministic=True), long_kv=64, long_q=16)
+    assert res.status == "xfail" and res.reason.startswith("known issue sglang-fa3-cross-text-table")
+    assert "traceback" in res.extra
+
+
+def test_an_eager_crash_is_not_excused_by_a_wrong_output_issue_nor_a_broken_protocol(version, monkeypatch):
+    """A crash on a case only a non-faulting entry reaches stays a crash though it confirms, and so does
+    a backend that broke the protocol (ContractError) on a case a faulting entry reaches."""
+    from harness.backends.base import ContractError
+
+    version("0.7.2.post1")
+    stubbed = [dataclasses.replace(i, confirm=lambda c, d: True) for i in known_issues.KNOWN_ISSUES]
+    monkeypatch.setattr(known_issues, "KNOWN_ISSUES", tuple(stubbed))
+    res = check_case(raising_as("flashinfer_ragged", RuntimeError("boom")), LONG_WINDOWED)
+    assert res.status == "crash" and "known issue" not in res.reason
+    version("0.5.17")
+    res = check_case(raising_as("sglang_fa3", ContractError("run returned no output")), H200_CROSS)
+    assert res.status == "crash" and "known issue" not in res.reason
+
+
 @pytest.mark.parametrize("issue", known_issues.KNOWN_ISSUES, ids=lambda i: i.id)
 def test_every_issue_answers_on_the_paths_it_names(issue):
     """An entry's predicate takes a Case where it is on_eager and a GraphCase where it is on_replay: a

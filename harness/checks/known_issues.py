@@ -5,9 +5,9 @@ backends whose glue reaches the bug, the cases that reach it, and a standalone r
 known_issues/ (docs/known-issues.md). A failing case that matches becomes `xfail` on those versions
 only: on any other version the same check is an ordinary pass or fail, so a release that fixes the
 bug (or one that still has it) shows up. A matching case that passes stays a pass. An issue of the
-CUDA-graph path (`on_replay`) is matched by the replay check, on the GraphCase, and one that can fault
-the library's kernel (`faults`) excuses a crash there too; one reached by the eager checks
-(`on_eager`) is matched on a Case. An engine bug both paths reach sets both, and its predicate and
+CUDA-graph path (`on_replay`) is matched by the replay check, on the GraphCase; one reached by the
+eager checks (`on_eager`) is matched on a Case. One that can fault the library (`faults`) excuses a
+crash too, on either path. An engine bug both paths reach sets both, and its predicate and
 confirmation take either.
 """
 
@@ -45,7 +45,7 @@ class KnownIssue:
     worked_around: str = ""
     on_replay: bool = False  # reached by CUDA-graph replay (harness/checks/replay.py), on a GraphCase
     on_eager: bool = True  # reached by the eager checks (numeric, invariance, model), on a Case
-    faults: bool = False  # a replay crash it reaches is excused too: a fault of the kernel is how it can show
+    faults: bool = False  # a crash it reaches is excused too: a fault of the library is how it can show
 
 
 def has_unsplit_plan(g: GraphCase, chunk: int) -> bool:
