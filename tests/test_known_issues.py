@@ -257,6 +257,8 @@ def test_the_engine_and_graph_confirmations_confirm_nothing_without_their_librar
     assert not engine_confirm.sglang_window_zero(plain, "cpu")
     cross = Case(mode="CROSS", requests=(Request(0, 1, 20),))
     assert not engine_confirm.sglang_fa3_cross_page_table(cross, "cpu")
+    longer_text = Case(mode="CROSS", requests=(Request(0, 13, 33), Request(0, 18, 18)))
+    assert not engine_confirm.sglang_fa3_cross_text_table(longer_text, "cuda")
     g = GraphCase((Case(mode="DECODE", requests=(Request(9, 1),), deterministic=True, window_left=3),), 1, 16)
     assert not flashinfer_graph_confirm.graph_unsplit_plan(g, "cpu")
     assert not flashinfer_graph_confirm.graph_unsplit_plan(g, "cuda")
