@@ -676,52 +676,39 @@ def test_the_vllm_graph_window_confirmation_confirms_only_where_both_plan_and_ke
     assert not engine_confirm.vllm_fa3_graph_window_metadata(failing, "cpu")
 
 
-@pytest.mark.parametrize(
-    "name,case,reached",
-    [
-        ("sglang_fa3", Case(mode="CROSS", requests=(Request(0, 1, 20),)), True),  # pages of 16
-        # pages of one token: a slot is its page
-        ("sglang_fa3", Case(mode="CROSS", requests=(Request(0, 1, 20),), page_size=1), False),
-        ("sglang_fa3", Case(mode="EXTEND", requests=(Request(20, 1),)), False),  # self-attention: converted
-        ("sglang_flashinfer", Case(mode="CROSS", requests=(Request(0, 1, 20),)), False),  # not FA3's plan
-    ],
-)
-@pytest.mark.parametrize("release", ["0.5.17", "0.5.23"])
-def test_the_cross_page_table_issue_reaches_fa3s_cross_cases_on_pages_above_one(
-    name, case, reached, release, monkeypatch
-):
-    monkeypatch.setattr(known_issues, "distribution_version", lambda dist: release)
-    found = [issue.id for issue, _ in known_issues.reaching_issues(name, case)]
-    assert ("sglang-fa3-cross-page-table" in found) == reached
-
-
 H200_CROSS = Case(  # the CROSS case that crashed sglang_fa3 on an H200: 33 + 18 columns, rows of 46
     mode="CROSS", requests=(Request(0, 13, 33), Request(0, 13, 33), Request(0, 13, 33), Request(0, 18, 18))
 )
+PAGES, TEXT = "sglang-fa3-cross-page-table", "sglang-fa3-cross-text-table"
 
 
 @pytest.mark.parametrize(
-    "name,case,reached",
+    "issue_id,name,case,reached",
     [
-        ("sglang_fa3", H200_CROSS, True),
-        ("sglang_fa3", H200_CROSS.replace(page_size=1), True),  # a gather of token slots: any page size
+        (PAGES, "sglang_fa3", Case(mode="CROSS", requests=(Request(0, 1, 20),)), True),  # pages of 16
+        # pages of one token: a slot is its page
+        (PAGES, "sglang_fa3", Case(mode="CROSS", requests=(Request(0, 1, 20),), page_size=1), False),
+        (PAGES, "sglang_fa3", Case(mode="EXTEND", requests=(Request(20, 1),)), False),  # self-attention
+        (PAGES, "sglang_flashinfer", Case(mode="CROSS", requests=(Request(0, 1, 20),)), False),  # not FA3's
+        (TEXT, "sglang_fa3", H200_CROSS, True),
+        (TEXT, "sglang_fa3", H200_CROSS.replace(page_size=1), True),  # a gather of token slots: any page size
         # a cached decoder text counts in max_seq_len_k as the new tokens do: 33 + (4 + 14) > 46
-        ("sglang_fa3", H200_CROSS.replace(requests=(Request(0, 13, 33), Request(4, 14, 18))), True),
+        (TEXT, "sglang_fa3", H200_CROSS.replace(requests=(Request(0, 13, 33), Request(4, 14, 18))), True),
         # exactly at the row: 33 + 13 = 46 reads column 45
-        ("sglang_fa3", H200_CROSS.replace(requests=(Request(0, 13, 33), Request(0, 13, 18))), False),
+        (TEXT, "sglang_fa3", H200_CROSS.replace(requests=(Request(0, 13, 33), Request(0, 13, 18))), False),
         # the longer text's request holds the longest encoder too: 33 + 18 = its own row of 51
-        ("sglang_fa3", H200_CROSS.replace(requests=(Request(0, 13, 18), Request(0, 18, 33))), False),
-        ("sglang_fa3", Case(mode="EXTEND", requests=(Request(0, 13), Request(0, 18))), False),  # no encoder
-        ("sglang_flashinfer", H200_CROSS, False),  # not FA3's plan
+        (TEXT, "sglang_fa3", H200_CROSS.replace(requests=(Request(0, 13, 18), Request(0, 18, 33))), False),
+        (TEXT, "sglang_fa3", Case(mode="EXTEND", requests=(Request(0, 13), Request(0, 18))), False),
+        (TEXT, "sglang_flashinfer", H200_CROSS, False),  # not FA3's plan
     ],
 )
 @pytest.mark.parametrize("release", ["0.5.17", "0.5.23"])
-def test_the_cross_text_table_issue_reaches_fa3s_cross_batches_past_a_row(
-    name, case, reached, release, monkeypatch
-):
+def test_fa3s_cross_issues_reach_their_cases(issue_id, name, case, reached, release, monkeypatch):
+    """sglang-fa3-cross-page-table: FA3's cross cases on pages above one; sglang-fa3-cross-text-table:
+    FA3's cross batches where a request's encoder plus the longest text passes the row."""
     monkeypatch.setattr(known_issues, "distribution_version", lambda dist: release)
     found = [issue.id for issue, _ in known_issues.reaching_issues(name, case)]
-    assert ("sglang-fa3-cross-text-table" in found) == reached
+    assert (issue_id in found) == reached
 
 
 def test_a_crash_of_a_cross_batch_past_its_row_is_the_text_table_entrys_alone(version, monkeypatch):
@@ -729,7 +716,7 @@ def test_a_crash_of_a_cross_batch_past_its_row_is_the_text_table_entrys_alone(ve
     is excused by the page-table entry (the first), a crash only by the text-table entry (it faults)."""
     version("0.5.17")
     found = [issue.id for issue, _ in known_issues.reaching_issues("sglang_fa3", H200_CROSS)]
-    assert found == ["sglang-fa3-cross-page-table", "sglang-fa3-cross-text-table"]
+    assert found == [PAGES, TEXT]
     both = [dataclasses.replace(i, confirm=lambda c, d: True) for i in known_issues.KNOWN_ISSUES]
     monkeypatch.setattr(known_issues, "KNOWN_ISSUES", tuple(both))
     wrong = known_issues.excuse("sglang_fa3", H200_CROSS, "err", "cuda")
