@@ -8,9 +8,11 @@ runs this file in .venv-sglang, where they run.
 import ast
 import contextlib
 import importlib.util
+import inspect
 import pickle
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 from types import ModuleType, SimpleNamespace
 
@@ -937,4 +939,77 @@ def test_the_cross_page_table_script_reproduces_with_fa3s_page_reads(fixed, monk
     code = runpy.run_path(str(script))["main"]()
     lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("page_size")]
     assert [line.endswith(": right") for line in lines] == [True, fixed]
+    assert code == (0 if fixed else 1)
+
+
+# --- known issue sglang-fa3-cross-text-table: its confirmation and its script ------------------------
+
+# The CROSS case that crashed sglang_fa3 on an H200 (0.5.17): request 0's encoder (33) plus the longest
+# text (18) is 51 columns, its rows 46.
+CROSS_LONGER_TEXT = Case(
+    mode="CROSS",
+    requests=(Request(0, 13, 33), Request(0, 13, 33), Request(0, 13, 33), Request(0, 18, 18)),
+    soft_cap=30.0,
+    sinks=True,
+    sm_scale=0.3,
+    logits="ties",
+    seed=4702,
+)
+
+
+def text_table_clamped_to_the_row(fab: ModuleType):
+    """FlashAttentionBackend.init_forward_metadata with its text page table's gather clamped to the
+    ReqToTokenPool's row: each request's own text (inside its row) gathered as released, the columns
+    past it, which FA3 never reads (cache_seqlens bounds each request), the row's last slot. sglang with
+    the bug fixed: the installed release's own source compiled again with that one gather changed."""
+    source = textwrap.dedent(inspect.getsource(fab.FlashAttentionBackend.init_forward_metadata))
+    gather = "text_row, text_col"
+    assert source.count(gather) == 1, "the released gather is not where the known issue says"
+    clamped = "text_row, text_col.clamp(max=self.req_to_token_pool.req_to_token.shape[1] - 1)"
+    scope: dict = {}
+    exec(compile(source.replace(gather, clamped), fab.__file__, "exec"), vars(fab), scope)
+    return scope["init_forward_metadata"]
+
+
+@needs_cuda_adapters_release
+def test_the_cross_text_table_confirmation_reads_sglangs_plan(monkeypatch):
+    """Confirmed where sglang's own plan gathers past the row (the H200's case, asked for CUDA: planned
+    on the CPU all the same), not where every gather stays in it (equal texts; a longer text whose
+    request has the longest encoder too), nor in another mode, nor once sglang clamps its gather."""
+    from harness.checks import engine_confirm
+
+    kernel_stand_ins(monkeypatch)
+    confirm = engine_confirm.sglang_fa3_cross_text_table
+    assert confirm(CROSS_LONGER_TEXT, "cuda")
+    equal = CROSS_LONGER_TEXT.replace(requests=(Request(0, 13, 33), Request(0, 13, 18)))
+    longest_both = CROSS_LONGER_TEXT.replace(requests=(Request(0, 13, 18), Request(0, 18, 33)))
+    decode = Case(mode="DECODE", requests=(Request(6, 1),), num_kv_heads=2, head_dim=64)
+    assert not any(confirm(c, "cpu") for c in (equal, longest_both, decode))
+    fab = importlib.import_module("sglang.srt.layers.attention.flashattention_backend")
+    init = text_table_clamped_to_the_row(fab)
+    monkeypatch.setattr(fab.FlashAttentionBackend, "init_forward_metadata", init)
+    assert not confirm(CROSS_LONGER_TEXT, "cpu")
+
+
+@needs_cuda_adapters_release
+@pytest.mark.parametrize("fixed", [False, True], ids=["as released", "gather clamped to the row"])
+def test_the_cross_text_table_script_reproduces(fixed, monkeypatch, capsys):
+    """known_issues/sglang_fa3_cross_text_table.py on the CPU: as released, rows of 51 plan in bounds and
+    rows of 46 raise (exit 1, BUG); with the gather clamped to the row both plan each request's text
+    (exit 0)."""
+    import runpy
+
+    kernel_stand_ins(monkeypatch)
+    declare_torchvision_schemas()
+    if fixed:
+        fab = importlib.import_module("sglang.srt.layers.attention.flashattention_backend")
+        init = text_table_clamped_to_the_row(fab)
+        monkeypatch.setattr(fab.FlashAttentionBackend, "init_forward_metadata", init)
+    script = Path(__file__).resolve().parent.parent / "known_issues" / "sglang_fa3_cross_text_table.py"
+    code = runpy.run_path(str(script))["main"]()
+    out = capsys.readouterr().out
+    rows = [line for line in out.splitlines() if line.startswith("rows of")]
+    plans = [line.rpartition("init_forward_metadata: ")[2] for line in rows]
+    assert plans[0] == "in bounds"
+    assert (plans[1] == "in bounds") == fixed and ("BUG:" in out) != fixed
     assert code == (0 if fixed else 1)

@@ -168,6 +168,8 @@ def test_each_issue_is_keyed_on_the_releases_its_script_failed_on():
         "vllm-fa3-graph-window-metadata": {"0.26.0"},  # the suite's graph failures on the H200
         # the code of both releases read (docs/known-issues.md); the H200's cross cases on 0.5.17
         "sglang-fa3-cross-page-table": {"0.5.23", "0.5.17"},
+        # the code of both releases read; their own plan raises on the CPU (tests/test_engines_sglang.py)
+        "sglang-fa3-cross-text-table": {"0.5.23", "0.5.17"},
         # the suite's sglang_flashinfer records on the H200 (docs/engines.md); 0.5.23 reads the same
         "sglang-flashinfer-soft-cap": {"0.5.17"},
         "sglang-flashinfer-soft-cap-replay": {"0.5.17"},  # the same code path, planned for a graph
@@ -255,6 +257,8 @@ def test_the_engine_and_graph_confirmations_confirm_nothing_without_their_librar
     assert not engine_confirm.sglang_window_zero(plain, "cpu")
     cross = Case(mode="CROSS", requests=(Request(0, 1, 20),))
     assert not engine_confirm.sglang_fa3_cross_page_table(cross, "cpu")
+    longer_text = Case(mode="CROSS", requests=(Request(0, 13, 33), Request(0, 18, 18)))
+    assert not engine_confirm.sglang_fa3_cross_text_table(longer_text, "cuda")
     g = GraphCase((Case(mode="DECODE", requests=(Request(9, 1),), deterministic=True, window_left=3),), 1, 16)
     assert not flashinfer_graph_confirm.graph_unsplit_plan(g, "cpu")
     assert not flashinfer_graph_confirm.graph_unsplit_plan(g, "cuda")
@@ -672,23 +676,110 @@ def test_the_vllm_graph_window_confirmation_confirms_only_where_both_plan_and_ke
     assert not engine_confirm.vllm_fa3_graph_window_metadata(failing, "cpu")
 
 
+H200_CROSS = Case(  # the CROSS case that crashed sglang_fa3 on an H200: 33 + 18 columns, rows of 46
+    mode="CROSS", requests=(Request(0, 13, 33), Request(0, 13, 33), Request(0, 13, 33), Request(0, 18, 18))
+)
+PAGES, TEXT = "sglang-fa3-cross-page-table", "sglang-fa3-cross-text-table"
+
+
 @pytest.mark.parametrize(
-    "name,case,reached",
+    "issue_id,name,case,reached",
     [
-        ("sglang_fa3", Case(mode="CROSS", requests=(Request(0, 1, 20),)), True),  # pages of 16
+        (PAGES, "sglang_fa3", Case(mode="CROSS", requests=(Request(0, 1, 20),)), True),  # pages of 16
         # pages of one token: a slot is its page
-        ("sglang_fa3", Case(mode="CROSS", requests=(Request(0, 1, 20),), page_size=1), False),
-        ("sglang_fa3", Case(mode="EXTEND", requests=(Request(20, 1),)), False),  # self-attention: converted
-        ("sglang_flashinfer", Case(mode="CROSS", requests=(Request(0, 1, 20),)), False),  # not FA3's plan
+        (PAGES, "sglang_fa3", Case(mode="CROSS", requests=(Request(0, 1, 20),), page_size=1), False),
+        (PAGES, "sglang_fa3", Case(mode="EXTEND", requests=(Request(20, 1),)), False),  # self-attention
+        (PAGES, "sglang_flashinfer", Case(mode="CROSS", requests=(Request(0, 1, 20),)), False),  # not FA3's
+        (TEXT, "sglang_fa3", H200_CROSS, True),
+        (TEXT, "sglang_fa3", H200_CROSS.replace(page_size=1), True),  # a gather of token slots: any page size
+        # a cached decoder text counts in max_seq_len_k as the new tokens do: 33 + (4 + 14) > 46
+        (TEXT, "sglang_fa3", H200_CROSS.replace(requests=(Request(0, 13, 33), Request(4, 14, 18))), True),
+        # exactly at the row: 33 + 13 = 46 reads column 45
+        (TEXT, "sglang_fa3", H200_CROSS.replace(requests=(Request(0, 13, 33), Request(0, 13, 18))), False),
+        # the longer text's request holds the longest encoder too: 33 + 18 = its own row of 51
+        (TEXT, "sglang_fa3", H200_CROSS.replace(requests=(Request(0, 13, 18), Request(0, 18, 33))), False),
+        (TEXT, "sglang_fa3", Case(mode="EXTEND", requests=(Request(0, 13), Request(0, 18))), False),
+        (TEXT, "sglang_flashinfer", H200_CROSS, False),  # not FA3's plan
     ],
 )
 @pytest.mark.parametrize("release", ["0.5.17", "0.5.23"])
-def test_the_cross_page_table_issue_reaches_fa3s_cross_cases_on_pages_above_one(
-    name, case, reached, release, monkeypatch
-):
+def test_fa3s_cross_issues_reach_their_cases(issue_id, name, case, reached, release, monkeypatch):
+    """sglang-fa3-cross-page-table: FA3's cross cases on pages above one; sglang-fa3-cross-text-table:
+    FA3's cross batches where a request's encoder plus the longest text passes the row."""
     monkeypatch.setattr(known_issues, "distribution_version", lambda dist: release)
     found = [issue.id for issue, _ in known_issues.reaching_issues(name, case)]
-    assert ("sglang-fa3-cross-page-table" in found) == reached
+    assert (issue_id in found) == reached
+
+
+def test_a_crash_of_a_cross_batch_past_its_row_is_the_text_table_entrys_alone(version, monkeypatch):
+    """The H200's case reaches both FA3 cross entries (pages of 16): where both confirm, a wrong output
+    is excused by the page-table entry (the first), a crash only by the text-table entry (it faults)."""
+    version("0.5.17")
+    found = [issue.id for issue, _ in known_issues.reaching_issues("sglang_fa3", H200_CROSS)]
+    assert found == [PAGES, TEXT]
+    both = [dataclasses.replace(i, confirm=lambda c, d: True) for i in known_issues.KNOWN_ISSUES]
+    monkeypatch.setattr(known_issues, "KNOWN_ISSUES", tuple(both))
+    wrong = known_issues.excuse("sglang_fa3", H200_CROSS, "err", "cuda")
+    crash = known_issues.excuse("sglang_fa3", H200_CROSS, "raised", "cuda", crashed=True)
+    assert wrong[0] and "known issue sglang-fa3-cross-page-table" in wrong[1]
+    assert crash[0] and "known issue sglang-fa3-cross-text-table" in crash[1]
+
+
+def raising_as(name: str, error: Exception):
+    """The CPU reference backend under an engine's name, its run raising `error`."""
+    backend = load("torch_native")
+    backend.name = name
+
+    def run(batch):
+        raise error
+
+    backend.run = run
+    return backend
+
+
+@pytest.mark.parametrize("confirms", [True, False])
+def test_an_eager_crash_is_excused_by_a_faulting_issue_that_confirms(version, monkeypatch, confirms):
+    """The numeric check's crash on a case the text-table entry reaches is an xfail where it confirms
+    (its traceback kept, so an isolated worker is still retired), a crash where it does not."""
+    version("0.5.17")
+    stubbed = [dataclasses.replace(i, confirm=lambda c, d: confirms) for i in known_issues.KNOWN_ISSUES]
+    monkeypatch.setattr(known_issues, "KNOWN_ISSUES", tuple(stubbed))
+    res = check_case(raising_as("sglang_fa3", RuntimeError("device-side assert triggered")), H200_CROSS)
+    assert res.status == ("xfail" if confirms else "crash")
+    if confirms:
+        assert res.reason.startswith("known issue sglang-fa3-cross-text-table")
+    else:
+        assert "not known issue sglang-fa3-cross-text-table" in res.reason
+    assert "device-side assert triggered" in res.reason and "traceback" in res.extra
+
+
+def test_a_batch_invariance_crash_is_excused_alike(version, monkeypatch):
+    """The invariance check's crash (a composition that raised) on a case the entry reaches and confirms
+    is an xfail too, its traceback kept."""
+    from harness.checks.invariance import invariance_result
+
+    version("0.5.17")
+    stubbed = [dataclasses.replace(i, confirm=lambda c, d: True) for i in known_issues.KNOWN_ISSUES]
+    monkeypatch.setattr(known_issues, "KNOWN_ISSUES", tuple(stubbed))
+    backend = raising_as("sglang_fa3", RuntimeError("device-side assert triggered"))
+    res = invariance_result(backend, H200_CROSS.replace(deterministic=True), long_kv=64, long_q=16)
+    assert res.status == "xfail" and res.reason.startswith("known issue sglang-fa3-cross-text-table")
+    assert "traceback" in res.extra
+
+
+def test_an_eager_crash_is_not_excused_by_a_wrong_output_issue_nor_a_broken_protocol(version, monkeypatch):
+    """A crash on a case only a non-faulting entry reaches stays a crash though it confirms, and so does
+    a backend that broke the protocol (ContractError) on a case a faulting entry reaches."""
+    from harness.backends.base import ContractError
+
+    version("0.7.2.post1")
+    stubbed = [dataclasses.replace(i, confirm=lambda c, d: True) for i in known_issues.KNOWN_ISSUES]
+    monkeypatch.setattr(known_issues, "KNOWN_ISSUES", tuple(stubbed))
+    res = check_case(raising_as("flashinfer_ragged", RuntimeError("boom")), LONG_WINDOWED)
+    assert res.status == "crash" and "known issue" not in res.reason
+    version("0.5.17")
+    res = check_case(raising_as("sglang_fa3", ContractError("run returned no output")), H200_CROSS)
+    assert res.status == "crash" and "known issue" not in res.reason
 
 
 @pytest.mark.parametrize("issue", known_issues.KNOWN_ISSUES, ids=lambda i: i.id)

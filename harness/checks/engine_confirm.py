@@ -204,6 +204,40 @@ def sglang_fa3_cross_page_table(case: Case, device: str) -> bool:
     return False
 
 
+def sglang_fa3_cross_text_table(case: Case, device: str) -> bool:
+    """Known issue sglang-fa3-cross-text-table: sglang's FlashAttentionBackend, built over the case as
+    sglang_fa3 builds it, raises an IndexError in its own init_forward_metadata, gathering the text
+    page table past the ReqToTokenPool's row. Planned on the CPU whatever `device` is: the plan is
+    metadata only (no kernel runs), and on CUDA the same gather is a device-side assert that leaves the
+    process's CUDA context unusable, which a confirmation must not do to the worker asking it. As
+    known_issues/sglang_fa3_cross_text_table.py plans it."""
+    if case.mode != Mode.CROSS:
+        return False
+    declare_torchvision_schemas()  # what sglang's import needs on a CPU torch, as the adapter declares
+    fab = library("sglang.srt.layers.attention.flashattention_backend")
+    if fab is None:
+        return False
+    batch = build_batch(case, make_inputs(case, "cpu"), "cpu")
+    adapter = SglangFA3()
+    try:
+        with adapter.serving_context(batch):
+            adapter.planned(batch)
+    except IndexError as e:
+        return raised_in(e, fab.__file__, "init_forward_metadata")
+    return False
+
+
+def raised_in(e: BaseException, file: str, function: str) -> bool:
+    """Whether the innermost frame of `file` that `e` passed through is `function`'s: the error came
+    from that function's own code (a torch operation it called), not from the caller's."""
+    tb, last = e.__traceback__, None
+    while tb is not None:
+        if tb.tb_frame.f_code.co_filename == file:
+            last = tb.tb_frame.f_code.co_name
+        tb = tb.tb_next
+    return last == function
+
+
 def vllm_one_key(
     ops: object,
     q: torch.Tensor,

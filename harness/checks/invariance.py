@@ -169,8 +169,8 @@ def invariance_result(
     res = check_invariance(backend, case, device, long_kv, long_q)
     status = "pass" if res.passed else ("crash" if res.crash else "fail")
     reason = res.reason
-    if status == "fail":  # a known library bug on the installed version (checks/known_issues.py)
-        excused, reason = excuse(backend.name, case, reason, device)
+    if status in ("fail", "crash"):  # a known library bug on the installed version (checks/known_issues.py)
+        excused, reason = excuse(backend.name, case, reason, device, crashed=status == "crash")
         status = "xfail" if excused else status
     extra = {"check": "batch_invariance", "compositions": res.compositions, "failing": res.failing}
     if res.refused:

@@ -5,9 +5,9 @@ backends whose glue reaches the bug, the cases that reach it, and a standalone r
 known_issues/ (docs/known-issues.md). A failing case that matches becomes `xfail` on those versions
 only: on any other version the same check is an ordinary pass or fail, so a release that fixes the
 bug (or one that still has it) shows up. A matching case that passes stays a pass. An issue of the
-CUDA-graph path (`on_replay`) is matched by the replay check, on the GraphCase, and one that can fault
-the library's kernel (`faults`) excuses a crash there too; one reached by the eager checks
-(`on_eager`) is matched on a Case. An engine bug both paths reach sets both, and its predicate and
+CUDA-graph path (`on_replay`) is matched by the replay check, on the GraphCase; one reached by the
+eager checks (`on_eager`) is matched on a Case. One that can fault the library (`faults`) excuses a
+crash too, on either path. An engine bug both paths reach sets both, and its predicate and
 confirmation take either.
 """
 
@@ -21,6 +21,7 @@ from typing import Any
 from harness.backends.flashinfer_dec import FlashInferDecTC
 from harness.backends.versions import distribution_version
 from harness.checks import engine_confirm, flashinfer_confirm, flashinfer_graph_confirm
+from harness.core import modes
 from harness.core.batch import kv_len
 from harness.core.case import Case
 from harness.core.graph_case import GraphCase, kv_extents
@@ -44,7 +45,7 @@ class KnownIssue:
     worked_around: str = ""
     on_replay: bool = False  # reached by CUDA-graph replay (harness/checks/replay.py), on a GraphCase
     on_eager: bool = True  # reached by the eager checks (numeric, invariance, model), on a Case
-    faults: bool = False  # a replay crash it reaches is excused too: a fault of the kernel is how it can show
+    faults: bool = False  # a crash it reaches is excused too: a fault of the library is how it can show
 
 
 def has_unsplit_plan(g: GraphCase, chunk: int) -> bool:
@@ -139,6 +140,19 @@ def sglang_ragged_windowed(c: Case) -> bool:
         and not c.deterministic
         and any(r.extend_len > c.window_left + 1 for r in c.requests)
     )
+
+
+def fa3_text_table_overruns(c: Case) -> bool:
+    """Whether FlashAttentionBackend's text page table of a CROSS batch is gathered past the
+    ReqToTokenPool's row (known issue sglang-fa3-cross-text-table): it gathers request i's columns
+    encoder_len[i] .. encoder_len[i] + text_max - 1, text_max the batch's longest decoder text (its
+    max_seq_len_k: the seq_lens sglang_fa3 gives a cross batch), over rows as wide as the longest
+    encoder + text of the batch (sglang_fa3's ReqToTokenPool)."""
+    if c.mode != Mode.CROSS:
+        return False
+    texts = [modes.seq_len(c.mode, r.prefix_len, r.extend_len) for r in c.requests]
+    width = max(1, *(r.encoder_len + t for r, t in zip(c.requests, texts)))
+    return any(r.encoder_len + max(texts) > width for r in c.requests)
 
 
 def power_of_two(x: float) -> bool:
@@ -316,6 +330,20 @@ KNOWN_ISSUES = (
         repro="known_issues/sglang_fa3_cross_page_table.py",
         reaches=lambda c: c.mode == Mode.CROSS and c.page_size > 1,
         confirm=engine_confirm.sglang_fa3_cross_page_table,
+    ),
+    KnownIssue(
+        id="sglang-fa3-cross-text-table",
+        library="sglang",
+        versions=frozenset({"0.5.23", "0.5.17"}),
+        backends=frozenset({"sglang_fa3"}),
+        title="FlashAttentionBackend gathers a cross batch's text page table from each request's encoder "
+        "offset for the batch's longest text (`req_to_token[row, encoder_lens[i] + arange(max_seq_len_k)]`): "
+        "where a request's encoder plus that text passes the ReqToTokenPool's row, the gather leaves the "
+        "row (an IndexError on the CPU, a device-side assert on a GPU)",
+        repro="known_issues/sglang_fa3_cross_text_table.py",
+        reaches=fa3_text_table_overruns,
+        confirm=engine_confirm.sglang_fa3_cross_text_table,
+        faults=True,  # the out-of-bounds gather is a crash, never a wrong output
     ),
     KnownIssue(
         id="sglang-flashinfer-soft-cap",

@@ -54,14 +54,20 @@ def nonfinite_cause(
 
 
 def _crash(backend: Backend, case: Case, device: str, e: Exception, seconds: float) -> CaseResult:
-    """The CRASH result of a backend whose run raised `e` (or broke the protocol: ContractError)."""
+    """The CRASH result of a backend whose run raised `e` (or broke the protocol: ContractError); an
+    xfail where a known issue that can fault the library (`faults`) reaches the case and confirms
+    itself there. A broken protocol is the glue's, never excused."""
     frame = traceback.extract_tb(e.__traceback__)[-1]
     where = f"{frame.filename.rsplit('/', 1)[-1]}:{frame.lineno} in {frame.name}"
-    reason = (
-        str(e) if isinstance(e, ContractError) else f"backend raised {type(e).__name__}: {e} (at {where})"
-    )
+    status = "crash"
+    if isinstance(e, ContractError):
+        reason = str(e)
+    else:
+        reason = f"backend raised {type(e).__name__}: {e} (at {where})"
+        excused, reason = excuse(backend.name, case, reason, device, crashed=True)
+        status = "xfail" if excused else status
     return CaseResult(
-        status="crash",
+        status=status,
         backend=backend.name,
         device=device,
         case=case,
