@@ -20,7 +20,7 @@ import random
 import pytest
 import torch
 
-from harness.backends.base import Capabilities
+from harness.backends.base import Backend, Capabilities
 from harness.backends.engines.sglang.fa3 import FA3
 from harness.backends.engines.vllm.gpu import FLASH_ATTN
 from harness.checks.judged_inputs import judged_inputs, prefill_requests, rounded_probabilities
@@ -150,13 +150,22 @@ P_ROUNDED_FAIL = [
 
 @pytest.mark.parametrize("case", P_ROUNDED_FAIL, ids=lambda c: f"{c.mode}-{c.seed}-w{c.window_left}")
 def test_a_backend_that_rounds_p_fails_with_queries_only_and_passes_declared(case):
-    queries_only = check_case(declared(FA3Like, probabilities=False), case)
-    assert queries_only.status == "fail", queries_only.reason
-    res = check_case(declared(FA3Like), case)
-    assert res.status == "pass", res.reason
-    note = f"the budget counts the probabilities rounded to {case.kv_dtype}"
-    assert res.reason.endswith(f"; {note} (the backend declares fp8_probabilities)")
+    queries_only, res = fails_alone_passes_declared(
+        declared(FA3Like, probabilities=False), declared(FA3Like), case, "the probabilities"
+    )
     assert res.verdict.err > 0 and res.verdict.budget > queries_only.verdict.budget
+
+
+def fails_alone_passes_declared(alone: Backend, both: Backend, case: Case, rows: str) -> tuple:
+    """`case` fails on `alone` (the query cast declared, not P's rounding) and passes on `both`, whose
+    verdict names the rounded probabilities of `rows`; both results."""
+    queries_only = check_case(alone, case)
+    assert queries_only.status == "fail", queries_only.reason
+    res = check_case(both, case)
+    assert res.status == "pass", res.reason
+    note = f"the budget counts {rows} rounded to {case.kv_dtype}"
+    assert res.reason.endswith(f"; {note} (the backend declares fp8_probabilities)")
+    return queries_only, res
 
 
 # Drawn by seed: FlashInfer's arithmetic (P times 448, blocks of 128) fails with the queries' rounding
@@ -210,12 +219,12 @@ PREFILL_ROWS = [
 
 @pytest.mark.parametrize("case", PREFILL_ROWS, ids=lambda c: f"seed{c.seed}")
 def test_vllms_flashinfer_rounding_is_counted_in_its_prefill_requests(case):
-    queries_only = check_case(vllm_like(PrefillFlashInferLike, probabilities=False), case)
-    assert queries_only.status == "fail", queries_only.reason
-    res = check_case(vllm_like(PrefillFlashInferLike), case)
-    assert res.status == "pass", res.reason
-    note = f"the budget counts its prefill requests' probabilities rounded to {case.kv_dtype}"
-    assert res.reason.endswith(f"; {note} (the backend declares fp8_probabilities)")
+    fails_alone_passes_declared(
+        vllm_like(PrefillFlashInferLike, probabilities=False),
+        vllm_like(PrefillFlashInferLike),
+        case,
+        "its prefill requests' probabilities",
+    )
 
 
 def test_the_rounded_p_reference_rounds_the_prefill_requests_only():
