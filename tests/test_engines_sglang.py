@@ -1013,3 +1013,43 @@ def test_the_cross_text_table_script_reproduces(fixed, monkeypatch, capsys):
     assert plans[0] == "in bounds"
     assert (plans[1] == "in bounds") == fixed and ("BUG:" in out) != fixed
     assert code == (0 if fixed else 1)
+
+
+# --- sglang's FA3 decoder self-attention in an encoder-decoder batch on pages: its script ----------
+
+
+def reading_token_slots(init):  # noqa: ANN001, ANN201
+    """FlashAttentionBackend.__init__ planning and reading an encoder-decoder model's pool in token
+    slots (pages of one token: no reduction, the pool viewed slot by slot) whatever the pool's page size:
+    sglang with the bug fixed."""
+
+    def init_in_slots(self, model_runner, *args, **kwargs):  # noqa: ANN001, ANN202
+        init(self, model_runner, *args, **kwargs)
+        if model_runner.model_config.is_encoder_decoder:
+            self.page_size = 1
+
+    return init_in_slots
+
+
+@needs_cuda_adapters_release
+@pytest.mark.parametrize("fixed", [False, True], ids=["as released", "read in token slots"])
+def test_the_encoder_decoder_self_attention_pages_script_reproduces(fixed, monkeypatch, capsys):
+    """known_issues/sglang_fa3_encdec_self_pages.py on the CPU: as released, the text's page table is
+    right on pages of 1 and with encoders of whole pages, wrong on pages of 16 after encoders of 5 and
+    20 tokens (exit 1, BUG); an encoder-decoder backend reading token slots is right on each (exit 0)."""
+    import runpy
+
+    kernel_stand_ins(monkeypatch)
+    declare_torchvision_schemas()
+    if fixed:
+        cls = importlib.import_module(
+            "sglang.srt.layers.attention.flashattention_backend"
+        ).FlashAttentionBackend
+        monkeypatch.setattr(cls, "__init__", reading_token_slots(cls.__init__))
+    script = Path(__file__).resolve().parent.parent / "known_issues" / "sglang_fa3_encdec_self_pages.py"
+    code = runpy.run_path(str(script))["main"]()
+    out = capsys.readouterr().out
+    lines = [line for line in out.splitlines() if line.startswith("page_size")]
+    assert [line.endswith(": right") for line in lines] == [True, fixed, True]
+    assert ("BUG:" in out) != fixed
+    assert code == (0 if fixed else 1)
