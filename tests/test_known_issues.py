@@ -1,11 +1,13 @@
 """A known library bug is an expected failure on the versions it names, and only there."""
 
 import dataclasses
+import os
 
 import pytest
 import torch
 
 from harness.backends import load
+from harness.backends.torch_native import TorchNative
 from harness.checks import known_issues
 from harness.checks.numeric import check_case
 from harness.core.case import Case, Request
@@ -13,6 +15,7 @@ from harness.core.graph_case import GraphCase
 from harness.core.results import summary_table
 from harness.mutants import by_name
 from harness.report import junit
+from harness.run import isolation
 from tests import flashinfer_fake as fake
 
 LONG_WINDOWED = Case(mode="ENCODER_ONLY", requests=(Request(0, 300),), window_left=4, dtype="float32")
@@ -765,6 +768,33 @@ def test_a_batch_invariance_crash_is_excused_alike(version, monkeypatch):
     res = invariance_result(backend, H200_CROSS.replace(deterministic=True), long_kv=64, long_q=16)
     assert res.status == "xfail" and res.reason.startswith("known issue sglang-fa3-cross-text-table")
     assert "traceback" in res.extra
+
+
+class ExitsAsFa3Does(TorchNative):
+    """sglang_fa3 whose kernel launch ends the process (FA3's CHECK_CUDA calls exit(1) on a device
+    assert, as on the H200's cross case)."""
+
+    name = "sglang_fa3"
+
+    def run(self, batch):
+        os._exit(1)
+
+
+@pytest.mark.parametrize("confirms", [True, False])
+def test_a_worker_a_faulting_issue_took_down_is_an_xfail_where_it_confirms(version, monkeypatch, confirms):
+    """An isolated case whose worker died on a case the text-table entry reaches: xfail where the entry
+    confirms (asked in the parent, the worker being gone), a crash where it does not."""
+    version("0.5.17")
+    stubbed = [dataclasses.replace(i, confirm=lambda c, d: confirms) for i in known_issues.KNOWN_ISSUES]
+    monkeypatch.setattr(known_issues, "KNOWN_ISSUES", tuple(stubbed))
+    runner = isolation.IsolatedRunner(timeout=30, first_timeout=120)
+    try:
+        res = runner.run(check_case, ExitsAsFa3Does(), H200_CROSS, "cpu")
+    finally:
+        runner.close()
+    assert res.status == ("xfail" if confirms else "crash")
+    assert "the worker process died" in res.reason
+    assert res.reason.startswith("known issue sglang-fa3-cross-text-table") == confirms
 
 
 def test_an_eager_crash_is_not_excused_by_a_wrong_output_issue_nor_a_broken_protocol(version, monkeypatch):
