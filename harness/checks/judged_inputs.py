@@ -58,6 +58,11 @@ def rounded_requests(rows: str, q_lens: Sequence[int]) -> tuple[bool, ...]:
     raise ValueError(f"unknown fp8_query_rows {rows!r}; known: {', '.join(FP8_QUERY_ROWS)}")
 
 
+def case_rounded_requests(backend: Backend, case: Case) -> tuple[bool, ...]:
+    """Per request of `case`, whether the backend's `fp8_query_rows` rule rounds it."""
+    return rounded_requests(backend.capabilities.fp8_query_rows, [r.extend_len for r in case.requests])
+
+
 def rounded_queries(case: Case, inputs: Inputs, rows: str = "all") -> Inputs:
     """`inputs` with the queries of the requests the rule `rows` names (rounded_requests) rounded to the
     case's FP8 cache dtype and back to their own dtype (scale 1), every other query as it is. A query
@@ -77,10 +82,8 @@ def rounded_queries(case: Case, inputs: Inputs, rows: str = "all") -> Inputs:
 def rounds_queries(backend: Backend, case: Case) -> bool:
     """Whether the backend's output on this case is judged over rounded queries: it declares
     `fp8_queries`, the case has an FP8 cache, and its `fp8_query_rows` names a request of the case."""
-    caps = backend.capabilities
-    if caps.fp8_queries is None or case.kv_dtype is None:
-        return False
-    return any(rounded_requests(caps.fp8_query_rows, [r.extend_len for r in case.requests]))
+    declared = backend.capabilities.fp8_queries is not None
+    return declared and case.kv_dtype is not None and any(case_rounded_requests(backend, case))
 
 
 def judged_inputs(backend: Backend, case: Case, inputs: Inputs) -> Inputs:
@@ -94,10 +97,8 @@ def rounds_probabilities(backend: Backend, case: Case) -> bool:
     """Whether the budget for the backend's output on this case counts P rounded to the cache's dtype:
     it declares `fp8_probabilities`, the case has an FP8 cache, and its `fp8_query_rows` names a
     request of the case."""
-    caps = backend.capabilities
-    if caps.fp8_probabilities is None or case.kv_dtype is None:
-        return False
-    return any(rounded_requests(caps.fp8_query_rows, [r.extend_len for r in case.requests]))
+    declared = backend.capabilities.fp8_probabilities is not None
+    return declared and case.kv_dtype is not None and any(case_rounded_requests(backend, case))
 
 
 def rounded_probabilities(backend: Backend, case: Case, judged: Inputs, device: str) -> torch.Tensor | None:
@@ -106,9 +107,8 @@ def rounded_probabilities(backend: Backend, case: Case, judged: Inputs, device: 
     case (`rounds_probabilities`): compare()'s `ref_rounded_p`. Else None."""
     if not rounds_probabilities(backend, case):
         return None
-    caps = backend.capabilities
-    rows = rounded_requests(caps.fp8_query_rows, [r.extend_len for r in case.requests])
-    return fp8_probabilities.reference(case, judged, device, caps.fp8_probability_scale, rows).out
+    scale = backend.capabilities.fp8_probability_scale
+    return fp8_probabilities.reference(case, judged, device, scale, case_rounded_requests(backend, case)).out
 
 
 def judged_note(backend: Backend, case: Case) -> str:
