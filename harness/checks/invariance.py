@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import torch
 
 from harness.backends.base import Backend
-from harness.checks.known_issues import excuse
+from harness.checks.known_issues import excused_status
 from harness.core.batch import Inputs, build_batch, make_inputs
 from harness.core.case import Case, Request
 from harness.core.modes import Mode
@@ -169,9 +169,8 @@ def invariance_result(
     res = check_invariance(backend, case, device, long_kv, long_q)
     status = "pass" if res.passed else ("crash" if res.crash else "fail")
     reason = res.reason
-    if status in ("fail", "crash"):  # a known library bug on the installed version (checks/known_issues.py)
-        excused, reason = excuse(backend.name, case, reason, device, crashed=status == "crash")
-        status = "xfail" if excused else status
+    # a known library bug on the installed version (checks/known_issues.py)
+    status, reason = excused_status(backend.name, case, status, reason, device)
     extra = {"check": "batch_invariance", "compositions": res.compositions, "failing": res.failing}
     if res.refused:
         extra["refused_compositions"] = res.refused

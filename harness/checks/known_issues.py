@@ -422,6 +422,17 @@ def reaching_issue(backend_name: str, case: Case | GraphCase) -> tuple[KnownIssu
     return found[0] if found else None
 
 
+def excused_status(
+    backend_name: str, case: Case | GraphCase, status: str, reason: str, device: str
+) -> tuple[str, str]:
+    """(status, reason) of a result once known issues are asked (`excuse`): a fail or crash they
+    excuse is an xfail, a crash only by an issue that can fault the library; any other status as it is."""
+    if status not in ("fail", "crash"):
+        return status, reason
+    excused, reason = excuse(backend_name, case, reason, device, crashed=status == "crash")
+    return ("xfail" if excused else status), reason
+
+
 def excuse(
     backend_name: str, case: Case | GraphCase, reason: str, device: str, crashed: bool = False
 ) -> tuple[bool, str]:

@@ -11,7 +11,7 @@ from harness.backends.base import Backend, ContractError, checked_output
 from harness.checks import crossref
 from harness.checks.errormap import error_map
 from harness.checks.judged_inputs import judged_inputs, judged_note, rounded_probabilities
-from harness.checks.known_issues import excuse
+from harness.checks.known_issues import excused_status
 from harness.core.batch import Inputs, build_batch, make_inputs
 from harness.core.case import Case
 from harness.core.compare import compare, uninformative
@@ -64,8 +64,7 @@ def _crash(backend: Backend, case: Case, device: str, e: Exception, seconds: flo
         reason = str(e)
     else:
         reason = f"backend raised {type(e).__name__}: {e} (at {where})"
-        excused, reason = excuse(backend.name, case, reason, device, crashed=True)
-        status = "xfail" if excused else status
+        status, reason = excused_status(backend.name, case, status, reason, device)
     return CaseResult(
         status=status,
         backend=backend.name,
@@ -109,10 +108,8 @@ def check_case(backend: Backend, case: Case, device: str = "cpu") -> CaseResult:
         if verdict.nonfinite:  # the backend runs again on the case's own inputs: `inputs`, not `judged`
             verdict.reason += ": " + nonfinite_cause(backend, case, inputs, device, exact.lse)
         verdict.reason += judged_note(backend, case)
-        status, reason = "pass", verdict.reason
-        if not verdict.passed:
-            excused, reason = excuse(backend.name, case, verdict.reason, device)
-            status = "xfail" if excused else "fail"
+        status = "pass" if verdict.passed else "fail"
+        status, reason = excused_status(backend.name, case, status, verdict.reason, device)
         took = time.perf_counter() - start
         res = CaseResult(
             status=status,

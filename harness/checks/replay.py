@@ -31,7 +31,7 @@ from harness.backends.base import Backend
 from harness.backends.graph_glue import GraphGlue, GraphLimits, StaticInputs, capture_sizes, padded_size
 from harness.backends.graphs import GraphFactory
 from harness.checks.judged_inputs import judged_inputs, judged_note, rounded_probabilities
-from harness.checks.known_issues import excuse
+from harness.checks.known_issues import excused_status
 from harness.checks.numeric import REFERENCES
 from harness.core.batch import Batch, Inputs, build_batch, make_inputs
 from harness.core.compare import compare, uninformative
@@ -201,11 +201,9 @@ class _Report:
         seq = sequence_text(self.g, capture_sizes(self.g.max_batch))
         where = "capture" if at < 0 else f"replay {at}"
         text = f"{where}: {reason}; {seq}" if status != "pass" else f"{reason}; {seq}"
-        excused = False
-        if status in ("fail", "crash"):
-            excused, text = excuse(self.backend.name, self.g, text, self.device, crashed=status == "crash")
+        status, text = excused_status(self.backend.name, self.g, status, text, self.device)
         return CaseResult(
-            status="xfail" if excused else status,
+            status=status,
             backend=self.backend.name,
             device=self.device,
             case=self.g.batches[max(at, 0)],

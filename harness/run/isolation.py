@@ -25,7 +25,7 @@ from collections.abc import Callable
 
 from harness.backends.base import Backend
 from harness.checks.invariance import invariance_result
-from harness.checks.known_issues import excuse
+from harness.checks.known_issues import excused_status
 from harness.checks.numeric import check_case
 from harness.checks.probe import ProbeResult, probe
 from harness.checks.replay import replay_result
@@ -124,9 +124,8 @@ class IsolatedRunner:
             raise WorkerError(f"the harness failed inside the worker:\n{out.error}")
         self._replace()  # it died or was killed for hanging: its next process starts now
         status, reason = ("crash" if out.kind == "died" else "hang"), out.error
-        if status == "crash":  # a library that ends the process on a fault (FA3's CHECK_CUDA exits)
-            excused, reason = excuse(backend.name, case, reason, device, crashed=True)
-            status = "xfail" if excused else status
+        # a crash may be a library that ends the process on a fault (FA3's CHECK_CUDA exits)
+        status, reason = excused_status(backend.name, case, status, reason, device)
         return CaseResult(
             status=status,
             backend=backend.name,
