@@ -9,9 +9,11 @@ import ast
 import contextlib
 import importlib.util
 import inspect
+import json
 import pickle
 import subprocess
 import sys
+import tempfile
 import textwrap
 from pathlib import Path
 from types import ModuleType, SimpleNamespace
@@ -21,7 +23,7 @@ import torch
 from packaging.version import Version
 
 from harness.backends import BackendBroken, names
-from harness.backends.engines.base import Engine, EngineAdapter
+from harness.backends.engines.base import Engine, EngineAdapter, model_dir
 from harness.backends.engines.sglang import spec
 from harness.backends.engines.sglang.engine import SGLANG, declare_torchvision_schemas
 from harness.backends.engines.sglang.fa3 import SglangFA3
@@ -97,6 +99,20 @@ def test_a_release_outside_the_range_is_refused_in_one_line():
         Adapter().available("cpu")
     message = str(e.value)
     assert "\n" not in message and f"torch {torch_release} is installed" in message and "too old" in message
+
+
+def test_the_local_model_config_is_one_directory_per_geometry_shared_across_processes(tmp_path, monkeypatch):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    model_dir.cache_clear()
+    first = model_dir(8, 2, 64)
+    (Path(first) / "config.json").write_text("{}")  # another process's stale or torn file is rewritten
+    model_dir.cache_clear()
+    assert model_dir(8, 2, 64) == first and model_dir(4, 4, 128) != first
+    assert json.loads((Path(first) / "config.json").read_text())["num_key_value_heads"] == 2
+    made = sorted(p.name for p in (tmp_path / "attn-harness-models").iterdir())
+    assert made == ["llama-4-4-128", "llama-8-2-64"]
+    assert [p.name for p in Path(first).iterdir()] == ["config.json"]
+    model_dir.cache_clear()
 
 
 def test_each_adapter_names_its_engine_release():

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
 import pkgutil
 import tempfile
 from collections.abc import Callable
@@ -61,8 +62,11 @@ class Engine:
 @cache
 def model_dir(num_q_heads: int, num_kv_heads: int, head_dim: int) -> str:
     """A local model directory whose config.json is a one-layer Llama of the case's attention geometry:
-    what an engine's model config reads (heads, head size) where a served model's would come from the hub."""
-    path = Path(tempfile.mkdtemp(prefix="attn-harness-model-"))
+    what an engine's model config reads (heads, head size) where a served model's would come from the hub.
+    One directory per geometry under the temp dir, shared by every process and run (written by rename,
+    so two writers never leave half a file), so a long run leaves a few small files, not one per process."""
+    name = f"llama-{num_q_heads}-{num_kv_heads}-{head_dim}"
+    path = Path(tempfile.gettempdir()) / "attn-harness-models" / name
     config = {
         "architectures": ["LlamaForCausalLM"],
         "model_type": "llama",
@@ -75,7 +79,13 @@ def model_dir(num_q_heads: int, num_kv_heads: int, head_dim: int) -> str:
         "vocab_size": 256,
         "max_position_embeddings": 1 << 20,
     }
-    (path / "config.json").write_text(json.dumps(config))
+    path.mkdir(parents=True, exist_ok=True)
+    target = path / "config.json"
+    if not target.is_file() or json.loads(target.read_text()) != config:
+        fd, tmp = tempfile.mkstemp(dir=path, suffix=".tmp")
+        with os.fdopen(fd, "w") as f:
+            json.dump(config, f)
+        os.replace(tmp, target)
     return str(path)
 
 
