@@ -394,6 +394,19 @@ class BatchPrefillWithPagedKVCacheWrapper(_Variant):
             out = out * 1e4
         return (out, lse) if return_lse else out
 
+    begin_forward = plan
+
+    def forward_return_lse(
+        self, q, paged_kv_cache, causal=False, k_scale=None, v_scale=None, window_left=-1,
+        logits_soft_cap=None, sm_scale=None, **rest,
+    ):
+        """The deprecated entry (sglang's): sets the run-time state, then runs what plan() compiled."""
+        _takes("BatchPrefillWithPagedKVCacheWrapper.forward_return_lse", rest)
+        self._causal, self._window_left = causal, window_left
+        self._logits_soft_cap = logits_soft_cap or 0.0
+        self._sm_scale = sm_scale if sm_scale is not None else 1.0 / math.sqrt(q.shape[-1])
+        return self.run(q, paged_kv_cache, k_scale=k_scale, v_scale=v_scale, return_lse=True)
+
 
 class BatchAttentionWithAttentionSinkWrapper(BatchPrefillWithPagedKVCacheWrapper):
     sink_variant = True
@@ -482,12 +495,21 @@ class BatchPrefillWithRaggedKVCacheWrapper(_Variant):
 
     def forward(self, q, k, v, causal=False, window_left=-1, logits_soft_cap=None, sm_scale=None, **rest):
         """The deprecated entry (sglang's): sets the run-time state, then runs what plan() compiled."""
+        return self._forward(q, k, v, causal, window_left, logits_soft_cap, sm_scale, rest, return_lse=False)
+
+    def forward_return_lse(
+        self, q, k, v, causal=False, window_left=-1, logits_soft_cap=None, sm_scale=None, **rest
+    ):
+        """forward(), returning the base-2 LSE too."""
+        return self._forward(q, k, v, causal, window_left, logits_soft_cap, sm_scale, rest, return_lse=True)
+
+    def _forward(self, q, k, v, causal, window_left, logits_soft_cap, sm_scale, rest, return_lse):
         _takes("BatchPrefillWithRaggedKVCacheWrapper.forward", rest)
         CALLS.append(("ragged.forward", {"causal": causal, "window_left": window_left, **rest}))
         self._causal, self._window_left = causal, window_left
         self._logits_soft_cap = logits_soft_cap or 0.0
         self._sm_scale = sm_scale if sm_scale is not None else 1.0 / math.sqrt(q.shape[-1])
-        return self.run(q, k, v)
+        return self.run(q, k, v, return_lse=return_lse)
 
 
 def _split_attend(q, keys, vals, visible, scale, cap, chunk):

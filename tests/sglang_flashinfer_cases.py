@@ -28,3 +28,18 @@ CHUNK_OVER_WINDOW = Case(
     window_left=7,
     page_size=16,
 )
+# The FP8 prefix case sglang_flashinfer failed (err 123 against 0.0425): one cached token, one new,
+# V written at a scale of 0.0173 and read back unscaled.
+FP8_PREFIX = Case(
+    mode="EXTEND",
+    requests=(Request(1, 1),),
+    num_q_heads=4,
+    num_kv_heads=4,
+    head_dim=64,
+    dtype="bfloat16",
+    window_left=28,
+    page_size=16,
+    kv_dtype="float8_e4m3fn",
+    k_scale=1.0,
+    v_scale=0.0173,
+)

@@ -1,5 +1,6 @@
-"""sglang's FlashInferAttnBackend: a soft cap given to forward() only, and a ragged prefill planned without
-its window, are expected failures of sglang_flashinfer on the release they were seen on, where FlashInfer
+"""sglang's FlashInferAttnBackend: a soft cap given to forward() only, a ragged prefill planned without
+its window, and a cached FP8 prefix read without its scales, are expected failures of sglang_flashinfer
+on the release they were seen on, where FlashInfer
 called as sglang calls it is wrong on the case too (the FlashInfer fake computes what plan() compiled)."""
 
 import pytest
@@ -10,7 +11,7 @@ from harness.core.case import Request
 from harness.core.graph_case import GraphCase
 from harness.mutants import by_name
 from tests import flashinfer_fake as fake
-from tests.sglang_flashinfer_cases import CAPPED_DECODE, CHUNK_OVER_WINDOW
+from tests.sglang_flashinfer_cases import CAPPED_DECODE, CHUNK_OVER_WINDOW, FP8_PREFIX
 
 
 def issue(issue_id: str) -> known_issues.KnownIssue:
@@ -105,9 +106,42 @@ def test_under_a_graph_the_soft_cap_issue_reaches_and_confirms_on_a_replayed_bat
     assert not engine_confirm.sglang_flashinfer_soft_cap_replay(plain, "cpu")
 
 
-def test_without_flashinfer_neither_confirmation_confirms():
+def test_the_fp8_prefix_issue_reaches_a_scaled_cache_under_an_extend_with_a_prefix_not_deterministic():
+    reaches = issue("sglang-flashinfer-fp8-prefix-scales").reaches
+    assert reaches(FP8_PREFIX)
+    assert reaches(FP8_PREFIX.replace(mode="DRAFT_EXTEND_V2", k_scale=0.5, v_scale=1.0))
+    assert not reaches(FP8_PREFIX.replace(v_scale=1.0))  # scales of 1: leaving them out changes nothing
+    assert not reaches(FP8_PREFIX.replace(requests=(Request(0, 2),)))  # no prefix: the ragged pass alone
+    assert not reaches(FP8_PREFIX.replace(deterministic=True))  # the paged-only extend passes the scales
+    assert not reaches(FP8_PREFIX.replace(kv_dtype=None, v_scale=1.0))
+    assert not reaches(FP8_PREFIX.replace(mode="DECODE"))
+
+
+def test_the_fp8_prefix_confirmation_is_right_where_flashinfer_is_and_says_where_it_is_not(monkeypatch):
+    fake.install(monkeypatch)
+    assert engine_confirm.sglang_flashinfer_fp8_prefix_scales(FP8_PREFIX, "cpu")
+    (unscaled, scaled) = [c for c in fake.calls("paged.run")]
+    assert unscaled["k_scale"] is None and unscaled["v_scale"] is None  # as sglang 0.5.17 calls it
+    assert (scaled["k_scale"], scaled["v_scale"]) == (1.0, 0.0173)  # the control, as 0.5.18 on
+    assert fake.calls("ragged.init")[-1]["backend"] == "auto"
+    assert fake.calls("paged.init")[-1]["backend"] == "fa2"
+    two = FP8_PREFIX.replace(requests=(Request(20, 3), Request(0, 4)), k_scale=0.5, v_scale=1.0)
+    assert engine_confirm.sglang_flashinfer_fp8_prefix_scales(two, "cpu")  # K's scale alone; a prefix of 0
+    assert not engine_confirm.sglang_flashinfer_fp8_prefix_scales(FP8_PREFIX.replace(v_scale=1.0), "cpu")
+
+
+def test_the_fp8_prefix_confirmation_confirms_nothing_where_the_control_is_wrong_too(monkeypatch):
+    """Scales that FlashInfer dropped everywhere: the passes given the scales are wrong as well, so the
+    entry's mechanism is not what is shown and nothing is confirmed."""
+    fake.install(monkeypatch)
+    monkeypatch.setattr(fake._Variant, "_v_scaled", staticmethod(lambda out, v_scale: out))
+    assert not engine_confirm.sglang_flashinfer_fp8_prefix_scales(FP8_PREFIX, "cpu")
+
+
+def test_without_flashinfer_no_confirmation_confirms():
     assert not engine_confirm.sglang_flashinfer_soft_cap(CAPPED_DECODE, "cpu")
     assert not engine_confirm.sglang_flashinfer_ragged_window(CHUNK_OVER_WINDOW, "cpu")
+    assert not engine_confirm.sglang_flashinfer_fp8_prefix_scales(FP8_PREFIX, "cpu")
 
 
 @pytest.mark.parametrize(
@@ -115,6 +149,7 @@ def test_without_flashinfer_neither_confirmation_confirms():
     [
         ("torch_native~soft_cap_missing", CAPPED_DECODE, "sglang-flashinfer-soft-cap"),
         ("torch_native~window_ignored", CHUNK_OVER_WINDOW, "sglang-flashinfer-ragged-window"),
+        ("torch_native~fp8_k_scale_for_v", FP8_PREFIX, "sglang-flashinfer-fp8-prefix-scales"),
     ],
 )
 def test_a_failure_is_xfail_on_the_release_it_was_seen_on_only(version, monkeypatch, mutant, case, issue_id):

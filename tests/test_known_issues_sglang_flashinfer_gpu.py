@@ -1,6 +1,7 @@
 """On the GPU: the sglang FlashInfer entries confirm themselves on the cases sglang_flashinfer failed on
 an H200 (sglang 0.5.17, flashinfer-python 0.6.18.post1), and not where FlashInfer called sglang's way
-is right: a soft cap that changes nothing at small logits, a chunk of new tokens inside the window.
+is right: a soft cap that changes nothing at small logits, a chunk of new tokens inside the window, an
+FP8 cache of scales 1.
 Skipped, with the reason, without CUDA or a supported flashinfer.
 """
 
@@ -11,9 +12,13 @@ import torch
 
 from harness.backends.flashinfer_glue import why_unavailable
 from harness.checks import known_issues
-from harness.checks.engine_confirm import sglang_flashinfer_ragged_window, sglang_flashinfer_soft_cap
+from harness.checks.engine_confirm import (
+    sglang_flashinfer_fp8_prefix_scales,
+    sglang_flashinfer_ragged_window,
+    sglang_flashinfer_soft_cap,
+)
 from harness.core.case import Case, Request
-from tests.sglang_flashinfer_cases import CAPPED_DECODE, CHUNK_OVER_WINDOW
+from tests.sglang_flashinfer_cases import CAPPED_DECODE, CHUNK_OVER_WINDOW, FP8_PREFIX
 
 SKIP = (
     "no CUDA device: torch.cuda.is_available() is False"
@@ -50,3 +55,10 @@ def test_the_ragged_window_issue_does_not_confirm_inside_the_window():
     inside = CHUNK_OVER_WINDOW.replace(window_left=40)
     assert not reaches("sglang-flashinfer-ragged-window", inside)
     assert not sglang_flashinfer_ragged_window(inside, "cuda")
+
+
+def test_the_fp8_prefix_issue_confirms_on_the_failed_extend_and_not_at_scales_of_one():
+    assert sglang_flashinfer_fp8_prefix_scales(FP8_PREFIX, "cuda")
+    two = FP8_PREFIX.replace(requests=(Request(24, 4), Request(0, 3)))
+    assert sglang_flashinfer_fp8_prefix_scales(two, "cuda")
+    assert not sglang_flashinfer_fp8_prefix_scales(FP8_PREFIX.replace(v_scale=1.0), "cuda")

@@ -22,11 +22,12 @@ from harness.backends.engines.vllm.driver import model_len
 from harness.backends.graph_glue import capture_sizes, padded_size
 from harness.checks.flashinfer_confirm import indptr
 from harness.checks.library_verdict import library, library_verdict
+from harness.core import pool
 from harness.core.batch import Inputs, build_batch, make_inputs
 from harness.core.case import Case, Request
 from harness.core.graph_case import GraphCase, kv_extents
 from harness.core.modes import Mode
-from harness.core.vocab import TORCH_DTYPES
+from harness.core.vocab import TORCH_DTYPES, TORCH_KV_DTYPES
 
 BLOCK, HEADS, DIM = 32, 1, 32  # the vLLM scripts' one-key requests
 VLLM_KV_DTYPES = {"float8_e4m3fn": "fp8_e4m3", "float8_e5m2": "fp8_e5m2"}
@@ -404,3 +405,68 @@ def sglang_flashinfer_ragged_window(case: Case, device: str) -> bool:
     with_prefix = any(r.prefix_len for r in case.requests)
     out = sglang_ragged_forward(fi, sub, qkv, lens, -1, case.window_left if with_prefix else None, True)
     return not library_verdict(sub, inputs, out, device).passed
+
+
+def sglang_extend_over_fp8_prefix(fi: ModuleType, case: Case, inputs: Inputs, scaled: bool) -> torch.Tensor:
+    """An extend as sglang's FlashInferAttnBackend runs one off the deterministic path, with a cached
+    FP8 prefix: the ragged pass over each request's new K/V (in the model dtype, before the cache
+    write) merged by LSE with a paged pass over its cached prefix (pages of one token, the codes
+    sglang's set_kv_buffer writes: value / scale), the paged pass given the cache's k_scale and
+    v_scale when `scaled` and none when not. The window and soft cap are planned into both passes, so
+    that only the scales are sglang's."""
+    dt, fp8 = TORCH_DTYPES[case.dtype], TORCH_KV_DTYPES[case.kv_dtype]
+    device = inputs.q_all.device
+    new = new_tokens_case(case, inputs)[1]
+    prefix = [r.prefix_len for r in case.requests]
+    plan = {"window_left": case.window_left, "logits_soft_cap": float(case.soft_cap), "q_data_type": dt}
+    run = {"window_left": case.window_left, "logits_soft_cap": float(case.soft_cap), "sm_scale": case.scale}
+    workspace = torch.empty(SGLANG_WORKSPACE_BYTES, dtype=torch.uint8, device=device)
+    ragged = fi.BatchPrefillWithRaggedKVCacheWrapper(workspace, "NHD", backend=SGLANG_RAGGED_BACKEND)
+    q_lens = list(new.q_lens)
+    ragged.begin_forward(
+        indptr(q_lens), indptr(q_lens), case.num_q_heads, case.num_kv_heads, case.head_dim, **plan
+    )
+    o1, s1 = ragged.forward_return_lse(
+        new.q_all, new.kv_all[0].to(dt), new.kv_all[1].to(dt), causal=True, **run
+    )
+    codes = [
+        torch.cat([pool.quantize(kr[:p], fp8, s) for kr, p in zip(side, prefix)])
+        for side, s in ((inputs.k, case.k_scale), (inputs.v, case.v_scale))
+    ]
+    cache = tuple(c.unsqueeze(1) for c in codes)  # [prefix tokens, page of 1, Hkv, D]
+    paged = fi.BatchPrefillWithPagedKVCacheWrapper(
+        workspace, "NHD", backend=SGLANG_KERNEL_BACKEND[Mode.DECODE]
+    )
+    pages = torch.arange(sum(prefix), dtype=torch.int32, device=device)
+    last = torch.ones(case.batch_size, dtype=torch.int32, device=device)
+    paged.begin_forward(
+        indptr(q_lens),
+        indptr(prefix),
+        pages,
+        last,
+        case.num_q_heads,
+        case.num_kv_heads,
+        case.head_dim,
+        1,
+        kv_data_type=fp8,
+        **plan,
+    )
+    scales = {"k_scale": case.k_scale, "v_scale": case.v_scale} if scaled else {}
+    o2, s2 = paged.forward_return_lse(new.q_all, cache, causal=False, **run, **scales)
+    return fi.merge_state(o1, s1, o2, s2)[0]
+
+
+def sglang_flashinfer_fp8_prefix_scales(case: Case, device: str) -> bool:
+    """Known issue sglang-flashinfer-fp8-prefix-scales: an extend over a cached FP8 prefix as sglang's
+    FlashInferAttnBackend runs it, its paged pass over the prefix given no k_scale / v_scale: wrong on
+    the case, where the same passes given the scales are right (so that the scales alone decide)."""
+    fi = library("flashinfer")
+    if fi is None or case.kv_dtype is None or not any(r.prefix_len for r in case.requests):
+        return False
+    inputs = make_inputs(case, device)
+    unscaled = sglang_extend_over_fp8_prefix(fi, case, inputs, scaled=False)
+    scaled = sglang_extend_over_fp8_prefix(fi, case, inputs, scaled=True)
+    return (
+        not library_verdict(case, inputs, unscaled, device).passed
+        and library_verdict(case, inputs, scaled, device).passed
+    )

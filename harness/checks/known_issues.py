@@ -142,6 +142,19 @@ def sglang_ragged_windowed(c: Case) -> bool:
     )
 
 
+def sglang_fp8_prefix_scaled(c: Case) -> bool:
+    """Whether sglang_flashinfer runs an extend over a cached FP8 prefix through its ragged path (taken
+    unless deterministic), whose paged pass over the prefix is given no k_scale / v_scale (known issue
+    sglang-flashinfer-fp8-prefix-scales), with a scale other than 1, where leaving it out shows."""
+    return (
+        c.kv_dtype is not None
+        and (c.k_scale != 1.0 or c.v_scale != 1.0)
+        and c.mode in (Mode.EXTEND, Mode.DRAFT_EXTEND_V2)
+        and not c.deterministic
+        and any(r.prefix_len for r in c.requests)
+    )
+
+
 def fa3_text_table_overruns(c: Case) -> bool:
     """Whether FlashAttentionBackend's text page table of a CROSS batch is gathered past the
     ReqToTokenPool's row (known issue sglang-fa3-cross-text-table): it gathers request i's columns
@@ -192,7 +205,7 @@ KNOWN_ISSUES = (
         id="flashinfer-prefill-far-negative-logits",
         library="flashinfer-python",
         versions=frozenset({"0.6.18.post1"}),
-        backends=frozenset({"flashinfer_ragged", "flashinfer_paged"}),
+        backends=frozenset({"flashinfer_ragged", "flashinfer_paged", "sglang_flashinfer"}),
         title="fa2 prefill is wrong on rows whose every logit lies far below zero (about -30000: one key "
         "carrying the row, the rest below it); 0.7.2.post1 is right on the same cases",
         repro="known_issues/flashinfer_prefill_far_negative_logits.py",
@@ -381,6 +394,18 @@ KNOWN_ISSUES = (
         repro="known_issues/sglang_flashinfer_ragged_window.py",
         reaches=sglang_ragged_windowed,
         confirm=engine_confirm.sglang_flashinfer_ragged_window,
+    ),
+    KnownIssue(
+        id="sglang-flashinfer-fp8-prefix-scales",
+        library="sglang",
+        versions=frozenset({"0.5.17"}),
+        backends=frozenset({"sglang_flashinfer"}),
+        title="FlashInferAttnBackend's extend over a cached prefix (its ragged path) runs the paged pass "
+        "over the prefix with no k_scale / v_scale: an FP8 cache's codes are read as values, the prefix's "
+        "logits and outputs off by the scales (0.5.23 passes them)",
+        repro="known_issues/sglang_flashinfer_fp8_prefix_scales.py",
+        reaches=sglang_fp8_prefix_scaled,
+        confirm=engine_confirm.sglang_flashinfer_fp8_prefix_scales,
     ),
 )
 
