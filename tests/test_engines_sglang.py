@@ -20,6 +20,7 @@ from types import ModuleType, SimpleNamespace
 
 import pytest
 import torch
+from packaging.requirements import Requirement
 from packaging.version import Version
 
 from harness.backends import BackendBroken, names
@@ -45,7 +46,7 @@ from harness.checks.replay import GraphRunner, replay_result
 from harness.core.batch import build_batch, make_inputs
 from harness.core.case import Case, Request, case_traits
 from harness.core.graph_case import SEQ_LEN_FILL, GraphCase
-from harness.core.modes import FAMILY_MODE, tree_ancestry
+from harness.core.modes import FAMILY_MODE, Mode, tree_ancestry
 from harness.core.results import GRAPH_CHECK
 from harness.mutants import catalogue, hunt
 from harness.run import graph_suite
@@ -702,6 +703,39 @@ def test_flashinfer_refuses_a_windowed_draft_extend_under_a_graph_only():
     assert SglangFlashInfer().supports(case) is None
     assert "kv_start_idx" in SglangFlashInfer().graph_supports(case)
     assert SglangFlashInfer().graph_supports(case.replace(window_left=-1)) is None
+
+
+@pytest.mark.parametrize(
+    ("pinned", "installed", "refused"),
+    [("0.6.15.post1", "0.6.18.post1", True), ("0.6.15.post1", "0.6.15.post1", False)],
+)
+def test_flashinfer_refuses_a_draft_extend_replay_on_a_flashinfer_other_than_sglangs_pin(
+    monkeypatch, pinned, installed, refused
+):
+    """The replay's fast_prefill_plan calls FlashInfer's private plan with the pinned release's arguments
+    (the H200's crash: 'Expected 20 but got 19 arguments'): the graph suite skips the mode and a replay
+    of it is refused, with both releases named; eager draft extends and other captured modes run."""
+    from harness.backends.engines.sglang import flashinfer as adapter
+    from harness.checks import replay
+
+    monkeypatch.setattr(
+        adapter, "pinned_requirement", lambda dist, dep: Requirement(f"flashinfer_python[cu13]=={pinned}")
+    )
+    releases = {"flashinfer-python": installed, "sglang": "0.5.17"}
+    monkeypatch.setattr(adapter, "distribution_version", releases.get)
+    backend = SglangFlashInfer()
+    why = backend.graph_mode_reason(Mode.DRAFT_EXTEND_V2)
+    if not refused:
+        assert why is None
+        return
+    assert "sglang 0.5.17 pins flashinfer_python==0.6.15.post1" in why and installed in why
+    assert backend.graph_mode_reason(Mode.DECODE) is None
+    monkeypatch.setattr(type(backend), "available", lambda self, device: None)
+    draft = Case(mode="DRAFT_EXTEND_V2", requests=(Request(9, 3),), page_size=16)
+    assert replay.why_not(backend, GraphCase((draft,), 4, 64), "cuda") == why
+    assert backend.supports(draft) is None
+    with pytest.raises(pytest.skip.Exception, match="pins flashinfer_python"):
+        graph_suite.run(GraphTarget(backend.name, "cuda", GRAPH_CHECK, "full", "draft_extend_v2"))
 
 
 @pytest.mark.parametrize(

@@ -139,6 +139,12 @@ class GraphGlue(EngineGlue):
         (the graph suite skips that mode's windowed tests with it)."""
         return None
 
+    def graph_mode_reason(self, mode: Mode) -> str | None:
+        """Why the graph path cannot replay `mode` in this environment although the backend captures it
+        (e.g. an engine whose replay needs the library release it pins), or None: the graph suite skips
+        the mode's tests with it, and a replay of it is refused."""
+        return None
+
     def capture_metadata(self, state: GraphState, bs: int) -> None:
         """Fill the buffers for a dummy batch of bs requests, before size bs is captured."""
         raise NotImplementedError

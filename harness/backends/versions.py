@@ -15,6 +15,8 @@ from functools import cache
 from importlib import metadata
 from types import ModuleType
 
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
 
@@ -69,6 +71,21 @@ def distribution_version(name: str) -> str | None:
         return metadata.version(name)
     except metadata.PackageNotFoundError:
         return None
+
+
+def pinned_requirement(distribution: str, dependency: str) -> Requirement | None:
+    """The installed `distribution`'s own requirement on `dependency` (its metadata's Requires-Dist
+    outside any extra), or None where either is absent: what release of a library an engine release
+    was built against."""
+    try:
+        lines = metadata.requires(distribution) or []
+    except metadata.PackageNotFoundError:
+        return None
+    for line in lines:
+        req = Requirement(line)
+        if canonicalize_name(req.name) == canonicalize_name(dependency) and "extra" not in str(req.marker):
+            return req
+    return None
 
 
 def module_version(mod: ModuleType, distribution: str) -> str:

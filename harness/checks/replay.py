@@ -136,6 +136,8 @@ def why_not(backend: Backend, g: GraphCase, device: str) -> str | None:
     if why:
         return why
     assert isinstance(backend, GraphGlue)
+    if why := backend.graph_mode_reason(g.layer.mode):
+        return why
     return next((w for c in g.batches for w in (backend.supports(c), backend.graph_supports(c)) if w), None)
 
 

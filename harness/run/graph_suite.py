@@ -88,7 +88,12 @@ def run(t: GraphTarget, record: Callable[[CaseResult], None] | None = None) -> N
     backend = t.backend()
     caps = backend.capabilities
     mode = FAMILY_MODE.get(t.graph_family)
-    why = backend.available(t.device) or caps.graph_reason(mode) or window_reason(backend, t, mode)
+    why = (
+        backend.available(t.device)
+        or caps.graph_reason(mode)
+        or (mode is not None and backend.graph_mode_reason(mode))
+        or window_reason(backend, t, mode)
+    )
     if why:
         pytest.skip(why)
     def admitted(g: GraphCase) -> bool:

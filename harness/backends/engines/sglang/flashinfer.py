@@ -33,6 +33,7 @@ from __future__ import annotations
 
 from harness.backends.base import Capabilities
 from harness.backends.engines.sglang.graph import SglangGraphAdapter
+from harness.backends.versions import distribution_version, pinned_requirement
 from harness.core.case import PAGE_SIZES
 from harness.core.modes import Mode
 
@@ -90,6 +91,24 @@ class SglangFlashInfer(SglangGraphAdapter):
     def graph_window_reason(self, mode: Mode) -> str | None:
         """What the eager path runs and the graph path does not: a windowed draft extend."""
         return GRAPH_WINDOW_DRAFT_EXTEND if mode == Mode.DRAFT_EXTEND_V2 else None
+
+    def graph_mode_reason(self, mode: Mode) -> str | None:
+        """A captured DRAFT_EXTEND_V2 replays through sglang's fast_prefill_plan, which calls FlashInfer's
+        private `_cached_module.plan(*args)` with the argument list of the FlashInfer release the sglang
+        release pins (0.5.17 pins 0.6.15.post1 and passes 19; 0.6.18.post1's plan takes 20): on any
+        other FlashInfer the replay raises a TypeError, a mismatch of the environment, not sglang's bug."""
+        if mode != Mode.DRAFT_EXTEND_V2:
+            return None
+        pin = pinned_requirement("sglang", "flashinfer-python")
+        installed = distribution_version("flashinfer-python")
+        if pin is None or installed is None or pin.specifier.contains(installed, prereleases=True):
+            return None
+        return (
+            f"sglang {distribution_version('sglang')} pins {pin.name}{pin.specifier} and "
+            f"flashinfer-python {installed} is installed: a captured DRAFT_EXTEND_V2 replays through "
+            "fast_prefill_plan, which calls FlashInfer's private _cached_module.plan with the pinned "
+            "release's arguments"
+        )
 
 
 BACKENDS = {"sglang_flashinfer": SglangFlashInfer}
