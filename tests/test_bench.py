@@ -314,7 +314,8 @@ def test_a_pass_runs_from_the_barrier_not_from_a_late_workers_start():
 
 
 @pytest.mark.parametrize(
-    ("device", "env"), [("cuda", {"OMP_NUM_THREADS": "1", "TORCHINDUCTOR_COMPILE_THREADS": "1"}), ("cpu", {})]
+    ("device", "env"),
+    [("cuda", {"OMP_NUM_THREADS": "1", "TORCHINDUCTOR_COMPILE_THREADS": "1", "MAX_JOBS": "2"}), ("cpu", {})],
 )
 def test_workers_get_the_threads_a_check_gives_its_parts(monkeypatch, device, env):
     """On CUDA the workers run with the CPU threads of `check --jobs`'s parts (parallel.cuda_threads),
@@ -333,6 +334,7 @@ def test_workers_get_the_threads_a_check_gives_its_parts(monkeypatch, device, en
 
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     monkeypatch.delenv("TORCHINDUCTOR_COMPILE_THREADS", raising=False)
+    monkeypatch.delenv("MAX_JOBS", raising=False)
     monkeypatch.setattr(processes, "Worker", NoWorker)
     par = parallel_passes(load("torch_native"), device, [], workers=2, repeat=1)
     assert made == [env, env] and par.error.startswith("worker 0: ")

@@ -87,7 +87,7 @@ def two_gpus(monkeypatch):
         cmd, env = job.cmd, job.env
         seen.update(jobs=job.jobs, gpus=job.gpus, visible=env.get("CUDA_VISIBLE_DEVICES"))
         seen.update(threads=env.get("OMP_NUM_THREADS"), early=early_worker(cmd, env))
-        seen.update(compile_threads=env.get(parallel.COMPILE_THREADS))
+        seen.update(compile_threads=env.get(parallel.COMPILE_THREADS), nvcc_jobs=env.get(parallel.NVCC_JOBS))
         seen.update(quick="--harness-quick-exit" in cmd)
         return 0
 
@@ -122,20 +122,21 @@ def test_one_process_on_the_gpus_given_sees_only_them(two_gpus, tmp_path, monkey
     assert two_gpus == {"jobs": 1, "visible": "1", "threads": None, "early": True, "quick": False}
 
 
-@pytest.mark.parametrize(("given", "threads"), [(None, "1"), ("6", "6")])
+@pytest.mark.parametrize(("given", "threads", "nvcc_jobs"), [(None, "1", "2"), ("6", "6", "6")])
 def test_the_processes_of_a_cuda_check_get_one_cpu_thread_unless_the_user_chose(
-    two_gpus, tmp_path, monkeypatch, given, threads
+    two_gpus, tmp_path, monkeypatch, given, threads, nvcc_jobs
 ):
     """16 parts' workers, each with torch's thread per core, oversubscribed a 32-core host
-    (parallel.CUDA_PART_THREADS), and inductor would start a compile process per core in each
-    (parallel.COMPILE_THREADS); a user's choice of either is kept."""
-    for name in ("OMP_NUM_THREADS", parallel.COMPILE_THREADS):
+    (parallel.CUDA_PART_THREADS), inductor would start a compile process per core in each
+    (parallel.COMPILE_THREADS), and a FlashInfer build cores + 2 nvcc (parallel.NVCC_JOBS); a user's
+    choice of any is kept."""
+    for name in ("OMP_NUM_THREADS", parallel.COMPILE_THREADS, parallel.NVCC_JOBS):
         monkeypatch.delenv(name, raising=False)
         if given:
             monkeypatch.setenv(name, given)
     assert main(["check", "--reports", str(tmp_path)]) == 0
     assert two_gpus["jobs"] == 16 and two_gpus["threads"] == threads
-    assert two_gpus["compile_threads"] == threads
+    assert two_gpus["compile_threads"] == threads and two_gpus["nvcc_jobs"] == nvcc_jobs
 
 
 @pytest.mark.parametrize(

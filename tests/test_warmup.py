@@ -15,6 +15,7 @@ import re
 import shutil
 import subprocess
 import sys
+import threading
 import types
 from collections.abc import Callable
 from pathlib import Path
@@ -736,6 +737,38 @@ def test_the_engines_flashinfer_compile_functions_reach_a_worker():
     for library in (SGLANG_FLASHINFER, VLLM_FLASHINFER):
         sent = pickle.loads(pickle.dumps(library.compile))
         assert sent.func is libraries.compile_engine_flashinfer and sent.args == (library.name,)
+
+
+@pytest.mark.parametrize(
+    ("cores", "user", "pool", "nvcc"), [(16, None, 4, "4"), (2, None, 1, "2"), (16, "6", 4, "6")]
+)
+def test_an_engines_flashinfer_pool_runs_about_one_nvcc_per_core(monkeypatch, cores, user, pool, nvcc):
+    """Its workers build through FlashInfer's own ninja, cores + 2 nvcc each unless MAX_JOBS says: a
+    worker per core kept over a hundred nvcc on a 16-core H200 host. The pool is cores / 4 workers of
+    4 jobs each (fewer jobs on fewer cores), and a user's MAX_JOBS is theirs."""
+    made: list[dict] = []
+
+    class NoWorker:
+        def __init__(self, name, env, preload, nice=0, finalize=False):  # noqa: ANN001
+            made.append(dict(env))
+
+        def call(self, fn, args, timeout):  # noqa: ANN001
+            return warmup.workers.Outcome(kind="ok", value=warmup.COMPILED)
+
+        def stop(self, kill=False):  # noqa: ANN001
+            pass
+
+    if user is None:
+        monkeypatch.delenv("MAX_JOBS", raising=False)
+    else:
+        monkeypatch.setenv("MAX_JOBS", user)
+    monkeypatch.setattr(warmup.workers, "Worker", NoWorker)
+    built = threading.Event()
+    built.set()
+    todo = [warmup.Variant("vllm_flashinfer", str(i), None) for i in range(8)]
+    tally = warmup.warm_pool(VLLM_FLASHINFER, todo, cores, lambda line: None, 0.0, built)
+    assert tally.compiled == 8 and len(made) == pool
+    assert all(env.get("MAX_JOBS", os.environ.get("MAX_JOBS")) == nvcc for env in made)
 
 
 def test_a_check_of_vllm_flashinfer_warms_up_its_own_library_only():

@@ -44,6 +44,11 @@ CUDA_PART_THREADS = 1
 # cache: 32 in each flex_compiled shard's worker on a 32-core host. A check's kernels are compiled by
 # its warm-up (one thread a worker there too), so its parts keep to one.
 COMPILE_THREADS = "TORCHINDUCTOR_COMPILE_THREADS"
+# nvcc jobs of each process's JIT builds (FlashInfer's ninja and torch's cpp_extension read MAX_JOBS;
+# unset, ninja runs cores + 2): a module the warm-up did not build compiles in the part that meets it,
+# and 8 parts a GPU each running 18 nvcc at once (GBs each) took a 16-core H200 host to a load of 70.
+NVCC_JOBS = "MAX_JOBS"
+CUDA_PART_NVCC_JOBS = 2
 
 
 @dataclass(kw_only=True)
@@ -122,9 +127,14 @@ def file_name(backend: str) -> str:
 
 
 def cuda_threads(env: Mapping[str, str]) -> dict[str, str]:
-    """OMP_NUM_THREADS and inductor's compile threads (COMPILE_THREADS) for the processes of a CUDA
-    check run several at once, each unless `env` (the user's) already sets it."""
-    want = {"OMP_NUM_THREADS": str(CUDA_PART_THREADS), COMPILE_THREADS: "1"}
+    """OMP_NUM_THREADS, inductor's compile threads (COMPILE_THREADS) and the JIT builds' nvcc jobs
+    (NVCC_JOBS) for the processes of a CUDA check run several at once, each unless `env` (the user's)
+    already sets it."""
+    want = {
+        "OMP_NUM_THREADS": str(CUDA_PART_THREADS),
+        COMPILE_THREADS: "1",
+        NVCC_JOBS: str(CUDA_PART_NVCC_JOBS),
+    }
     return {name: value for name, value in want.items() if name not in env}
 
 

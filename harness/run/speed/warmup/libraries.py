@@ -27,11 +27,13 @@ from __future__ import annotations
 
 import functools
 import itertools
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from harness.checks.judged_inputs import prefill_requests
 from harness.run import cache_dir
+from harness.run.parallel import NVCC_JOBS
 from harness.run.speed import variant_shards
 from harness.run.speed.warmup import CACHED, COMPILED, Library, Variant
 from harness.run.speed.warmup import flashinfer as flashinfer_warmup
@@ -531,6 +533,21 @@ def compile_engine_flashinfer(backend: str, task: RecordedTask) -> str:
     return COMPILED if set(flashinfer_warmup.list_modules()) - before else CACHED
 
 
+ENGINE_NVCC_JOBS = 4  # nvcc jobs of each engine warm-up worker's FlashInfer build
+
+
+def engine_processes(jobs: int) -> int:
+    """Workers for `jobs` cores: each builds the modules its cases meet through FlashInfer's own ninja,
+    ENGINE_NVCC_JOBS at a time (engine_env), so that together they run about `jobs` nvcc. One worker
+    per core, each ninja running cores + 2, kept 16 workers and over a hundred nvcc on a 16-core host."""
+    return max(1, jobs // ENGINE_NVCC_JOBS)
+
+
+def engine_env(jobs: int) -> dict[str, str]:
+    """MAX_JOBS for the workers' FlashInfer builds, unless the user set it."""
+    return {} if NVCC_JOBS in os.environ else {NVCC_JOBS: str(min(jobs, ENGINE_NVCC_JOBS))}
+
+
 def engine_flashinfer_library(backend: str, key: Callable, fallback: Callable) -> Library:
     """The warm-up library of one engine's FlashInfer backend, named after it."""
     return Library(
@@ -539,6 +556,8 @@ def engine_flashinfer_library(backend: str, key: Callable, fallback: Callable) -
         unavailable=_available(backend),
         variants=functools.partial(engine_flashinfer_variants, backend, key, fallback),
         compile=functools.partial(compile_engine_flashinfer, backend),
+        processes=engine_processes,
+        env=engine_env,
         note=lambda: _NOTES.get(backend),
     )
 
