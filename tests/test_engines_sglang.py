@@ -717,6 +717,7 @@ def test_flashinfer_refuses_a_draft_extend_replay_on_a_flashinfer_other_than_sgl
     of it is refused, with both releases named; eager draft extends and other captured modes run."""
     from harness.backends.engines.sglang import flashinfer as adapter
     from harness.checks import replay
+    from harness.run import listing
 
     monkeypatch.setattr(
         adapter, "pinned_requirement", lambda dist, dep: Requirement(f"flashinfer_python[cu13]=={pinned}")
@@ -736,6 +737,8 @@ def test_flashinfer_refuses_a_draft_extend_replay_on_a_flashinfer_other_than_sgl
     assert backend.supports(draft) is None
     with pytest.raises(pytest.skip.Exception, match="pins flashinfer_python"):
         graph_suite.run(GraphTarget(backend.name, "cuda", GRAPH_CHECK, "full", "draft_extend_v2"))
+    monkeypatch.setattr(listing, "load_backend", lambda name: backend)
+    assert f"  CUDA graph: no DRAFT_EXTEND_V2 here: {why}" in listing.describe_backend(backend.name)[0]
 
 
 @pytest.mark.parametrize(

@@ -38,6 +38,10 @@ def describe_backend(name: str) -> tuple[list[str], bool]:
         )
     graph = ", ".join(sorted(str(m) for m in c.graph_modes))
     lines.append(f"  CUDA graph: {graph}" if graph else f"  CUDA graph: none: {c.graph_reason()}")
+    mode_reason = getattr(b, "graph_mode_reason", lambda mode: None)  # the environment's, not the backend's
+    for m in sorted(c.graph_modes, key=str):
+        if why := mode_reason(m):
+            lines.append(f"  CUDA graph: no {m} here: {why}")
     broken = False
     for device in sorted(c.devices):
         state, why = availability(b, device)
