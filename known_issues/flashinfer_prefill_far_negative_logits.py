@@ -6,9 +6,9 @@ offset); key 0 gains G more, so it carries every row that sees it (the other key
 further below it). The output of such a row is key 0's value, whatever L is: a float32 reference
 over the same bf16 inputs says so. Prints, per offset L and head dimension, the ragged and the paged
 (page 16) prefill's largest error against the reference; exits 1 if any is over 0.05 (bf16 noise
-here is about 0.01). The kernel backend is fa2, or the one named: `--backend fa3` asks whether the
-Hopper kernel, which vLLM's FlashInfer prefill takes there ("auto"), shares the bug. See
-docs/known-issues.md.
+here is about 0.01). The kernel backend is fa2, or the one named: `--backend fa3` runs the Hopper
+kernel, which vLLM's FlashInfer prefill takes there ("auto"), and which shares the bug on 0.6.18.post1.
+See docs/known-issues.md.
 """
 
 import argparse

@@ -436,6 +436,7 @@ class BatchPrefillWithRaggedKVCacheWrapper(_Variant):
     def __init__(self, float_workspace_buffer, kv_layout="NHD", use_cuda_graph=False, backend="auto", **kw):
         _takes("BatchPrefillWithRaggedKVCacheWrapper.__init__", kw)
         CALLS.append(("ragged.init", {"kv_layout": kv_layout, "backend": backend, **kw}))
+        self._backend = backend
 
     def plan(
         self,

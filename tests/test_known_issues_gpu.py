@@ -6,6 +6,8 @@ A known issue excuses a failing case only when the library, called directly on i
 and 333, nor at 257 tokens with window 333 (measured on an H200, flashinfer 0.7.2.post1): there a
 glue bug must count. The graph entry confirms on its script's cases A and B and not on its control D;
 on case C (a window under the chunk) only with 0.6.18.post1: 0.7.2.post1 is right there (H200).
+The far-negative entries confirm on the catalogue's `logits_below_every_sentinel` on 0.6.18.post1, each
+on its kernel (fa2, and "auto": fa3 for vLLM's Hopper prefill), and not at an offset of -120.
 Skipped, with the reason, without CUDA or a supported flashinfer.
 """
 
@@ -17,7 +19,7 @@ import torch
 from harness.backends.flashinfer_glue import why_unavailable
 from harness.backends.versions import distribution_version
 from harness.checks import known_issues
-from harness.checks.flashinfer_confirm import noncausal_window
+from harness.checks.flashinfer_confirm import far_negative_logits, far_negative_logits_auto, noncausal_window
 from harness.checks.flashinfer_graph_confirm import graph_unsplit_plan
 from harness.core.case import Case, Request
 from harness.core.graph_case import GraphCase
@@ -81,3 +83,16 @@ def graph(kv_heads: int, q_len: int, window: int, max_kv: int, lens: list[int]) 
 )
 def test_the_graph_issue_confirms_on_its_scripts_cases_and_not_on_the_control(g, wrong):
     assert graph_unsplit_plan(g, "cuda") is wrong
+
+
+@pytest.mark.skipif(
+    distribution_version("flashinfer-python") != "0.6.18.post1", reason="flashinfer-python 0.6.18.post1 only"
+)
+@pytest.mark.parametrize("confirm", [far_negative_logits, far_negative_logits_auto], ids=["fa2", "auto"])
+def test_the_far_negative_entries_confirm_on_the_sentinel_case_and_not_near_zero(confirm):
+    sentinel = Case(
+        mode="EXTEND", requests=(Request(10, 6),), logits="dominant", logit_offset=-3e4, head_dim=64,
+        dtype="bfloat16",
+    )
+    assert confirm(sentinel, "cuda")
+    assert not confirm(sentinel.replace(logit_offset=-120.0), "cuda")

@@ -41,26 +41,33 @@ def noncausal_window(case: Case, device: str) -> bool:
     inputs = make_inputs(case, device)
     batch = build_batch(case, inputs, device)
     lengths = [r.extend_len for r in case.requests]
-    out = ragged_fa2(fi, case, (batch.q, batch.k_new, batch.v_new), lengths, lengths, False, device)
+    out = ragged_prefill(fi, case, (batch.q, batch.k_new, batch.v_new), lengths, lengths, False, device)
     return not library_verdict(case, inputs, out, device).passed
 
 
-def far_negative_logits(case: Case, device: str) -> bool:
-    """Known issue flashinfer-prefill-far-negative-logits: the ragged fa2 prefill over each request's
-    whole keys (prefix and new, as the case's inputs hold them), causal unless the case is
+def far_negative_logits(case: Case, device: str, backend: str = "fa2") -> bool:
+    """Known issue flashinfer-prefill-far-negative-logits (fa2; on "auto", fa3 on Hopper, its twin
+    flashinfer-fa3-prefill-far-negative-logits): the ragged prefill of that kernel backend over each
+    request's whole keys (prefix and new, as the case's inputs hold them), causal unless the case is
     encoder-only, with the case's window, soft cap and scale, as
-    known_issues/flashinfer_prefill_far_negative_logits.py calls it."""
+    known_issues/flashinfer_prefill_far_negative_logits.py (--backend) calls it."""
     fi = library("flashinfer")
     if fi is None:
         return False
     inputs = make_inputs(case, device)
     qkv = (inputs.q_all, inputs.kv_all[0], inputs.kv_all[1])
     causal = case.mode != Mode.ENCODER_ONLY
-    out = ragged_fa2(fi, case, qkv, list(inputs.q_lens), list(inputs.kv_lens), causal, device)
+    out = ragged_prefill(fi, case, qkv, list(inputs.q_lens), list(inputs.kv_lens), causal, device, backend)
     return not library_verdict(case, inputs, out, device).passed
 
 
-def ragged_fa2(
+def far_negative_logits_auto(case: Case, device: str) -> bool:
+    """far_negative_logits on the kernel FlashInfer's "auto" picks here, as vLLM's FlashInfer backend
+    prefills: fa3 on Hopper (16-bit inputs), fa2 elsewhere."""
+    return far_negative_logits(case, device, "auto")
+
+
+def ragged_prefill(
     fi: ModuleType,
     case: Case,
     qkv: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
@@ -68,13 +75,14 @@ def ragged_fa2(
     kv_lens: list[int],
     causal: bool,
     device: str,
+    backend: str = "fa2",
 ) -> torch.Tensor:
-    """FlashInfer's ragged fa2 prefill, as the entries' scripts call it: planned for requests of
-    `qo_lens` queries over `kv_lens` keys with the case's window, soft cap, scale and dtype, then run
-    on packed (q, k, v)."""
+    """FlashInfer's ragged prefill on a kernel backend (fa2 unless told), as the entries' scripts call
+    it: planned for requests of `qo_lens` queries over `kv_lens` keys with the case's window, soft
+    cap, scale and dtype, then run on packed (q, k, v)."""
     dt = TORCH_DTYPES[case.dtype]
     wrapper = fi.BatchPrefillWithRaggedKVCacheWrapper(
-        torch.zeros(WORKSPACE_BYTES, dtype=torch.uint8, device=device), "NHD", backend="fa2"
+        torch.zeros(WORKSPACE_BYTES, dtype=torch.uint8, device=device), "NHD", backend=backend
     )
     wrapper.plan(
         indptr(qo_lens),

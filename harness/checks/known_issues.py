@@ -202,6 +202,18 @@ KNOWN_ISSUES = (
         "(flashinfer_glue.sink_wrapper_class); tests/test_flashinfer_gpu.py runs FlashInfer's own wrapper",
     ),
     KnownIssue(
+        id="flashinfer-fa3-prefill-far-negative-logits",
+        library="flashinfer-python",
+        versions=frozenset({"0.6.18.post1"}),
+        backends=frozenset({"vllm_flashinfer"}),
+        title="fa2's far-negative rows (flashinfer-prefill-far-negative-logits), wrong on the fa3 (sm90) "
+        "prefill too (the script with --backend fa3), which vLLM's FlashInfer backend prefills with on "
+        "Hopper: confirmed on the kernel its \"auto\" picks, fa3 on Hopper and fa2 elsewhere",
+        repro="known_issues/flashinfer_prefill_far_negative_logits.py",
+        reaches=far_negative_prefill,
+        confirm=flashinfer_confirm.far_negative_logits_auto,
+    ),
+    KnownIssue(
         id="flashinfer-prefill-far-negative-logits",
         library="flashinfer-python",
         versions=frozenset({"0.6.18.post1"}),
