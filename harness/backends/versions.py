@@ -73,10 +73,11 @@ def distribution_version(name: str) -> str | None:
         return None
 
 
+@cache
 def pinned_requirement(distribution: str, dependency: str) -> Requirement | None:
     """The installed `distribution`'s own requirement on `dependency` (its metadata's Requires-Dist
     outside any extra), or None where either is absent: what release of a library an engine release
-    was built against."""
+    was built against. Read once per process, as distribution_version (asked on every graph replay)."""
     try:
         lines = metadata.requires(distribution) or []
     except metadata.PackageNotFoundError:
