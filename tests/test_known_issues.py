@@ -159,6 +159,9 @@ def test_each_issue_is_keyed_on_the_releases_its_script_failed_on():
         # the suite's records on the H200: 0.7.2.post1 right on the same cases (docs/known-issues.md)
         "flashinfer-prefill-far-negative-logits": {"0.6.18.post1"},
         "flashinfer-fa3-prefill-far-negative-logits": {"0.6.18.post1"},  # the script with --backend fa3
+        # the suite's vllm_flashinfer FP8 prefill under a cap on the H200; the source of the fa3 FP8 run
+        "flashinfer-fa3-fp8-prefill-soft-cap": {"0.6.18.post1"},
+        "vllm-flashinfer-e5m2-query": {"0.26.0"},  # the suite's e5m2 prefix case on the H200 (a crash)
         "vllm-cpu-fp8-e4m3-bf16-subnormals": {"0.28.0", "0.32.0"},
         "vllm-cpu-fp8-write-truncates": {"0.28.0", "0.32.0"},
         "vllm-cpu-amx-permission": {"0.28.0", "0.32.0"},

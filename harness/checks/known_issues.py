@@ -21,6 +21,7 @@ from typing import Any
 from harness.backends.flashinfer_dec import FlashInferDecTC
 from harness.backends.versions import distribution_version
 from harness.checks import engine_confirm, flashinfer_confirm, flashinfer_graph_confirm
+from harness.checks.judged_inputs import prefill_requests
 from harness.core import modes
 from harness.core.batch import kv_len
 from harness.core.case import Case
@@ -168,6 +169,20 @@ def fa3_text_table_overruns(c: Case) -> bool:
     return any(r.encoder_len + max(texts) > width for r in c.requests)
 
 
+def vllm_fp8_prefill(c: Case) -> bool:
+    """Whether vllm_flashinfer runs some request of an FP8-cache case through its prefill path, as
+    split_decodes_and_prefills splits the batch (judged_inputs.prefill_requests): on Hopper those
+    queries are cast to the cache's dtype and prefilled on FlashInfer's fa3. Causal modes only, every
+    verify tree a chain, as the confirmations call the prefill."""
+    chains = all(r.tree is None or list(r.tree) == list(range(-1, len(r.tree) - 1)) for r in c.requests)
+    return (
+        c.kv_dtype is not None
+        and c.mode in (Mode.EXTEND, Mode.DRAFT_EXTEND_V2, Mode.TARGET_VERIFY)
+        and chains
+        and any(prefill_requests([r.extend_len for r in c.requests]))
+    )
+
+
 def power_of_two(x: float) -> bool:
     """Whether x is 2**n: a value times or over it keeps its mantissa, so an FP8 code's value divided
     by such a scale is the code exactly, and rounding toward zero or to nearest agree."""
@@ -212,6 +227,18 @@ KNOWN_ISSUES = (
         repro="known_issues/flashinfer_prefill_far_negative_logits.py",
         reaches=far_negative_prefill,
         confirm=flashinfer_confirm.far_negative_logits_auto,
+    ),
+    KnownIssue(
+        id="flashinfer-fa3-fp8-prefill-soft-cap",
+        library="flashinfer-python",
+        versions=frozenset({"0.6.18.post1"}),
+        backends=frozenset({"vllm_flashinfer"}),
+        title="the fa3 (sm90) prefill with FP8 queries over an FP8 KV cache ignores logits_soft_cap (its FP8 "
+        "variant's logits transform is the identity and its run passes no cap), and vLLM's FlashInfer "
+        "backend prefills an FP8 cache so on Hopper: a soft-capped layer attends uncapped",
+        repro="known_issues/flashinfer_fa3_fp8_prefill_soft_cap.py",
+        reaches=lambda c: c.soft_cap > 0 and vllm_fp8_prefill(c),
+        confirm=flashinfer_confirm.fa3_fp8_prefill_soft_cap,
     ),
     KnownIssue(
         id="flashinfer-prefill-far-negative-logits",
@@ -326,6 +353,20 @@ KNOWN_ISSUES = (
         reaches=window_zero_reached,
         confirm=engine_confirm.sglang_window_zero,
         on_replay=True,  # the graph path's forward reads the same layer's window
+    ),
+    KnownIssue(
+        id="vllm-flashinfer-e5m2-query",
+        library="vllm",
+        versions=frozenset({"0.26.0"}),
+        backends=frozenset({"vllm_flashinfer"}),
+        title="with an fp8_e5m2 KV cache on Hopper, vLLM's FlashInfer builder plans the prefill for e5m2 "
+        "queries and the layer casts them to e4m3 (scaled_fp8_quant writes the platform's FP8 dtype): "
+        "FlashInfer raises on every prefill ('The dtype of q torch.float8_e4m3fn does not match the "
+        "q_data_type torch.float8_e5m2')",
+        repro="known_issues/vllm_flashinfer_e5m2_query.py",
+        reaches=lambda c: c.kv_dtype == "float8_e5m2" and vllm_fp8_prefill(c),
+        confirm=engine_confirm.vllm_flashinfer_e5m2_query,
+        faults=True,  # the failure is FlashInfer's refusal, a crash of the step
     ),
     KnownIssue(
         id="vllm-fa3-graph-window-metadata",
