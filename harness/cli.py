@@ -11,14 +11,17 @@ command runs, so every library and child process sees it.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import shlex
+import signal
 import sys
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import NamedTuple, NoReturn
 
 import harness
-from harness.run import check, sigterm
+from harness.run import check
 from harness.run.check import RequestError as UsageError
 from harness.run.check import load_backend, writable
 from harness.run.speed import settings
@@ -377,9 +380,24 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+@contextlib.contextmanager
+def as_ctrl_c() -> Iterator[None]:
+    """Within the block a SIGTERM (what `timeout` and CI runners send at a time limit) raises
+    KeyboardInterrupt, so a check stops as on Ctrl-C and writes what it checked under a report headed
+    INTERRUPTED. Only the main thread may set a handler: elsewhere the block changes nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    before = signal.signal(signal.SIGTERM, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, before)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    with sigterm.as_ctrl_c():
+    with as_ctrl_c():
         return _main(argv)
 
 
