@@ -3,10 +3,8 @@
 Runs `python -m harness check` (the profile and backends given; on CUDA it compiles its JIT variants
 beside the check, harness/run/speed/warm_gate.py) twice as a child process: first in a fresh, empty cache
 directory (every JIT variant compiles), then again with that directory as the first run left it, as a
-CI job restores its saved cache to the same path. Each run's row gives the command's wall time, how
-long the warm-up ran within it and what it compiled, the CPU time of the check and every process
-it started (what bounds a cold run: divided by the cores, a floor on its wall time), and the cache's
-size per library. The library variables are taken out of the child's environment, so a cache the
+CI job restores its saved cache to the same path (a row's fields: ColdStartRow; docs/bench.md).
+The library variables are taken out of the child's environment, so a cache the
 user pointed elsewhere (harness/run/cache_dir.py) cannot make the cold run warm.
 """
 
