@@ -1,13 +1,10 @@
 """`make check`'s GPU set-up: on a machine with a GPU, install the `gpu` extra or fail naming what failed.
 
-    python -m harness.tools.gpu_setup [--gpu auto|no] [--pip PIP]
-
 Run by the Makefile with the venv's Python, after torch and the project are installed. With a GPU,
-each requirement of the `gpu` extra (pyproject.toml: the supported ranges of flashinfer_versions.RANGE
-and flash_attn_versions.FA4_RANGE) is installed on its own, so a failure names its package, and the
-set-up ends with the CUDA backends it made available. Without a GPU (or with --gpu no) it installs
-nothing and says so, so a fresh GPU runner cannot pass green with every FlashInfer and FA4 test a
-"not installed" skip.
+each requirement of the `gpu` extra (pyproject.toml) is installed on its own, so a failure names its
+package, and the set-up ends with the CUDA backends it made available. Without a GPU (or with --gpu
+no) it installs nothing and says so, so a fresh GPU runner cannot pass green with every FlashInfer
+and FA4 test a "not installed" skip.
 """
 
 from __future__ import annotations
