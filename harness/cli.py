@@ -11,12 +11,9 @@ command runs, so every library and child process sees it.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import shlex
-import signal
 import sys
-import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple, NoReturn
 
@@ -380,24 +377,9 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-@contextlib.contextmanager
-def as_ctrl_c() -> Iterator[None]:
-    """Within the block a SIGTERM (what `timeout` and CI runners send at a time limit) raises
-    KeyboardInterrupt, so a check stops as on Ctrl-C and writes what it checked under a report headed
-    INTERRUPTED. Only the main thread may set a handler: elsewhere the block changes nothing."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    before = signal.signal(signal.SIGTERM, signal.default_int_handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, before)
-
-
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    with as_ctrl_c():
+    with check.as_ctrl_c():
         return _main(argv)
 
 

@@ -14,7 +14,9 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-from collections.abc import Callable, Sequence
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -479,6 +481,21 @@ def run_single(job: Prepared, gate: WarmGate | None = None, say: Say = print) ->
     except Stopped as e:
         job.interrupted = True
         return e.returncode
+
+
+@contextmanager
+def as_ctrl_c() -> Iterator[None]:
+    """Within the block a SIGTERM (what `timeout` and CI runners send at a time limit) raises
+    KeyboardInterrupt, so a check stops as on Ctrl-C and writes what it checked under a report headed
+    INTERRUPTED. Only the main thread may set a handler: elsewhere the block changes nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    before = signal.signal(signal.SIGTERM, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, before)
 
 
 class Stopped(Exception):
