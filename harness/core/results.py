@@ -32,7 +32,7 @@ class CaseResult:
     seconds: float = 0.0
     test_id: str = ""
     extra: dict = field(default_factory=dict)
-    error_map: dict | None = None  # failures: harness.checks.errormap.error_map
+    error_map: dict | None = None  # failures: harness.checks.numeric.error_map
     probe: dict | None = None  # failures: harness.checks.probe.ProbeResult.to_dict()
 
     @property
