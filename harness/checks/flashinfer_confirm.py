@@ -15,7 +15,7 @@ from types import ModuleType
 
 import torch
 
-from harness.checks.library_verdict import library, library_verdict
+from harness.checks import library, library_verdict
 from harness.core.batch import build_batch, make_inputs
 from harness.core.case import Case
 from harness.core.modes import Mode
