@@ -146,7 +146,7 @@ def test_a_seed_that_is_not_a_number_is_refused(monkeypatch, restored_profiles):
 
 
 def test_the_run_object_says_whether_its_draws_were_fixed():
-    from harness.run.run_info import RunInfo
+    from harness.run import RunInfo
 
     info = RunInfo(
         id="r", started="s", elapsed_s=1, profile="ci", command="c", exit_status=0, derandomized=True

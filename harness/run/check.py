@@ -6,7 +6,7 @@ problem in one line, before anything runs or is written), builds the pytest comm
 (harness/run/pytest_command.py), and runs it: as one pytest process, or, with more than one job,
 as parts planned and run by the speed machinery (harness/run/speed/: the schedule, the costs, the
 variant shards, the warm-up beside the check) and merged here into one results.json and report,
-whose `run` object is harness/run/run_info.py's.
+whose `run` object is harness/run/__init__.py's.
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from harness.run import INTERRUPTED, RunInfo, started_now
 from harness.run.pytest_command import PytestCommand, command
-from harness.run.run_info import INTERRUPTED, RunInfo, started_now
 from harness.run.speed import settings
 
 if TYPE_CHECKING:
