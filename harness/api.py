@@ -13,7 +13,7 @@ from __future__ import annotations
 from harness.backends import BACKENDS_ENV, ENTRY_POINT_GROUP, BackendError, load, names
 from harness.backends.base import ALL_CAPABILITIES, Backend, BackendBroken, BackendOutput, Capabilities
 from harness.backends.glue import EngineGlue, dequantized
-from harness.backends.library import import_library
+from harness.backends.versions import import_library
 from harness.checks.declarations import refused_declarations
 from harness.checks.numeric import check_case
 from harness.core.batch import Batch, Inputs, build_batch, make_inputs

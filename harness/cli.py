@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import NamedTuple, NoReturn
 
 import harness
-from harness.run import check, sigterm
+from harness.run import check
 from harness.run.check import RequestError as UsageError
 from harness.run.check import load_backend, writable
 from harness.run.speed import settings
@@ -379,7 +379,7 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    with sigterm.as_ctrl_c():
+    with check.as_ctrl_c():
         return _main(argv)
 
 

@@ -22,8 +22,7 @@ from harness.backends import BackendBroken
 from harness.backends.flash_attn_fa2 import FA2
 from harness.backends.flash_attn_fa3 import FA3
 from harness.backends.flash_attn_fa4 import FA4
-from harness.backends.library import import_library
-from harness.backends.versions import SupportedRange
+from harness.backends.versions import SupportedRange, import_library
 from harness.cli import main
 from harness.run import check, repro
 from harness.run.speed import settings

@@ -17,13 +17,13 @@ from harness.core.modes import Mode
 from harness.mutants import by_name
 from harness.run.workers import Outcome
 from harness.tools import bench
-from harness.tools.bench import opcount, processes, throughput
+from harness.tools.bench import opcount, throughput
 from harness.tools.bench import phases as bench_phases
+from harness.tools.bench import throughput as processes
 from harness.tools.bench.cases import MAX_BATCH, MAX_TOKENS, MIX_SHAPE, mix
-from harness.tools.bench.processes import parallel_passes
 from harness.tools.bench.scale import SCALE_WINDOW, scale_row
 from harness.tools.bench.table import render
-from harness.tools.bench.throughput import measure_backend
+from harness.tools.bench.throughput import measure_backend, parallel_passes
 
 # The fields docs/bench.md documents, per section.
 THROUGHPUT = {

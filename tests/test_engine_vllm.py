@@ -16,7 +16,7 @@ import torch
 
 from harness import backends
 from harness.backends.base import BackendBroken
-from harness.backends.engines.vllm import flex_attention, gpu
+from harness.backends.engines.vllm import CPU_RANGE, flex_attention, gpu
 from harness.backends.engines.vllm.cpu_attn import VllmCpuAttn
 from harness.backends.engines.vllm.driver import CPU_ENGINE, GPU_ENGINE, VllmEngine
 from harness.backends.engines.vllm.flex_attention import VllmFlex
@@ -28,7 +28,6 @@ from harness.backends.engines.vllm.graph import (
     VllmGraphState,
     graph_modes_for,
 )
-from harness.backends.engines.vllm.versions import CPU_RANGE
 from harness.backends.graph_glue import GraphLimits, StaticInputs
 from harness.backends.graphs import GraphFactory
 from harness.checks.numeric import check_case

@@ -4,7 +4,7 @@ import math
 
 import torch
 
-from harness.checks.errormap import MAX_BINS, error_map
+from harness.checks.numeric import MAX_BINS, error_map
 from harness.core.case import Case, Request
 
 

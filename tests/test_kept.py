@@ -1,6 +1,6 @@
 """The same commit gives the same verdict: a run records the set it drew, and a failure a nightly
 found is kept in a pins file that every later run checks first (harness/search/kept.py,
-harness/report/draws.py, docs/ci.md)."""
+harness/report/trend.py, docs/ci.md)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ from harness import backends
 from harness.core.case import Case, Request
 from harness.core.graph_case import GraphCase
 from harness.mutants import by_name
-from harness.report import draws, results_json, trend
+from harness.report import results_json, trend
+from harness.report import trend as draws
 from harness.run import check
 from harness.run.suite import Target, run_family
 from harness.search import kept, profiles
@@ -145,7 +146,7 @@ def test_a_seed_that_is_not_a_number_is_refused(monkeypatch, restored_profiles):
 
 
 def test_the_run_object_says_whether_its_draws_were_fixed():
-    from harness.run.run_info import RunInfo
+    from harness.run import RunInfo
 
     info = RunInfo(
         id="r", started="s", elapsed_s=1, profile="ci", command="c", exit_status=0, derandomized=True

@@ -189,7 +189,7 @@ def test_each_issue_is_keyed_on_the_releases_its_script_failed_on():
 def test_every_known_issue_names_releases_inside_the_supported_range():
     """A key outside the range would never match a release the glue runs on (one outside is broken)."""
     from harness.backends.engines.sglang.engine import SGLANG
-    from harness.backends.engines.vllm.versions import CPU_RANGE, GPU_RANGE
+    from harness.backends.engines.vllm import CPU_RANGE, GPU_RANGE
     from harness.backends.flashinfer_versions import RANGE
 
     ranges = {r.distribution: r for r in (RANGE, SGLANG.supported, CPU_RANGE, GPU_RANGE)}

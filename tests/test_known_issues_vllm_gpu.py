@@ -13,8 +13,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from harness.checks import library
 from harness.checks.engine_confirm import vllm_fa3_graph_window_metadata as confirm
-from harness.checks.library_verdict import library
 from harness.core.case import Case, Request
 from harness.core.graph_case import GraphCase
 

@@ -13,11 +13,11 @@ from harness.report import (
     junit,
     matrix,
     pictures,
-    png,
     render_views,
     results_json,
     write_run,
 )
+from harness.report import pictures as png
 from harness.report.progress import Progress
 from tests.pngdecode import decode
 from tests.report_helpers import sample_document, sample_document_text

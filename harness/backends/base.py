@@ -219,7 +219,7 @@ class Backend:
     def available(self, device: str) -> str | None:
         """None if the backend can run on `device` here, else why not (becomes a skip reason).
 
-        Raises BackendBroken where its library is installed but broken (harness/backends/library.py):
+        Raises BackendBroken where its library is installed but broken (harness/backends/versions.py):
         that is an error, so it must not read as "not here".
         """
         if device not in self.capabilities.devices:

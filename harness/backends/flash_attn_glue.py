@@ -26,8 +26,7 @@ import torch
 
 from harness.backends.base import Capabilities
 from harness.backends.graph_glue import GraphGlue, GraphLimits, GraphState
-from harness.backends.library import import_library
-from harness.backends.versions import SupportedRange
+from harness.backends.versions import SupportedRange, import_library
 from harness.core.batch import Batch
 from harness.core.modes import Mode
 from harness.core.pool import RESERVED_PAGE
@@ -37,7 +36,7 @@ def import_attr(
     module: str, attr: str, supported: SupportedRange | None = None
 ) -> tuple[object | None, str | None]:
     """(module.attr, None) if it imports, else (None, why not): not installed, or the module without
-    `attr`. An installed module that fails to import raises BackendBroken (harness/backends/library.py)."""
+    `attr`. An installed module that fails to import raises BackendBroken (harness/backends/versions.py)."""
     mod, why = import_library(module, supported)
     if mod is None:
         return None, why

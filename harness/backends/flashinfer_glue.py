@@ -23,7 +23,7 @@ import torch
 from harness.backends.base import Capabilities
 from harness.backends.flashinfer_versions import RANGE
 from harness.backends.graph_glue import GraphGlue, GraphLimits, GraphState, StaticInputs
-from harness.backends.library import import_library
+from harness.backends.versions import import_library
 from harness.core.batch import Batch
 from harness.core.modes import Mode
 from harness.core.pool import RESERVED_PAGE

@@ -1,13 +1,10 @@
-"""The FlashInfer releases the glue supports, and every difference between them, named, in one place.
+"""The FlashInfer releases the glue supports, and every difference between them, named.
 
-Found by diffing the Python sources of the wheels (0.6.13 to 0.6.18.post1, 0.7.0 to 0.7.2.post1): the
-wrappers, their plan() / run() keywords, merge_state, segment_packbits and the JIT spec API that
-harness/run/speed/warmup/flashinfer.py uses. Each `Difference` says where it is (file:line in each
-wheel) and what the glue does about it (docs/flashinfer.md has them as a table). Every adapter asks
-RANGE before it runs (`why_unavailable` in flashinfer_glue.py); `list` and the report show the
-installed release against it. The keywords the adapters pass are the same in every supported
-release: none of `KEYWORDS_SINCE` is passed (tests/test_versions.py checks the recorded calls, and
-tests/test_flashinfer_fake_runs.py runs the adapters on a fake posing as 0.6.18.post1).
+Found by diffing the wheels' Python sources (0.6.13 to 0.6.18.post1, 0.7.0 to 0.7.2.post1): the
+wrappers and their plan() / run() keywords, merge_state, segment_packbits, the warm-up's JIT spec
+API. Each `Difference` names where (file:line per wheel) and what the glue does (docs/flashinfer.md's
+table and tests). The keywords the adapters pass are the same in every supported release: none
+of `KEYWORDS_SINCE`.
 """
 
 from __future__ import annotations
@@ -30,7 +27,7 @@ RANGE = SupportedRange(
 
 @dataclass(frozen=True)
 class Difference:
-    """One way releases in RANGE differ: from `since` on (earlier supported releases lack it)."""
+    """One way releases in RANGE differ: from `since` on."""
 
     name: str
     since: str
@@ -94,7 +91,7 @@ DIFFERENCES = (
     ),
 )
 
-# The plan()/run()/__init__ keywords that not every release in RANGE takes: keyword -> first release.
+# A plan()/run()/__init__ keyword -> the first release in RANGE that takes it.
 KEYWORDS_SINCE = {
     "variant_owns_mask": "0.7.0",
     "is_causal": "0.7.0",

@@ -25,7 +25,7 @@ from harness.backends.base import ALL_CAPABILITIES, BackendOutput
 from harness.backends.flex_launch import MIN_CAPTURED_LEN, NO_WINDOW, Launch, ScoreMod, score_terms
 from harness.backends.flex_masks import FlexMasks
 from harness.backends.glue import EngineGlue
-from harness.backends.library import import_library
+from harness.backends.versions import import_library
 from harness.core.batch import Batch
 from harness.core.modes import Mode
 from harness.core.timing import phase

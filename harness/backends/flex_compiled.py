@@ -38,14 +38,9 @@ def _compiled_flex(dynamic: bool) -> Callable:
 
 
 def _dynamo_settings() -> dict:
-    """Dynamo settings for the compiled call:
-    - a high recompile limit, and an error (never a silent eager fallback) if it is hit, so the
-      compiled backend never reports eager results;
-    - no automatic dynamic shapes. With `dynamic=True` every size is symbolic from the first compile;
-      what automatic dynamic adds is a graph shaped by what the process met before (and, through its
-      profile on disk, what earlier processes met), so a check's process traced graphs the warm-up
-      had not compiled (90 new FX graphs on the H100: docs/flex.md). Without it a graph follows from
-      its inputs alone, in any order."""
+    """Dynamo settings for the compiled call: a high recompile limit, and an error (never a silent
+    eager fallback) if it is hit; no automatic dynamic shapes, so a graph follows from its inputs
+    alone, whatever the process met before (docs/flex.md, "Compile cost and shapes")."""
     cfg = torch._dynamo.config
     want = {
         "recompile_limit": 512,
@@ -146,13 +141,9 @@ class FlexCompiled(FlexBase, FlexGraphPath):
         return bucket(n) if self.static_shapes(device) else n
 
     def launch_lengths(self, num_queries: int, num_keys: int, device: str) -> tuple[int, int]:
-        """With dynamic shapes, lengths past the sizes dynamo specialises. Its 0/1 rule gives a size of
-        1 a graph of its own beside the one for larger sizes, so a launch of one query row, of one
-        key, of 128 rows (one query block of the BlockMask, at flex's main kernel) or of at most 128
-        keys (one key block) was each a compile of its own (docs/flex.md, "Compile cost and shapes").
-        Rows 1 and 128 get one padding row, keys at least two blocks: padding rows and keys belong to
-        no request, so their blocks are empty and skipped. Every launch under 128 rows has one query
-        block; that is flex's decoding kernel, a variant of its own (`variant_key`)."""
+        """With dynamic shapes, lengths past the sizes dynamo specialises (its 0/1 rule: docs/flex.md,
+        "Compile cost and shapes"): rows 1 and 128 get one padding row, keys at least two blocks.
+        Padding belongs to no request, so its blocks are empty and skipped."""
         if self.static_shapes(device):
             return super().launch_lengths(num_queries, num_keys, device)
         rows = num_queries + 1 if num_queries in (1, BLOCK) else num_queries
@@ -171,10 +162,8 @@ class FlexCompiled(FlexBase, FlexGraphPath):
 
     @contextmanager
     def calling(self) -> Iterator[None]:
-        """Dynamo's settings (`_dynamo_settings`); no duck shapes (dynamo otherwise gives two sizes
-        that happen to be equal, as many queries as keys, one symbol, and a batch where they differ
-        is a compile of its own); gradients off (an engine's forward runs without them, and grad
-        mode is a guard, so a call with them on compiled the same kernel again)."""
+        """Dynamo's settings (`_dynamo_settings`), no duck shapes and gradients off: each a compile
+        saved (docs/flex.md, "Compile cost and shapes")."""
         from torch.fx.experimental import _config as shapes
 
         shape_settings = {"use_duck_shape": False} if hasattr(shapes, "use_duck_shape") else {}

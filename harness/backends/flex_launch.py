@@ -45,7 +45,7 @@ class Launch:
     v: torch.Tensor
     q_doc: torch.Tensor
     q_pos: torch.Tensor
-    q_tree_row: torch.Tensor  # offset of the query's row in the flattened tree mask (verify)
+    q_tree_row: torch.Tensor  # the query's row in the flattened tree mask (verify)
     kv_doc: torch.Tensor
     kv_pos: torch.Tensor
     kv_draft: torch.Tensor  # draft index of a verify draft key, -1 otherwise
@@ -55,17 +55,17 @@ class Launch:
     causal: torch.Tensor  # int64 scalar: 1 if the causal term masks, 0 if it admits every key
     window: torch.Tensor  # int64 scalar: W, or NO_WINDOW
     window_right: torch.Tensor  # int64 scalar: R of a two-sided (encoder) window, or NO_WINDOW
-    cap: torch.Tensor  # float32 scalar: soft cap, 0 for none
-    sink_logit: torch.Tensor  # float32 [Hq]: per-head sink logit (zeros without sinks)
+    cap: torch.Tensor  # float32 scalar, 0 for none
+    sink_logit: torch.Tensor  # float32 [Hq] (zeros without sinks)
     num_queries: int  # real query rows (the rest is padding)
-    num_keys: int  # keys up to the last real one (the rest is padding, seen by no query)
+    num_keys: int  # keys up to the last real one (the rest: padding)
     terms: frozenset[str]  # the mask terms this launch needs, of MASK_TERMS
-    score_terms: frozenset[str]  # what the score_mod has to do here, of SCORE_TERMS
+    score_terms: frozenset[str]  # of SCORE_TERMS
     deterministic: bool = False  # the case's deterministic mode (flex_compiled pins its kernel for it)
 
 
 def bucket(n: int) -> int:
-    """The padded length of n rows: the smallest MIN_BUCKET * BUCKET_GROWTH**k >= n."""
+    """The padded length of n rows."""
     size = MIN_BUCKET
     while size < n:
         size *= BUCKET_GROWTH
@@ -73,17 +73,17 @@ def bucket(n: int) -> int:
 
 
 def soft_capped(s: torch.Tensor, cap: torch.Tensor) -> torch.Tensor:
-    """The soft cap's term: c * tanh(s / c) on the scaled score s, for a cap c > 0."""
+    """The soft cap's term on the scaled score s, for a cap > 0."""
     return cap * torch.tanh(s / cap)
 
 
 def with_sink_key(
     s: torch.Tensor, h: torch.Tensor, k: torch.Tensor, kv_sink: torch.Tensor, sink_logit: torch.Tensor
 ) -> torch.Tensor:
-    """The virtual sink key's term: the sink key scores its head's logit, every other key `s`."""
+    """The virtual sink key's term: it scores its head's logit."""
     return torch.where(kv_sink[k] != 0, sink_logit[h].to(s.dtype), s)
 
 
 def score_terms(soft_cap: float, virtual_sink: bool) -> frozenset[str]:
-    """The SCORE_TERMS a launch needs: "cap" with a soft cap, "sink" with a virtual sink key."""
+    """The SCORE_TERMS a launch needs."""
     return frozenset({"cap"} if soft_cap > 0 else ()) | frozenset({"sink"} if virtual_sink else ())

@@ -20,8 +20,8 @@ from harness.backends.engines.sglang.engine import declare_torchvision_schemas
 from harness.backends.engines.sglang.fa3 import SglangFA3
 from harness.backends.engines.vllm.driver import model_len
 from harness.backends.graph_glue import capture_sizes, padded_size
+from harness.checks import library, library_verdict
 from harness.checks.flashinfer_confirm import indptr
-from harness.checks.library_verdict import library, library_verdict
 from harness.core import pool
 from harness.core.batch import Inputs, build_batch, make_inputs
 from harness.core.case import Case, Request

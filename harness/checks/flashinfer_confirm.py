@@ -16,8 +16,8 @@ from types import ModuleType
 
 import torch
 
+from harness.checks import library, library_verdict
 from harness.checks.judged_inputs import rounded_queries
-from harness.checks.library_verdict import library, library_verdict
 from harness.core import pool
 from harness.core.batch import build_batch, make_inputs
 from harness.core.case import Case
@@ -34,10 +34,9 @@ def indptr(lengths: list[int]) -> torch.Tensor:
 
 
 def noncausal_window(case: Case, device: str) -> bool:
-    """Known issue flashinfer-noncausal-window on an ENCODER_ONLY case: the ragged fa2 prefill with
-    causal=False and the case's window_left over its queries and new K/V (each request attends to its
-    own tokens), as known_issues/flashinfer_noncausal_window.py calls it. Sinks are not part of the
-    bug (FlashInfer's ragged wrapper has none): a sink case is confirmed on its sink-free twin."""
+    """Known issue flashinfer-noncausal-window on an ENCODER_ONLY case, as
+    known_issues/flashinfer_noncausal_window.py calls it. Sinks are not part of the bug (FlashInfer's
+    ragged wrapper has none): a sink case is confirmed on its sink-free twin."""
     fi = library("flashinfer")
     if fi is None:
         return False
@@ -51,9 +50,7 @@ def noncausal_window(case: Case, device: str) -> bool:
 
 def far_negative_logits(case: Case, device: str, backend: str = "fa2") -> bool:
     """Known issue flashinfer-prefill-far-negative-logits (fa2; on "auto", fa3 on Hopper, its twin
-    flashinfer-fa3-prefill-far-negative-logits): the ragged prefill of that kernel backend over each
-    request's whole keys (prefix and new, as the case's inputs hold them), causal unless the case is
-    encoder-only, with the case's window, soft cap and scale, as
+    flashinfer-fa3-prefill-far-negative-logits): the ragged prefill over each request's whole keys, as
     known_issues/flashinfer_prefill_far_negative_logits.py (--backend) calls it."""
     fi = library("flashinfer")
     if fi is None:
@@ -81,9 +78,8 @@ def ragged_prefill(
     device: str,
     backend: str = "fa2",
 ) -> torch.Tensor:
-    """FlashInfer's ragged prefill on a kernel backend (fa2 unless told), as the entries' scripts call
-    it: planned for requests of `qo_lens` queries over `kv_lens` keys with the case's window, soft
-    cap, scale and dtype, then run on packed (q, k, v)."""
+    """FlashInfer's ragged prefill on a kernel backend, as the entries' scripts call it, on packed
+    (q, k, v)."""
     dt = TORCH_DTYPES[case.dtype]
     wrapper = fi.BatchPrefillWithRaggedKVCacheWrapper(
         torch.zeros(WORKSPACE_BYTES, dtype=torch.uint8, device=device), "NHD", backend=backend

@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from harness.backends.graph_glue import capture_sizes, padded_size
-from harness.checks.library_verdict import library, library_verdict
+from harness.checks import library, library_verdict
 from harness.core.batch import Inputs, make_inputs
 from harness.core.case import Case
 from harness.core.graph_case import GraphCase, kv_extents, padding_extent

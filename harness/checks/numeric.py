@@ -9,7 +9,6 @@ import torch
 
 from harness.backends.base import Backend, ContractError, checked_output
 from harness.checks import crossref
-from harness.checks.errormap import error_map
 from harness.checks.judged_inputs import judged_inputs, judged_note, rounded_probabilities
 from harness.checks.known_issues import excused_status
 from harness.core.batch import Inputs, build_batch, make_inputs
@@ -24,6 +23,8 @@ from references.torch_ref import references
 
 # The reference precisions a check needs, by whether the case has an FP8 KV cache (compare's budget).
 REFERENCES = {False: ("exact", "native"), True: ("exact", "native", "rounded_kv")}
+MAX_BINS = 256  # the error map's token bins at most
+QUANTITY = "max over head_dim of |out - ref|"
 
 
 def nonfinite_cause(
@@ -51,6 +52,44 @@ def nonfinite_cause(
             f"{largest:.6g} (an overflow where the backend holds logits in {case.dtype})"
         )
     return cause
+
+
+
+def _sig(x: float) -> float:
+    return float(f"{x:.4g}")
+
+
+def error_map(case: Case, out: torch.Tensor, ref: torch.Tensor, budget: float) -> dict:
+    """Where a failing output is wrong, kept in its record so that the report draws the heatmap
+    without rerunning: QUANTITY per (token bin, head), at most MAX_BINS bins, 4 significant digits,
+    null for a NaN/Inf in the bin."""
+    ref = ref.to(out.device)
+    diff = (out.to(ref.dtype) - ref).abs()
+    bad = ~torch.isfinite(diff).all(-1)  # [N, H]
+    per = torch.nan_to_num(diff, nan=0.0, posinf=0.0).amax(-1)
+    n, h = per.shape
+    b = max(1, -(-n // MAX_BINS))
+    bins = -(-n // b)
+    # The bins in one reduction each (a tail bin padded with 0 and False, which change no max): on a
+    # GPU a loop over up to MAX_BINS slices cost milliseconds per known-issue case.
+    worst = torch.cat([per, per.new_zeros(bins * b - n, h)]).view(bins, b, h).amax(1)
+    nan = torch.cat([bad, bad.new_zeros(bins * b - n, h)]).view(bins, b, h).any(1)
+    values = [
+        [None if dead else _sig(w) for w, dead in zip(row, dead_row)]
+        for row, dead_row in zip(worst.double().tolist(), nan.tolist())
+    ]
+    starts = [0]
+    for r in case.requests[:-1]:
+        starts.append(starts[-1] + r.extend_len)
+    return {
+        "quantity": QUANTITY,
+        "budget": _sig(budget),
+        "tokens": n,
+        "heads": h,
+        "token_bin": b,
+        "request_starts": starts,
+        "values": values,
+    }
 
 
 def _crash(backend: Backend, case: Case, device: str, e: Exception, seconds: float) -> CaseResult:
@@ -111,15 +150,8 @@ def check_case(backend: Backend, case: Case, device: str = "cpu") -> CaseResult:
         status = "pass" if verdict.passed else "fail"
         status, reason = excused_status(backend.name, case, status, verdict.reason, device)
         took = time.perf_counter() - start
-        res = CaseResult(
-            status=status,
-            backend=backend.name,
-            device=device,
-            case=case,
-            verdict=verdict,
-            reason=reason,
-            seconds=took,
-        )
+        res = CaseResult(status=status, backend=backend.name, device=device, case=case, verdict=verdict,
+                         reason=reason, seconds=took)
         if status != "pass" and result.out.shape == exact.out.shape:
             res.error_map = error_map(case, result.out, exact.out, verdict.budget)
     if device == "cpu" and crossref.hf_available():  # the two references must agree on every CPU case

@@ -11,11 +11,10 @@ left), lets `replay_metadata` write its metadata into the same buffers, and repl
 `replay_result` judges each replay's real rows against the references with the numeric check's
 compare() and budgets (over the queries as the backend declares it reads them:
 harness/checks/judged_inputs.py), and, when the case is deterministic, bitwise against the same
-adapter's eager `run()` on that batch. As in the numeric check, a sequence with a batch whose exact
-reference no output could fail (`uninformative`: constant or not finite) is refused before capture,
-never passed. A failure names the replay index, the sequence of sizes and the repro; a
-failure a known library issue of the graph path reaches is `xfail` on its versions, and so is a crash
-one that can fault the kernel reaches (harness/checks/known_issues.py).
+adapter's eager `run()` on that batch. As in the numeric check, a sequence with an `uninformative`
+batch is refused before capture, never passed. A failure names the replay index, the sequence of
+sizes and the repro; a failure a known library issue of the graph path reaches is `xfail` on its
+versions, and so is a crash one that can fault the kernel reaches (harness/checks/known_issues.py).
 """
 
 from __future__ import annotations
@@ -190,8 +189,8 @@ def replay_result(backend: Backend, g: GraphCase, device: str = "cpu") -> CaseRe
 
 @dataclass(kw_only=True)
 class _Report:
-    """How a replay check's outcome becomes its CaseResult: where it stopped (capture, or replay
-    `at`), the sequence's sizes, a known library bug turned into an xfail."""
+    """A replay check's outcome as its CaseResult: where it stopped (capture, or replay `at`), the
+    sizes, a known issue's xfail."""
 
     backend: Backend
     g: GraphCase
@@ -224,9 +223,8 @@ def _replay_one(
     refs: list[RefOutput],
     rounded_p: torch.Tensor | None,
 ) -> tuple[CaseResult | None, float]:
-    """Replay batch `at` and judge it against its references `refs` and `rounded_p` (compare's
-    `ref_rounded_p`, or None), and, in deterministic mode, against its eager run, bit for bit: (the
-    failure, or None; its err/budget)."""
+    """Replay batch `at`, judge it against `refs` and `rounded_p` (compare's `ref_rounded_p`) and, in
+    deterministic mode, its eager run bit for bit: (the failure or None, its err/budget)."""
     backend, device = report.backend, report.device
     case = report.g.batches[at]
     try:

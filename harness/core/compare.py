@@ -30,7 +30,7 @@ from harness.core.vocab import TORCH_DTYPES
 
 # LSE is fp32 in every kernel; below this its differences are accumulation order, not bugs.
 LSE_FLOOR = 1e-5
-# The budget never exceeds this fraction of the reference's range (max - min over the output).
+# The budget's cap, a fraction of the reference's range (max - min).
 RANGE_CAP = 0.25
 
 
@@ -41,7 +41,7 @@ class Verdict:
     budget: float
     ratio: float
     worst: tuple[int, int, int] | None  # (request, token within request, q head)
-    frac_over: float  # fraction of output elements whose error exceeds the budget
+    frac_over: float  # fraction of output elements over the budget
     nonfinite: int  # NaN/Inf elements in the output
     reason: str
     lse_err: float | None = None
@@ -66,7 +66,7 @@ def _rounding(ref: torch.Tensor, dtype: str) -> torch.Tensor:
 
 
 def _range(x: torch.Tensor) -> torch.Tensor:
-    """max(x) - min(x) as a 0-d tensor on x's device (0 for no elements)."""
+    """max(x) - min(x) as a 0-d tensor (0 for no elements)."""
     if not x.numel():
         return torch.zeros((), dtype=x.dtype, device=x.device)
     low, high = torch.aminmax(x)
@@ -74,7 +74,7 @@ def _range(x: torch.Tensor) -> torch.Tensor:
 
 
 def noise(ref: torch.Tensor, dtype: str) -> float:
-    """Twice the rounding of one add in `dtype` at the values' magnitude: 2*max|(x+0.3)-0.3-x|."""
+    """Twice the rounding of one add in `dtype` at the values' magnitude."""
     return 2.0 * float(_rounding(ref, dtype))
 
 
@@ -85,7 +85,7 @@ def uninformative(ref_exact: torch.Tensor) -> str | None:
     range, that an output ignoring the keys and values meets exactly. Such a case is refused, never
     passed."""
     if not ref_exact.numel():
-        return None  # no query rows: nothing to judge, and nothing that passes by itself
+        return None  # no query rows: nothing to judge
     low, high = (float(x) for x in torch.aminmax(ref_exact))
     if not (math.isfinite(low) and math.isfinite(high)):
         return "refused: the exact reference is not finite, so no output can be judged against it"
@@ -135,8 +135,7 @@ def compare(
         )
     ref = ref_exact.to(out.device)
     mult = 3.0 if case.soft_cap > 0 else 2.0
-    # In the reference's dtype: a narrower output is promoted element by element in the arithmetic
-    # below (as .to() would convert it), without a converted copy of the whole output.
+    # In the reference's dtype: a narrower output is promoted in the arithmetic below, not copied.
     outd = out if torch.promote_types(out.dtype, ref.dtype) == ref.dtype else out.to(ref.dtype)
     diff = (outd - ref).abs_().flatten()
     with_lse = lse is not None and lse_exact is not None and lse_native is not None and not case.sinks
@@ -149,7 +148,7 @@ def compare(
         return _nonfinite(case, outd, err, budget)
     ratio = err / budget if budget > 0 else (0.0 if err == 0 else float("inf"))
     passed = err <= budget
-    # Within budget, no element is over it: the fraction is counted only for a failure.
+    # Counted for a failure only: within budget, no element is over it.
     frac = float((diff > budget).float().mean()) if diff.numel() and not passed else 0.0
     worst = _locate(case, int(flat_at)) if diff.numel() else None
     reason = _err_reason(case, err, budget, rule, worst, frac)
@@ -176,8 +175,7 @@ def compare(
 def _err_reason(
     case: Case, err: float, budget: float, rule: float, worst: tuple[int, int, int] | None, frac: float
 ) -> str:
-    """The verdict's reason on the output: err against budget, where the worst element is, how much
-    is over, and whether the budget was capped below its rule."""
+    """The verdict's reason on the output."""
     ratio = err / budget if budget > 0 else (0.0 if err == 0 else float("inf"))
     passed = err <= budget
     reason = (
@@ -200,8 +198,8 @@ def _read_back(
     lse_rows: tuple[torch.Tensor | None, ...] | None,
 ) -> list[float]:
     """[worst element's flat index, err, native err (plus the distance of each `rounded` reference
-    given), rounding, the reference's range] and, with the
-    LSE rows (lse, exact, native, rounded KV or None), [LSE err, native LSE err, LSE rounding].
+    given), rounding, the reference's range] and, with the LSE rows (lse, exact, native, rounded KV
+    or None), [LSE err, native LSE err, LSE rounding].
 
     Every number the verdict needs is computed where the tensors are and read back at once: on a GPU
     each separate read waits for the device (one wait instead of about ten). The stack promotes every
@@ -253,7 +251,7 @@ def _failed(
 
 
 def _nonfinite(case: Case, outd: torch.Tensor, err: float, budget: float) -> Verdict:
-    """The verdict on an output with NaN or Inf (or, if it has none, on a reference without a finite err)."""
+    """The verdict on an output with NaN or Inf (if none, on a reference without a finite err)."""
     bad = ~torch.isfinite(outd)
     nonfinite = int(bad.sum())
     if not nonfinite:

@@ -11,7 +11,7 @@ there and key j holds c_j, so key j's logit gains scale * a * c_j, the same for 
   carried by that one key;
 - ties: several keys per request and KV head share one key vector and sit `gap` above the offset,
   so every row that sees them has a tie at its top.
-Pure arithmetic on numbers: harness/core/case.py validates with it and harness/core/batch.py draws.
+Pure arithmetic: harness/core/case.py validates with it, harness/core/batch.py draws.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import math
 
 PATTERNS = ("plain", "offset", "dominant", "ties")
 TIED_KEYS = 4  # keys that share the top logit under `ties` (fewer when the request has fewer)
-MAX_OFFSET = 1e5  # |logit_offset| at most: far past every finite sentinel a kernel uses below it
+MAX_OFFSET = 1e5  # |logit_offset| at most: past every finite sentinel a kernel uses
 # The largest common offset `offset` may take in each dtype: the native reference rounds logits to the
 # case dtype, and beyond this a logit's rounding (half its spacing, 0.25) would change every row's
 # softmax by more than the budget can judge. `dominant` and `ties` have no such limit: their gap
@@ -31,7 +31,7 @@ FLOAT_MAX = {"bfloat16": 3.3895313892515355e38, "float16": 65504.0, "float32": 3
 
 
 def spread(scale: float, q_amplitude: float, head_dim: int) -> float:
-    """The standard deviation of an ordinary logit: scale * q_amplitude * sqrt(head_dim)."""
+    """The standard deviation of an ordinary logit."""
     return scale * q_amplitude * math.sqrt(head_dim)
 
 
@@ -64,7 +64,7 @@ def largest_component(pattern: str, offset: float, scale: float, q_amplitude: fl
 
 
 def reach(pattern: str, offset: float, scale: float, q_amplitude: float, head_dim: int) -> float:
-    """The most the pattern adds to a logit's magnitude: |offset|, plus the gap of a top key."""
+    """The most the pattern adds to a logit's magnitude."""
     if pattern == "plain":
         return 0.0
     top = gap(offset, scale, q_amplitude, head_dim) if pattern in ("dominant", "ties") else 0.0

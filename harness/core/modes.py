@@ -45,7 +45,7 @@ def family_of(mode: Mode, prefix_lens: list[int]) -> str:
 
 
 def tree_depths(parents: tuple[int, ...] | list[int]) -> list[int]:
-    """Depth of each draft node: 0 for a root (parent -1), parent's depth + 1 otherwise."""
+    """Depth of each draft node (0 for a root, whose parent is -1)."""
     depths: list[int] = []
     for j, p in enumerate(parents):
         if p >= j:
@@ -84,8 +84,7 @@ def query_positions(mode: Mode, prefix_len: int, extend_len: int, tree: tuple[in
 
 
 def num_draft(mode: Mode, extend_lens: Sequence[int]) -> int:
-    """The engine's num_draft: draft tokens per request in DRAFT_EXTEND_V2 and TARGET_VERIFY (one
-    count for the whole batch: every request's extend_len), 0 in other modes."""
+    """The engine's num_draft: draft tokens per request (every request's extend_len), else 0."""
     if mode in (Mode.DRAFT_EXTEND_V2, Mode.TARGET_VERIFY):
         return extend_lens[0]
     return 0
@@ -104,8 +103,7 @@ def tree_ancestry(parents: tuple[int, ...] | list[int]) -> list[list[bool]]:
 
 
 def offsets(lengths: Sequence[int]) -> list[int]:
-    """[0, l0, l0 + l1, ...]: where each of consecutive runs of these lengths starts, then the total
-    (qo_indptr from the extend lengths, the packed inputs' rows from the key counts)."""
+    """[0, l0, l0 + l1, ...]: where each run of these lengths starts, then the total (qo_indptr)."""
     out = [0]
     for n in lengths:
         out.append(out[-1] + n)

@@ -32,7 +32,7 @@ class CaseResult:
     seconds: float = 0.0
     test_id: str = ""
     extra: dict = field(default_factory=dict)
-    error_map: dict | None = None  # failures: harness.checks.errormap.error_map
+    error_map: dict | None = None  # failures: harness.checks.numeric.error_map
     probe: dict | None = None  # failures: harness.checks.probe.ProbeResult.to_dict()
 
     @property
@@ -121,12 +121,9 @@ SUMMARY_COLUMNS = ("pass", "xfail", "fail", "error", "crash", "hang", "checked",
 
 
 def summary_table(results: list[dict]) -> str:
-    """Per (backend, family): the count of each status, the cases checked (run by the backend) and
-    refused (drawn, but turned down by its supports()), and the worst error/budget ratio ("-" where no
-    case was compared), as a text table whose name columns fit the longest name. The rows that only
-    skipped, for one reason, are one line per (device, reason) under it, as the report collapses them;
-    then the total in records (the unit of every count here and in the report), and the most frequent
-    refusal reason of each row that has refusals."""
+    """Per (backend, family): each status's count, the cases checked and refused (turned down by
+    supports()) and the worst error/budget ratio. Rows that only skipped, for one reason, are one line
+    per (device, reason), as the report collapses them; counts are in records, as in the report."""
     rows = _summary_rows(results)
     skipped = _skip_only(rows)
     collapsed = {key for keys in skipped.values() for key in keys}

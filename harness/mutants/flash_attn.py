@@ -2,8 +2,7 @@
 tests/test_flash_attn.py also hunts them on the CPU against a fake of the library.
 
 The `graph_*` mutants break one step of the CUDA-graph replay path (flash_attn_glue.py) and leave the
-eager path intact: only the replay check (check "graph") can catch them; tests/test_graph_flash_attn.py
-shows both on the CPU."""
+eager path intact: only the replay check can catch them (tests/test_graph_flash_attn.py, on the CPU)."""
 
 from __future__ import annotations
 
@@ -70,12 +69,12 @@ class _TwoSidedLeftOnly(FA4):
 
 class _GraphSeqlensFromCapture(FA4):
     def replay_cache_seqlens(self, state: GraphState, batch: Batch, bs: int) -> None:
-        pass  # cache_seqlens keeps what capture_metadata wrote: every request reads the fill extent
+        pass
 
 
 class _GraphPageColumnsFromCapture(FA4):
     def replay_page_columns(self, state: GraphState, batch: Batch, bs: int) -> int:
-        return state.per_size[bs]["pages"]  # max_seq_pages from the capture's max_seq_len_k
+        return state.per_size[bs]["pages"]
 
 
 class _GraphDraftExtendUnbumped(FA4):
@@ -87,7 +86,7 @@ class _GraphDraftExtendUnbumped(FA4):
 
 class _GraphTreeTablesFromCapture(FA4):
     def replay_tree_tables(self, state: GraphState, batch: Batch, bs: int) -> None:
-        pass  # the mask_mod's tables stay the capture's dummy chains, unwindowed
+        pass
 
 
 MUTANTS: list[Mutant] = [

@@ -20,7 +20,6 @@ from harness.mutants import Mutant, mutants_of
 
 class _CaptureSeqLensKept(FlashInferDecTC):
     def replay_kv_extents(self, state: GraphState, batch: Batch) -> list[int]:
-        # the seq_lens of the dummy batch the graph was captured with, never rewritten
         return [self.padding_extent(state)] * batch.batch_size
 
 
@@ -28,26 +27,23 @@ class _DraftExtentNotBumpedAtReplay(FlashInferDecTC):
     def replay_kv_extents(self, state: GraphState, batch: Batch) -> list[int]:
         if batch.mode != Mode.DRAFT_EXTEND_V2:
             return super().replay_kv_extents(state, batch)
-        return batch.cpu_list("seq_lens_before_bump")  # eager bumps by num_draft; this replay path does not
+        return batch.cpu_list("seq_lens_before_bump")
 
 
 class _SplitOnlyAtCapture(FlashInferDecTC):
     def replay_options(self, state: GraphState, batch: Batch) -> dict:
-        # deterministic split parameters planned for the capture, dropped from the replay's plan()
         return {**self.graph_options(state), "split": {}}
 
 
 class _WindowOnlyAtReplay(FlashInferDecTC):
     def capture_options(self, state: GraphState) -> dict:
-        # the capture planned without the layer's window: the launch it records keeps window_left=-1
         options = self.graph_options(state)
         return {**options, "options": {**options["options"], "window_left": -1}}
 
 
 class _PaddingSlotsStale(FlashInferDecTC):
     def replay_out_cache_loc(self, state: GraphState, batch: Batch, bs: int) -> None:
-        # only the real rows written: padding rows keep the previous replay's slots, so a padding
-        # request writes its K/V into a slot that may now hold a real request's key
+        # only the real rows written
         state.buffers["out_cache_loc"][: batch.out_cache_loc.numel()].copy_(batch.out_cache_loc)
 
 

@@ -15,14 +15,14 @@ from harness.core.results import is_checked
 from harness.core.vocab import CASE_FEATURES, PROBLEMS, STATUSES
 
 COLUMNS = ("all", "none") + CASE_FEATURES
-CLOSE = 0.5  # a passing cell whose worst ratio exceeds this is shown as close to its budget
+CLOSE = 0.5  # a passing cell whose worst ratio exceeds this is shown close
 
 
 @dataclass
 class Cell:
     counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(STATUSES, 0))
-    worst: float | None = None  # worst err/budget of the checked cases (inf: NaN in an output)
-    checked: int = 0  # cases (or models) the backend ran: results.is_checked
+    worst: float | None = None  # worst err/budget of the checked cases (inf: a NaN output)
+    checked: int = 0  # results.is_checked: cases (or models) the backend ran
     skip_reasons: set[str] = field(default_factory=set)  # of its skip records
 
     def add(self, record: dict) -> None:
@@ -38,8 +38,7 @@ class Cell:
 
     @property
     def state(self) -> str:
-        """bad (a failure, harness error, crash or hang), close, ok, skipped (skips or refusals only)
-        or empty."""
+        """bad (a PROBLEMS status), close, ok, skipped (skips or refusals only) or empty."""
         c = self.counts
         if any(c[s] for s in PROBLEMS):
             return "bad"
@@ -76,8 +75,8 @@ def build(results: list[dict]) -> dict[Row, dict[str, Cell]]:
 def collapse_skipped(
     rows: dict[Row, dict[str, Cell]],
 ) -> tuple[dict[Row, dict[str, Cell]], dict[tuple[str, str], list[Row]]]:
-    """Split off the rows that only skipped, for one reason shared with other rows on their device (on a
-    CPU machine: every CUDA row, "no CUDA device"): (rows shown as they are, (device, reason) -> rows)."""
+    """Split off the rows that only skipped, for one reason shared with other rows on their device:
+    (rows shown as they are, (device, reason) -> rows)."""
     groups: dict[tuple[str, str], list[Row]] = {}
     for key, cells in rows.items():
         reasons = cells["all"].skip_reasons

@@ -2,15 +2,18 @@
 
 Error heatmap: x = token (in request order, binned as the record says), y = query head; colour =
 error / budget on a log scale (white-to-green within budget, yellow-to-dark-red above it, black
-for NaN/Inf). Probe picture: rows = queries, columns = keys, one colour per cell kind.
+for NaN/Inf). Probe picture: rows = queries, columns = keys, one colour per cell kind. The PNG
+encoder is minimal (8-bit RGB, zlib from the standard library): a picture is one pixel per cell,
+scaled up in the page with `image-rendering: pixelated`, so a 640-key probe picture stays small.
 """
 
 from __future__ import annotations
 
+import base64
 import html
 import math
-
-from harness.report import png
+import struct
+import zlib
 
 WHITE = (255, 255, 255)
 NAN_COLOUR = (0, 0, 0)
@@ -26,6 +29,32 @@ PROBE_COLOURS = {
 HEATMAP_MIN_WIDTH = 240  # display pixels: a one-token map is a readable block, not a sliver
 # Ratio stops of the heatmap legend, with their colours (computed by ratio_colour).
 LEGEND_RATIOS = (0.0, 0.001, 0.01, 0.1, 1.0, 3.0, 10.0, 100.0)
+
+
+RGB = tuple[int, int, int]
+
+
+def _chunk(kind: bytes, data: bytes) -> bytes:
+    return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+
+def encode(pixels: list[list[RGB]]) -> bytes:
+    """Rows of (r, g, b) tuples, all rows the same length, at least one pixel -> PNG bytes."""
+    height, width = len(pixels), len(pixels[0]) if pixels else 0
+    if not height or not width or any(len(row) != width for row in pixels):
+        raise ValueError(f"a PNG needs equal, non-empty rows (got {height} rows of width {width})")
+    raw = b"".join(b"\x00" + bytes(c for px in row for c in px) for row in pixels)
+    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    return (
+        b"\x89PNG\r\n\x1a\n"
+        + _chunk(b"IHDR", header)
+        + _chunk(b"IDAT", zlib.compress(raw, 9))
+        + _chunk(b"IEND", b"")
+    )
+
+
+def data_uri(pixels: list[list[RGB]]) -> str:
+    return "data:image/png;base64," + base64.b64encode(encode(pixels)).decode("ascii")
 
 
 def _mix(a: tuple[int, int, int], b: tuple[int, int, int], t: float) -> tuple[int, int, int]:
@@ -104,5 +133,5 @@ def img_tag(
     w, h = cell or (s, s)
     return (
         f'<img class="{css_class}" alt="{html.escape(alt)}" width="{cols * w}" height="{rows * h}" '
-        f'src="{png.data_uri(pixels)}">'
+        f'src="{data_uri(pixels)}">'
     )

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.core.vocab import STATUSES
-from harness.report.draws import fingerprint
+from harness.report.trend import fingerprint
 
 FORMAT = "attn-harness-results"
 VERSION = 1
@@ -85,7 +85,7 @@ def _decode(x: Any) -> Any:
 def build(results: list[dict], run: dict, environment: dict[str, str]) -> dict:
     """The document: format, version, run (id, started, elapsed_s, profile, command, exit_status),
     environment (label -> version), results (one record per checked case or skipped test). The run
-    gets `draws`, the fingerprint of the cases its records checked (harness/report/draws.py)."""
+    gets `draws`, the fingerprint of the cases its records checked (harness/report/trend.py)."""
     run = {**run, "draws": fingerprint(results)}
     return {"format": FORMAT, "version": VERSION, "run": run, "environment": environment, "results": results}
 

@@ -1,17 +1,17 @@
 """One cache directory for everything the harness compiles, so a CI job saves and restores one folder.
 
-FlashInfer's JIT modules, FA4's CuTe DSL kernels, inductor's graphs and Triton's kernels each go to a
-subdirectory of the root: `--cache-dir`, else $ATTN_HARNESS_CACHE, else $XDG_CACHE_HOME/attn-harness,
-else ~/.cache/attn-harness. `apply` writes the libraries' own variables into the environment before
-any of them is imported (each reads its variable at import), and every worker and pytest process
-inherits them. A library variable the user set wins; ATTN_HARNESS_CACHE_VARS lists the ones the
-harness set, so a child given another root (the bench's cold start) re-derives them.
+Each library's cache (LIBRARIES) is a subdirectory of the root: `--cache-dir`, else
+$ATTN_HARNESS_CACHE, else $XDG_CACHE_HOME/attn-harness, else ~/.cache/attn-harness. `apply` sets
+the libraries' own variables before any of them is imported (each reads its variable at import);
+every worker and pytest process inherits them. A library variable the user set wins;
+ATTN_HARNESS_CACHE_VARS lists the ones the harness set, so a child given another root (the bench's
+cold start) re-derives them.
 
 Python's own bytecode joins them where nothing else keeps it: when torch's sources have no .pyc
 beside them and none will be written there ($PYTHONDONTWRITEBYTECODE, as container images often set,
 or a read-only install), every process the harness starts compiles torch's and transformers' sources
-anew, nearly doubling the time every process spends importing them. There the
-processes share `pycache/` under the root ($PYTHONPYCACHEPREFIX); a restored cache brings it back.
+anew, nearly doubling the time every process spends importing them. There the processes share
+`pycache/` under the root ($PYTHONPYCACHEPREFIX); a restored cache brings it back.
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ class Entry:
 
 
 def root(environ: MutableMapping[str, str] | None = None) -> Path:
-    """The cache root: $ATTN_HARNESS_CACHE, else $XDG_CACHE_HOME/attn-harness, else ~/.cache/attn-harness."""
+    """The cache root (module doc), `--cache-dir` aside."""
     env = os.environ if environ is None else environ
     if env.get(ENV):
         return Path(env[ENV]).expanduser().resolve()
@@ -64,7 +64,7 @@ def _owned(env: MutableMapping[str, str]) -> set[str]:
 
 def apply(flag: str | None = None, environ: MutableMapping[str, str] | None = None) -> list[Entry]:
     """Point every library's cache under the root (`flag` first: it sets $ATTN_HARNESS_CACHE for the
-    children too), except where the user set the library's own variable; returns the entries."""
+    children too), except where the user set the library's own variable."""
     env = os.environ if environ is None else environ
     if flag:
         env[ENV] = str(Path(flag).expanduser().resolve())
@@ -87,10 +87,10 @@ def apply(flag: str | None = None, environ: MutableMapping[str, str] | None = No
 
 
 def problem(flag: str | None = None, environ: MutableMapping[str, str] | None = None) -> str | None:
-    """Why the cache root (`flag`, else $ATTN_HARNESS_CACHE, else the default) cannot hold the caches,
-    in one line naming it, or None. A missing root is created when its parent exists (the first run,
-    an empty CI cache); the default's parents are created too. Writability is tried by writing a file:
-    permission bits say nothing to root or on a read-only mount."""
+    """Why the cache root cannot hold the caches, in one line naming it, or None. A missing root is
+    created when its parent exists (the first run, an empty CI cache); the default's parents are
+    created too. Writability is tried by writing a file: permission bits say nothing to root or on a
+    read-only mount."""
     env = os.environ if environ is None else environ
     given = flag or env.get(ENV)
     name = "--cache-dir" if flag else f"${ENV}" if given else "the cache directory"
@@ -119,8 +119,7 @@ def write_json(where: Path, doc: dict) -> None:
 
 def bytecode_missing(environ: MutableMapping[str, str], package: str = "torch") -> bool:
     """Whether `package` has no bytecode beside its sources and none will be written there, so each
-    new process would compile it again: no .pyc next to its __init__.py, and $PYTHONDONTWRITEBYTECODE
-    set or its directory read-only."""
+    new process would compile it again."""
     spec = importlib.util.find_spec(package)
     if spec is None or not spec.origin or not spec.origin.endswith(".py"):
         return False
@@ -133,7 +132,7 @@ def bytecode_missing(environ: MutableMapping[str, str], package: str = "torch") 
 
 def use_bytecode_cache() -> None:
     """This process too: its later imports read and write the bytecode where `apply` put its
-    children's (nothing changes where the harness set no $PYTHONPYCACHEPREFIX)."""
+    children's."""
     if BYTECODE_VAR in _owned(os.environ):
         sys.pycache_prefix = os.environ[BYTECODE_VAR]
         sys.dont_write_bytecode = False

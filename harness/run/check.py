@@ -6,7 +6,7 @@ problem in one line, before anything runs or is written), builds the pytest comm
 (harness/run/pytest_command.py), and runs it: as one pytest process, or, with more than one job,
 as parts planned and run by the speed machinery (harness/run/speed/: the schedule, the costs, the
 variant shards, the warm-up beside the check) and merged here into one results.json and report,
-whose `run` object is harness/run/run_info.py's.
+whose `run` object is harness/run/__init__.py's.
 """
 
 from __future__ import annotations
@@ -14,13 +14,15 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-from collections.abc import Callable, Sequence
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from harness.run import INTERRUPTED, RunInfo, started_now
 from harness.run.pytest_command import PytestCommand, command
-from harness.run.run_info import INTERRUPTED, RunInfo, started_now
 from harness.run.speed import settings
 
 if TYPE_CHECKING:
@@ -479,6 +481,21 @@ def run_single(job: Prepared, gate: WarmGate | None = None, say: Say = print) ->
     except Stopped as e:
         job.interrupted = True
         return e.returncode
+
+
+@contextmanager
+def as_ctrl_c() -> Iterator[None]:
+    """Within the block a SIGTERM (what `timeout` and CI runners send at a time limit) raises
+    KeyboardInterrupt, so a check stops as on Ctrl-C and writes what it checked under a report headed
+    INTERRUPTED. Only the main thread may set a handler: elsewhere the block changes nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    before = signal.signal(signal.SIGTERM, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, before)
 
 
 class Stopped(Exception):

@@ -3,10 +3,9 @@
 On a GPU a check is bound by the host (Python, kernel launches, compiling), not by the device: one
 pytest process leaves the GPU idle most of the time. Here each backend's suite is its own pytest
 process (with its own isolation worker), or several (pytest's `--harness-shard I/N`) when it alone
-would bound the wall time, at most N at once, the longest first: the plan is harness/run/speed/schedule.py's.
-Each of the N slots is pinned to one GPU, and a process started in it sees only that GPU
-(CUDA_VISIBLE_DEVICES), so the isolation layer inside it uses that one. Their results files are
-merged into the run's results.json, from which the report is rendered as usual.
+would bound the wall time, at most N at once, the longest first (harness/run/speed/schedule.py's
+plan). Each of the N slots is pinned to one GPU, which alone a process started in it sees
+(CUDA_VISIBLE_DEVICES). Their results files are merged into the run's results.json.
 A process's output goes to `<run dir>/parts/<backend>.log`; its results to `parts/<backend>.json`
 (a shard's: `parts/<backend>.<I>of<N>.log` and `.json`).
 """
@@ -32,7 +31,6 @@ NO_TESTS = 5  # pytest: nothing collected (a backend with no test under the filt
 INTERRUPTED = 2  # pytest's status for an interrupted run
 INTERRUPT_GRACE_S = 20.0  # for an interrupted pytest to write its results
 OUTSIDE_TOP = 3  # tests named per part in run.parts' `outside`
-# what time_split gives
 TIME_SPLIT_KEYS = ("startup_s", "launch_s", "collect_s", "cases_s", "tests_s", "outside")
 # torch's CPU threads (OMP_NUM_THREADS) in each process of a CUDA check run several at once. A CUDA
 # case's host work is Python and launches; torch's default pool (a thread per core) in every part's
@@ -108,16 +106,8 @@ def parts(plan: Plan, parts_dir: Path) -> list[Part]:
     for p in plan.parts:
         stem = file_name(p.backend) + (f".{p.shard}of{p.shards}" if p.shards > 1 else "")
         results, log = parts_dir / f"{stem}.json", parts_dir / f"{stem}.log"
-        out.append(
-            Part(
-                backend=p.backend,
-                results=results,
-                log=log,
-                shard=p.shard,
-                shards=p.shards,
-                expected=p.seconds,
-            )
-        )
+        out.append(Part(backend=p.backend, results=results, log=log, shard=p.shard, shards=p.shards,
+                        expected=p.seconds))
     return out
 
 
@@ -127,9 +117,8 @@ def file_name(backend: str) -> str:
 
 
 def cuda_threads(env: Mapping[str, str]) -> dict[str, str]:
-    """OMP_NUM_THREADS, inductor's compile threads (COMPILE_THREADS) and the JIT builds' nvcc jobs
-    (NVCC_JOBS) for the processes of a CUDA check run several at once, each unless `env` (the user's)
-    already sets it."""
+    """The thread and job limits for the processes of a CUDA check run several at once, each unless
+    `env` (the user's) already sets it."""
     want = {
         "OMP_NUM_THREADS": str(CUDA_PART_THREADS),
         COMPILE_THREADS: "1",
@@ -317,8 +306,7 @@ def merged_records(parts: list[Part]) -> list[dict]:
 
 
 def part_records(parts: list[Part]) -> list[dict]:
-    """The parts for results.json's run.parts: name, GPU, when it started (None: never), seconds
-    (actual and expected), exit status, and where its seconds went (time_split)."""
+    """The parts for results.json's run.parts."""
     return [
         {
             "part": p.name,

@@ -27,8 +27,16 @@ from hypothesis import settings
 from harness.core.results import REFUSALS_CHECK, CaseResult, summary_table, test_record
 from harness.report import environment, results_json, write_run
 from harness.report.progress import Progress
-from harness.run import ci_shards, isolation, record_mode, workers
-from harness.run.run_info import INTERRUPTED, RunInfo, default_id, started_now
+from harness.run import (
+    INTERRUPTED,
+    RunInfo,
+    ci_shards,
+    default_id,
+    isolation,
+    record_mode,
+    started_now,
+    workers,
+)
 from harness.run.speed import variant_shards
 from harness.run.speed.settings import RECORD_ENV
 from harness.run.suite import Target

@@ -8,9 +8,8 @@ forced on, on the CPU, against the exact reference over the cache's values (code
   exact reference over them rounded into the case dtype: what dequantizing into it alone does),
   `native_rounded` (native over the rounded values: a fallback's whole computation) and
   `quantization` (the exact output over the unquantized K/V: the error the rule must not count);
-- each CPU backend's error over the budget of three candidate rules: `rule`, the harness's own
-  verdict, k * (native + rounded_kv) + noise; `native_rounded`, k * native_rounded + noise;
-  `native_only`, k * native + noise. torch_native and flex_eager dequantize into the case dtype
+- each CPU backend's error over the budget of three candidate rules (`budgets` in `measure`:
+  `rule` is the harness's own verdict). torch_native and flex_eager dequantize into the case dtype
   as an SDPA fallback does; torch_split reads the codes as they are, k_scale folded into the
   softmax scale and v_scale on the output, as FlashInfer does.
 The same cases without the FP8 cache follow, for comparison. docs/design.md quotes the numbers.

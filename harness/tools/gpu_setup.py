@@ -1,13 +1,10 @@
 """`make check`'s GPU set-up: on a machine with a GPU, install the `gpu` extra or fail naming what failed.
 
-    python -m harness.tools.gpu_setup [--gpu auto|no] [--pip PIP]
-
-Run by the Makefile with the venv's Python, after torch and the project are installed. A GPU is
-there when `nvidia-smi -L` lists one or torch sees CUDA. Then each requirement of the `gpu` extra
-(pyproject.toml: the supported ranges of flashinfer_versions.RANGE and flash_attn_versions.FA4_RANGE)
-is installed on its own, so a failure names its package, and the set-up ends with a line of the
-CUDA backends it made available. Without a GPU (or with --gpu no) it installs nothing and says so,
-so a fresh GPU runner cannot pass green with every FlashInfer and FA4 test a "not installed" skip.
+Run by the Makefile with the venv's Python, after torch and the project are installed. With a GPU,
+each requirement of the `gpu` extra (pyproject.toml) is installed on its own, so a failure names its
+package, and the set-up ends with the CUDA backends it made available. Without a GPU (or with --gpu
+no) it installs nothing and says so, so a fresh GPU runner cannot pass green with every FlashInfer
+and FA4 test a "not installed" skip.
 """
 
 from __future__ import annotations
@@ -26,7 +23,7 @@ EXTRA = re.compile(r";\s*extra\s*==\s*['\"]gpu['\"]\s*$")
 
 
 def gpu_present(nvidia_smi: str | None, cuda_available: Callable[[], bool]) -> bool:
-    """Whether this machine has a GPU: `nvidia-smi -L` lists one, or torch sees CUDA."""
+    """Whether this machine has a GPU."""
     if nvidia_smi is not None:
         try:
             res = subprocess.run([nvidia_smi, "-L"], capture_output=True, text=True, timeout=60)
@@ -43,7 +40,7 @@ def gpu_requirements(requires: list[str] | None) -> list[str]:
 
 
 def install(requirements: list[str], pip: list[str], run: Callable[[list[str]], int]) -> list[str]:
-    """pip-install each requirement on its own; returns the failed ones, each with pip's exit status."""
+    """pip-install each requirement on its own; the failed ones, with pip's exit status."""
     failed = []
     for req in requirements:
         rc = run([*pip, "install", "-q", req])

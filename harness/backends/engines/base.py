@@ -197,13 +197,3 @@ def engine_backends() -> dict[str, Callable[[], Backend]]:
                 raise ValueError(f"engine backend name {name!r} is declared twice ({module_name})")
             found[name] = factory
     return found
-
-
-def installed_engines() -> dict[str, str | None]:
-    """engine name -> installed release (None: not installed), for every engine with an adapter."""
-    out: dict[str, str | None] = {}
-    for factory in engine_backends().values():
-        backend = factory()
-        if isinstance(backend, EngineAdapter):
-            out[backend.engine.name] = backend.release()
-    return dict(sorted(out.items()))

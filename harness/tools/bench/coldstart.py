@@ -1,13 +1,8 @@
 """The bench's coldstart section: `make check`'s cost on a fresh runner, kept measured.
 
-Runs `python -m harness check` (the profile and backends given; on CUDA it compiles its JIT variants
-beside the check, harness/run/speed/warm_gate.py) twice as a child process: first in a fresh, empty cache
-directory (every JIT variant compiles), then again with that directory as the first run left it, as a
-CI job restores its saved cache to the same path. Each run's row gives the command's wall time, how
-long the warm-up ran within it and what it compiled, the CPU time of the check and every process
-it started (what bounds a cold run: divided by the cores, a floor on its wall time), and the cache's
-size per library. The library variables are taken out of the child's environment, so a cache the
-user pointed elsewhere (harness/run/cache_dir.py) cannot make the cold run warm.
+Runs `python -m harness check` (on CUDA its warm-up compiles the JIT variants beside it) twice as a
+child process: first in a fresh, empty cache directory (every JIT variant compiles), then again with
+that directory as the first run left it, as a CI job restores its saved cache to the same path.
 """
 
 from __future__ import annotations
@@ -26,23 +21,26 @@ RUNS = ("cold", "warm")
 
 @dataclass(kw_only=True)
 class ColdStartRow:
-    run: str  # cold (an empty cache directory) or warm (the same directory after the cold run)
+    """One run's row; docs/bench.md ("coldstart[]") gives each field."""
+
+    run: str  # cold or warm
     profile: str
     backends: list[str]  # empty: every backend, as make check
-    seconds: float = 0.0  # the check command's wall time: what `make check` costs
-    warmup_seconds: float | None = None  # how long its warm-up ran beside it (None: none ran, no CUDA)
-    compiled: int = 0  # variants the warm-up compiled
-    warmup_failed: int = 0  # variants the warm-up could not compile
-    exit: int | None = None  # the check's exit status; None past the time limit
-    cpu_seconds: float = 0.0  # user + system CPU of the check and its descendants (all waited for)
-    cores: int = 1  # CPUs of this machine: cpu_seconds / cores is the run's floor if fully packed
+    seconds: float = 0.0
+    warmup_seconds: float | None = None  # None: no warm-up ran (no CUDA)
+    compiled: int = 0
+    warmup_failed: int = 0
+    exit: int | None = None  # None past the time limit
+    cpu_seconds: float = 0.0  # of the check and its descendants
+    cores: int = 1
     cache_bytes: dict[str, int] = field(default_factory=dict)  # per subdirectory of the cache
-    warmup_summary: list[str] = field(default_factory=list)  # the warm-up's table
-    reason: str = ""  # why the run failed: its output's tail
+    warmup_summary: list[str] = field(default_factory=list)
+    reason: str = ""
 
 
 def child_env(environ: dict[str, str]) -> dict[str, str]:
-    """The environment without the compile-cache variables: each child derives them from --cache-dir."""
+    """The environment without the compile-cache variables (each child derives them from --cache-dir),
+    so a cache the user pointed elsewhere cannot make the cold run warm."""
     drop = {cache_dir.ENV, cache_dir.OWNED_ENV, cache_dir.FA4_SWITCH, *(v for _, v, _ in cache_dir.LIBRARIES)}
     return {k: v for k, v in environ.items() if k not in drop}
 

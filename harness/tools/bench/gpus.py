@@ -4,22 +4,11 @@
 as a CI job does with its cache directory restored: first a priming `check` over every GPU (it
 compiles what the cache lacks and saves the measured costs the schedule reads; run again once when it
 compiled, since a run that compiled saves none), then `check --gpus <first>` and `check --gpus <all>`,
-each with its default jobs (one per two cores, at most eight a GPU); that pair once more when either
-was mis-planned (its bounding part took far longer than its plan gave it: a cost the schedule had
-wrong, which the run then saved), so the speedup compares GPU counts, not plans. A row gives the
-command's wall time and CPU time, its plan (processes, jobs, expected wall time), each GPU's busy
-time (the sum of its parts' seconds, from its results.json, which is kept beside the bench's JSON),
-its longest part and every part. The `all` row adds the speedup (the one-GPU wall over its own)
-against SPEEDUP_TARGET, and what bounds it: the longest part when it takes most of the wall time (more GPUs
-only help through more shards), the host when the check kept most of its cores busy (more GPUs add
-no cores), slower cases when the same cases took longer in their own seconds than on one GPU (its
-processes slowed each other, or more shards each repeated a process's first-use work: a trace, a
-plan per shape), time outside cases when a large share of its parts' seconds went outside their
-cases (each process's start, its isolation worker, drawing: more parts pay more of it), else the
-load (the parts' sum over the slots). Two ceilings put numbers on those bounds: the speedup had both
-checks packed their parts' seconds perfectly into their slots (`speedup_packed`), and had their parts
-besides spent nothing outside their cases (`speedup_cases`: only the cases' own seconds and each
-command's time outside its parts); the target is out of reach of any schedule above `speedup_cases`.
+each with its default jobs; that pair once more when either was mis-planned (`misplanned`: a cost
+the schedule had wrong, which the run then saved), so the speedup compares GPU counts, not plans.
+The `all` row adds the speedup against SPEEDUP_TARGET, what bounds it (`judge`) and two ceilings
+(`ceiling`): the target is out of reach of any schedule above `speedup_cases`. docs/bench.md ("gpus")
+gives every field and bound, and why each.
 """
 
 from __future__ import annotations

@@ -17,8 +17,8 @@ import torch
 from packaging.version import Version
 
 from harness.backends.base import BackendOutput, Capabilities
+from harness.backends.engines.vllm import CPU_BLOCKS_OF_32, CPU_SINKS_FLOAT32
 from harness.backends.engines.vllm.driver import CPU_ENGINE, VllmEngine
-from harness.backends.engines.vllm.versions import CPU_BLOCKS_OF_32, CPU_SINKS_FLOAT32
 from harness.core.batch import Batch
 from harness.core.modes import Mode
 

@@ -25,7 +25,7 @@ import torch
 
 from harness.backends.base import BackendOutput
 from harness.backends.engines.base import Engine, EngineAdapter, StandIn, model_dir
-from harness.backends.engines.vllm.versions import CPU_RANGE, GPU_RANGE
+from harness.backends.engines.vllm import CPU_RANGE, GPU_RANGE
 from harness.core.batch import Batch
 from harness.core.case import Case
 from harness.core.modes import Mode

@@ -22,9 +22,9 @@ import torch
 from packaging.version import Version
 
 from harness.backends.base import Capabilities
+from harness.backends.engines.vllm import FLASHINFER_SM90_WINDOWS
 from harness.backends.engines.vllm.driver import GPU_ENGINE, VllmEngine
 from harness.backends.engines.vllm.graph import GRAPH_WHY, VllmGraph, graph_modes_for
-from harness.backends.engines.vllm.versions import FLASHINFER_SM90_WINDOWS
 from harness.core.modes import Mode
 
 GPU_WHY = {

@@ -4,8 +4,8 @@ After a library's warm-up ends with nothing failed, `<cache root>/warmup/<librar
 key (the profile, the harness's own source, the installed packages and the GPU) and the backends it
 served. A later warm-up of the same key for some of those backends skips the library: a CI job that
 restores its cache for the same commit pays no recording run and no variant runs (minutes of a
-restored check). Any change to the harness's source, a package or
-the GPU re-runs it, and it then compiles only what the cache lacks. Deleting the file forces it.
+restored check). Any change to the harness's source, a package or the GPU re-runs it, and it then
+compiles only what the cache lacks. Deleting the file forces it.
 """
 
 from __future__ import annotations
@@ -39,8 +39,8 @@ PACKAGES = (
 
 @cache  # once per process: each library's warm-up asks
 def source_digest() -> str:
-    """sha256 of every .py file of the harness package (the suite, cases/, ships inside it when
-    installed) and of the checkout's cases/ when there is one: what the warm-up draws and compiles."""
+    """sha256 of every .py file of the harness package (with the suite, cases/, when installed) and of
+    the checkout's cases/: what the warm-up draws and compiles."""
     roots = [Path(harness.__file__).resolve().parent]
     checkout = roots[0].parent / "cases"
     if checkout.is_dir():
@@ -80,8 +80,7 @@ def path(root: Path, library: str) -> Path:
 
 
 def found(root: Path, library: str, want: dict[str, str], backends: Sequence[str]) -> dict | None:
-    """The stamp of `library` under cache root `root` if it has key `want` and served every one of
-    `backends`; None otherwise (absent, unreadable, another key)."""
+    """The stamp of `library` under `root` if it has key `want` and served all `backends`, else None."""
     try:
         doc = json.loads(path(root, library).read_text())
     except (OSError, ValueError):
