@@ -2,7 +2,8 @@
 
 A broken install is a fake package at the front of sys.path that raises when imported (as a kernel
 library built against another torch does); this CPU machine is the host without CUDA. Adapters are
-declared runnable on the CPU (tests/cpu_declared.py) so that their library is probed here.
+declared runnable on the CPU (`fa2` below is one for `module:factory` specs) so that their library is
+probed here, in this process or in the pytest process a `check` starts.
 """
 
 from __future__ import annotations
@@ -59,6 +60,10 @@ def site(tmp_path, monkeypatch):
 def on_cpu(backend):
     backend.capabilities = dataclasses.replace(backend.capabilities, devices=frozenset({"cpu"}))
     return backend
+
+
+def fa2() -> backends.Backend:
+    return on_cpu(backends.load("fa2"))
 
 
 # --- the library probe ----------------------------------------------------------------------------
@@ -184,7 +189,7 @@ def test_a_broken_install_fails_the_suite_instead_of_skipping_it(site, tmp_path)
     (before: every test skipped with "does not import", exit 0)."""
     site("flash_attn", BROKEN)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site.path), str(ROOT)])}
-    argv = ["check", "--backend", "tests.cpu_declared:fa2", "--device", "cpu", "--family", "decode"]
+    argv = ["check", "--backend", "tests.test_availability:fa2", "--device", "cpu", "--family", "decode"]
     argv += ["--reports", str(tmp_path / "reports"), "--no-progress"]
     proc = subprocess.run(
         [sys.executable, "-m", "harness", *argv], cwd=ROOT, env=env, capture_output=True, text=True
@@ -197,7 +202,7 @@ def test_a_broken_install_fails_the_suite_instead_of_skipping_it(site, tmp_path)
 
 def test_list_shows_a_broken_backend_as_broken_and_exits_1(site, capsys):
     site("flash_attn", BROKEN)
-    assert main(["list", "--backend", "tests.cpu_declared:fa2"]) == 1
+    assert main(["list", "--backend", "tests.test_availability:fa2"]) == 1
     out = capsys.readouterr().out
     assert f"  cpu: broken: flash_attn is installed but does not import: ImportError: {UNDEFINED}" in out
 
@@ -219,11 +224,11 @@ def suite_run(monkeypatch):
 def test_check_require_names_each_unavailable_backend_and_runs_nothing(site, suite_run, capsys, tmp_path):
     site("flash_attn", BROKEN)
     argv = ["check", "--device", "cpu", "--reports", str(tmp_path), "--require"]
-    assert main(argv + ["torch_native,fa3", "--require", "tests.cpu_declared:fa2"]) == 2
+    assert main(argv + ["torch_native,fa3", "--require", "tests.test_availability:fa2"]) == 2
     err = capsys.readouterr().err.splitlines()
     assert err == [
         "error: required backend fa3 is unavailable on cpu: fa3 does not run on cpu",
-        "error: required backend tests.cpu_declared:fa2 is broken on cpu: flash_attn is installed but "
+        "error: required backend tests.test_availability:fa2 is broken on cpu: flash_attn is installed but "
         f"does not import: ImportError: {UNDEFINED}",
     ]
     assert not suite_run
@@ -263,6 +268,6 @@ def test_repro_that_checked_nothing_exits_3_with_the_reason(capsys, monkeypatch)
 
 def test_repro_on_a_broken_backend_exits_1_saying_broken(site, capsys):
     site("flash_attn", BROKEN)
-    assert main(["repro", GOOD, "--backend", "tests.cpu_declared:fa2", "--device", "cpu"]) == 1
+    assert main(["repro", GOOD, "--backend", "tests.test_availability:fa2", "--device", "cpu"]) == 1
     out = capsys.readouterr().out
-    assert "tests.cpu_declared:fa2 on cpu: BROKEN: flash_attn is installed but does not import" in out
+    assert "tests.test_availability:fa2 on cpu: BROKEN: flash_attn is installed but does not import" in out
