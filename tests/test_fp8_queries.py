@@ -1,7 +1,9 @@
 """A backend that casts its queries to an FP8 cache's dtype (`fp8_queries`, as sglang's FA3 backend
 does): judged over the rounded queries it is judged fairly, and a kernel wrong beyond that rounding
 still fails. The stand-ins are torch_native with the cast in front (eager) and flashinfer_dec_tc
-under the FlashInfer fake with the cast inside its captured forward (replay)."""
+under the FlashInfer fake with the cast inside its captured forward (replay).
+The FP8 noise tool (harness/tools/fp8_noise.py) reports the same judgement: its `rule` column is the
+harness's own verdict."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import pytest
 import torch
 
 from harness import backends
+from harness.backends import load
 from harness.backends.base import Capabilities
 from harness.backends.engines.sglang.fa3 import FA3
 from harness.backends.engines.vllm.gpu import FLASH_ATTN
@@ -24,7 +27,9 @@ from harness.core.case import Case, Request
 from harness.core.graph_case import GraphCase
 from harness.core.modes import Mode
 from harness.run.listing import describe_backend
+from harness.tools import fp8_noise
 from tests import flashinfer_fake as fake
+from tests import helpers
 
 CAST = "the adapter's run() casts batch.q to the cache's dtype (scale 1) before attention"
 
@@ -210,3 +215,15 @@ def test_the_replay_check_judges_a_declared_replay_over_the_rounded_queries(fi):
     res = replay_result(backend, g, "cpu")
     assert res.status == "pass", res.reason
     assert replay_result(fake.on_cpu(backends.load("flashinfer_dec_tc")), g, "cpu").status == "pass"
+
+
+def test_the_rule_column_is_the_checks_err_over_budget_and_the_cases_carry_an_fp8_cache():
+    fp8 = dict(kv_dtype="float8_e4m3fn", k_scale=0.0173, v_scale=3.7)
+    c = helpers.case("EXTEND", ((30, 9),), window_left=6, **fp8)
+    row = fp8_noise.measure(c, ("torch_native",))
+    got = row["backends"]["torch_native"]
+    verdict = check_case(load("torch_native"), c).verdict
+    assert got["err"] == verdict.err and got["rule"] == pytest.approx(verdict.ratio)
+    assert row["rounded_kv"] > 0 and row["quantization"] > 10 * row["native"]
+    drawn = fp8_noise.fp8_cases(4, "ci")
+    assert drawn and all(d.kv_dtype is not None for d in drawn)

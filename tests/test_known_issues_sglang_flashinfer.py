@@ -1,17 +1,58 @@
 """sglang's FlashInferAttnBackend: a soft cap given to forward() only, a ragged prefill planned without
 its window, and a cached FP8 prefix read without its scales, are expected failures of sglang_flashinfer
-on the release they were seen on, where FlashInfer
-called as sglang calls it is wrong on the case too (the FlashInfer fake computes what plan() compiled)."""
+on the release they were seen on, where FlashInfer called as sglang calls it is wrong on the case too
+(the FlashInfer fake computes what plan() compiled). The cases are those sglang_flashinfer failed on an
+H200 (sglang 0.5.17, flashinfer-python 0.6.18.post1), as their repro lines give them;
+tests/test_known_issues_gpu.py judges them with FlashInfer itself."""
 
 import pytest
 
 from harness.checks import engine_confirm, known_issues
 from harness.checks.numeric import check_case
-from harness.core.case import Request
+from harness.core.case import Case, Request
 from harness.core.graph_case import GraphCase
 from harness.mutants import by_name
 from tests import flashinfer_fake as fake
-from tests.sglang_flashinfer_cases import CAPPED_DECODE, CHUNK_OVER_WINDOW, FP8_PREFIX
+
+# A soft cap of 30 at queries of amplitude 30 (float16), given to forward() only.
+CAPPED_DECODE = Case(
+    mode="DECODE",
+    requests=(Request(62, 1),) * 3,
+    num_q_heads=8,
+    num_kv_heads=2,
+    head_dim=64,
+    dtype="float16",
+    soft_cap=30.0,
+    q_amplitude=30.0,
+    page_size=16,
+    page_layout="interleaved",
+    seed=1179,
+)
+# The catalogue's chunk_over_window: a chunk of new tokens wider than the window, after a prefix.
+CHUNK_OVER_WINDOW = Case(
+    mode="EXTEND",
+    requests=(Request(40, 30), Request(3, 20)),
+    num_q_heads=8,
+    num_kv_heads=2,
+    head_dim=64,
+    window_left=7,
+    page_size=16,
+)
+# The FP8 prefix case sglang_flashinfer failed (err 123 against 0.0425): one cached token, one new,
+# V written at a scale of 0.0173 and read back unscaled.
+FP8_PREFIX = Case(
+    mode="EXTEND",
+    requests=(Request(1, 1),),
+    num_q_heads=4,
+    num_kv_heads=4,
+    head_dim=64,
+    dtype="bfloat16",
+    window_left=28,
+    page_size=16,
+    kv_dtype="float8_e4m3fn",
+    k_scale=1.0,
+    v_scale=0.0173,
+)
 
 
 def issue(issue_id: str) -> known_issues.KnownIssue:
