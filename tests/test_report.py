@@ -25,8 +25,8 @@ from harness.report import (
 )
 from harness.report.progress import Progress
 from tests.helpers import case
-from tests.pngdecode import decode
 from tests.report_helpers import sample_document, sample_document_text
+from tests.test_report_browser import decode
 
 
 def by_status(doc, status):
