@@ -3,7 +3,7 @@ its window, and a cached FP8 prefix read without its scales, are expected failur
 on the release they were seen on, where FlashInfer called as sglang calls it is wrong on the case too
 (the FlashInfer fake computes what plan() compiled). The cases are those sglang_flashinfer failed on an
 H200 (sglang 0.5.17, flashinfer-python 0.6.18.post1), as their repro lines give them;
-tests/test_known_issues_gpu.py judges them with FlashInfer itself."""
+tests/test_flashinfer_gpu.py judges them with FlashInfer itself."""
 
 import pytest
 

@@ -95,7 +95,7 @@ def test_the_fake_posing_as_0_6_refuses_what_0_6_lacks(monkeypatch):
 @pytest.mark.parametrize("name", FLASHINFER)
 def test_the_adapters_pass_no_keyword_a_supported_release_lacks(monkeypatch, name):
     """Every plan/run/__init__ an adapter makes, recorded on 0.7.2.post1 (which takes them all): none
-    of the keywords some supported release lacks. The 0.6.18.post1 runs (test_flashinfer_fake_runs)
+    of the keywords some supported release lacks. The 0.6.18.post1 runs (in test_flashinfer_glue)
     would raise on one; this names it."""
     fake.install(monkeypatch, "0.7.2.post1")
     res = check_case(fake.on_cpu(backends.load(name)), ONE_CASE[name], "cpu")
