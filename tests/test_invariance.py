@@ -65,7 +65,7 @@ def test_only_promised_in_deterministic_mode():
 
 
 def test_deterministic_keyword_selects_exactly_the_invariance_suite():
-    from tests.test_suite_keywords import FAMILY_TEST, collect
+    from tests.test_catalogue import FAMILY_TEST, collect
 
     ids = collect("deterministic")
     assert ids and all("::test_deterministic[" in i for i in ids)
