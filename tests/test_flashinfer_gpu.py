@@ -46,7 +46,7 @@ from harness.core.graph_case import GraphCase
 from harness.mutants import by_name, catalogue, hunt
 from harness.mutants.flashinfer import CAUGHT_BY_INVARIANCE
 from harness.search import profiles
-from tests.test_known_issues_sglang_flashinfer import CAPPED_DECODE, CHUNK_OVER_WINDOW, FP8_PREFIX
+from tests.test_known_issues import CAPPED_DECODE, CHUNK_OVER_WINDOW, FP8_PREFIX
 
 SKIP = (
     "no CUDA device: torch.cuda.is_available() is False"
