@@ -3,8 +3,6 @@ the glue takes, that a release outside is broken (an error) and one inside avail
 adapters pass no keyword a supported release lacks, and that `list` and the report say where the
 installed release stands."""
 
-from __future__ import annotations
-
 import dataclasses
 import sys
 import types
@@ -24,20 +22,18 @@ from harness.report import environment
 from tests import flashinfer_fake as fake
 
 FLASHINFER = [n for n in backends.names() if n.startswith("flashinfer")]
+
+
+def one(mode: str, request: Request, **fields) -> Case:
+    return Case(mode=mode, requests=(request,), head_dim=64, **fields)
+
+
 ONE_CASE = {  # one case each adapter runs, with every option that reaches plan() or run()
-    "flashinfer_ragged": Case(
-        mode="EXTEND", requests=(Request(20, 9),), window_left=5, soft_cap=5.0, head_dim=64
-    ),
-    "flashinfer_paged": Case(
-        mode="EXTEND", requests=(Request(20, 9),), window_left=5, sinks=True, head_dim=64
-    ),
-    "flashinfer_dec_cc": Case(mode="DECODE", requests=(Request(20, 1),), window_left=5, head_dim=64),
-    "flashinfer_dec_tc": Case(
-        mode="DRAFT_EXTEND_V2", requests=(Request(20, 3),), deterministic=True, head_dim=64
-    ),
-    "flashinfer_enc": Case(
-        mode="CROSS", requests=(Request(0, 3, 9),), kv_dtype="float8_e4m3fn", k_scale=0.5, head_dim=64
-    ),
+    "flashinfer_ragged": one("EXTEND", Request(20, 9), window_left=5, soft_cap=5.0),
+    "flashinfer_paged": one("EXTEND", Request(20, 9), window_left=5, sinks=True),
+    "flashinfer_dec_cc": one("DECODE", Request(20, 1), window_left=5),
+    "flashinfer_dec_tc": one("DRAFT_EXTEND_V2", Request(20, 3), deterministic=True),
+    "flashinfer_enc": one("CROSS", Request(0, 3, 9), kv_dtype="float8_e4m3fn", k_scale=0.5),
 }
 
 
