@@ -6,7 +6,7 @@ harness/run/speed/warmup/flashinfer.py uses. Each `Difference` says where it is 
 wheel) and what the glue does about it (docs/flashinfer.md has them as a table). Every adapter asks
 RANGE before it runs (`why_unavailable` in flashinfer_glue.py); `list` and the report show the
 installed release against it. The keywords the adapters pass are the same in every supported
-release: none of `KEYWORDS_SINCE` is passed (tests/test_versions.py checks the recorded calls, and
+release: none of `KEYWORDS_SINCE` is passed (tests/test_availability.py checks the recorded calls, and
 tests/test_flashinfer_glue.py runs the adapters on a fake posing as 0.6.18.post1).
 """
 
