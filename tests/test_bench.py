@@ -137,7 +137,7 @@ def test_the_json_has_every_section_with_its_documented_fields(tmp_path, monkeyp
 
     (d,) = doc["detection"]
     assert DETECTION <= set(d) and d["mutant"] == FAST_MUTANT and d["outcome"] == "caught"
-    # what seconds and hunt_seconds time: tests/test_mutants_cli.py, on a clock moved by hand
+    # what seconds and hunt_seconds time: tests/test_mutants.py, on a clock moved by hand
     assert d["seed_class"] is True and d["examples"] >= 1 and d["status"] == "fail"
 
 
