@@ -2,7 +2,7 @@
 
 from importlib import metadata
 
-# The release this source is; pyproject.toml's `version` says the same (tests/test_version.py).
+# The release this source is; pyproject.toml's `version` says the same (tests/test_install.py).
 SOURCE_VERSION = "0.1.0"
 
 

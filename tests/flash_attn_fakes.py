@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 import torch
 
 from harness.backends import graphs
-from tests.fake_attention import attend
+from tests.flashinfer_fake import attend
 
 TILE_N = 128  # FA4's key tile at head_dim 128 on sm90 (interface._tile_size_fwd_sm90)
 

@@ -1,25 +1,34 @@
 """`python -m harness bench`: every section's rows and fields, honest counts, timeouts as rows, a mix
-that replays, and clear errors. Small sizes only: the bench's numbers are measured, not asserted."""
+that replays, and clear errors. Small sizes only: the bench's numbers are measured, not asserted.
+The coldstart section runs against a stand-in harness: the check (its warm-up beside it) in a fresh
+cache directory and then with it warm, the children free of the parent's cache variables, and a
+failed compile or check reported and failing the bench."""
+
+from __future__ import annotations
 
 import dataclasses
 import json
+import multiprocessing
+import os
 import statistics
+import sys
+import time
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
 
-from harness import hunts
-from harness.backends import load
+from harness import cli, hunts
+from harness.backends import Backend, load
 from harness.cli import main
 from harness.core import timing
 from harness.core.modes import Mode
 from harness.mutants import by_name
 from harness.run.workers import Outcome
 from harness.tools import bench
-from harness.tools.bench import opcount, throughput
+from harness.tools.bench import coldstart, harness_child, opcount, throughput
 from harness.tools.bench import phases as bench_phases
-from harness.tools.bench import throughput as processes
 from harness.tools.bench.cases import MAX_BATCH, MAX_TOKENS, MIX_SHAPE, mix
 from harness.tools.bench.scale import SCALE_WINDOW, scale_row
 from harness.tools.bench.table import render
@@ -127,7 +136,7 @@ def test_the_json_has_every_section_with_its_documented_fields(tmp_path, monkeyp
 
     (d,) = doc["detection"]
     assert DETECTION <= set(d) and d["mutant"] == FAST_MUTANT and d["outcome"] == "caught"
-    # what seconds and hunt_seconds time: tests/test_mutants_cli.py, on a clock moved by hand
+    # what seconds and hunt_seconds time: tests/test_mutants.py, on a clock moved by hand
     assert d["seed_class"] is True and d["examples"] >= 1 and d["status"] == "fail"
 
 
@@ -276,7 +285,40 @@ def test_help_and_bad_input(capsys):
     assert "unknown section 'speed'" in capsys.readouterr().err
 
 
-# --- throughput in several processes (tests/bench_workers.py: backends that misbehave in workers)
+# --- throughput in several processes: backends loaded by their `module:factory` spec in each worker
+# process (named bench-worker-W); the parent gets plain torch_native, a worker the misbehaviour.
+
+LATE_S = 4.0
+
+
+def _worker() -> int | None:
+    name = multiprocessing.current_process().name
+    return int(name.rsplit("-", 1)[1]) if name.startswith("bench-worker-") else None
+
+
+def dies_in_worker_0() -> Backend:
+    """Worker 0 exits at once, without a word; worker 1 warms up and waits at the barrier."""
+    if _worker() == 0:
+        os._exit(3)
+    return load("torch_native")
+
+
+def raises_in_worker_1() -> Backend:
+    if _worker() == 1:
+        raise RuntimeError("no backend in worker 1")
+    return load("torch_native")
+
+
+def late_worker_1() -> Backend:
+    """Worker 1 starts LATE_S seconds after worker 0: only the barrier keeps that out of a pass."""
+    if _worker() == 1:
+        time.sleep(LATE_S)
+    return load("torch_native")
+
+
+def broken_in_workers() -> Backend:
+    """Correct in the parent's passes, the window bug in the workers'."""
+    return by_name("torch_native~window_ignored").make() if _worker() is not None else load("torch_native")
 
 
 def test_workers_measure_the_mix_in_that_many_processes_too(tmp_path, capsys):
@@ -300,7 +342,7 @@ def test_a_pass_runs_from_the_barrier_not_from_a_late_workers_start():
     ended, each later pass after every worker ended the one before, and a pass's wall time spans
     its workers' passes. Every case is checked once per pass, by its worker, and comes back in its
     place in the mix."""
-    backend = load("tests.bench_workers:late_worker_1")
+    backend = load("tests.test_bench:late_worker_1")
     cases = mix(0, 5, backend.capabilities, max_tokens=64)
     par = parallel_passes(backend, "cpu", cases, workers=2, repeat=2)
     assert par.error == "" and len(par.walls) == len(par.spans) == 2 and len(par.ready) == 2
@@ -335,7 +377,7 @@ def test_workers_get_the_threads_a_check_gives_its_parts(monkeypatch, device, en
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     monkeypatch.delenv("TORCHINDUCTOR_COMPILE_THREADS", raising=False)
     monkeypatch.delenv("MAX_JOBS", raising=False)
-    monkeypatch.setattr(processes, "Worker", NoWorker)
+    monkeypatch.setattr(throughput, "Worker", NoWorker)
     par = parallel_passes(load("torch_native"), device, [], workers=2, repeat=1)
     assert made == [env, env] and par.error.startswith("worker 0: ")
 
@@ -345,11 +387,11 @@ def test_workers_get_the_threads_a_check_gives_its_parts(monkeypatch, device, en
     [
         ("dies_in_worker_0", "worker 0 exited with code 3"),
         ("raises_in_worker_1", "worker 1: harness.backends.BackendError: backend "
-         "'tests.bench_workers:raises_in_worker_1': its factory raised RuntimeError"),
+         "'tests.test_bench:raises_in_worker_1': its factory raised RuntimeError"),
     ],
 )
 def test_a_worker_that_fails_ends_the_wait_and_fails_the_bench(factory, error):
-    backend = load(f"tests.bench_workers:{factory}")
+    backend = load(f"tests.test_bench:{factory}")
     cases = mix(0, 4, backend.capabilities, max_tokens=64)
     row, _ = measure_backend(backend, "cpu", cases, ("throughput",), repeat=1, workers=2)
     # the failure ended the wait, not the 600 s of a silent worker ("reported nothing for 600 s")
@@ -361,9 +403,114 @@ def test_a_worker_that_fails_ends_the_wait_and_fails_the_bench(factory, error):
 
 
 def test_a_case_failing_only_in_a_parallel_pass_is_a_failure():
-    backend = load("tests.bench_workers:broken_in_workers")
+    backend = load("tests.test_bench:broken_in_workers")
     cases = mix(0, 10, backend.capabilities, max_tokens=128)
     row, _ = measure_backend(backend, "cpu", cases, ("throughput",), repeat=1, workers=2)
     assert row.reason == "" and row.parallel_cases_per_s > 0
     assert row.failed >= 1 and row.failures[0]["status"] == "fail"
     assert bench.passed({"throughput": [dataclasses.asdict(row)]}) is False
+
+
+# --- coldstart (against a stand-in harness, coldstart_fake_harness.py)
+
+
+FAKE = Path(__file__).with_name("coldstart_fake_harness.py")
+FIELDS = {
+    "run",
+    "profile",
+    "backends",
+    "seconds",
+    "warmup_seconds",
+    "compiled",
+    "warmup_failed",
+    "exit",
+    "cpu_seconds",
+    "cores",
+    "cache_bytes",
+    "warmup_summary",
+    "reason",
+}
+
+
+def _fake(monkeypatch, tmp_path) -> list[Path]:
+    """The stand-in harness, its temporary directories kept in a list for the test to inspect."""
+    monkeypatch.setattr(harness_child, "HARNESS", [sys.executable, str(FAKE)])
+    made: list[Path] = []
+    real = coldstart.tempfile.mkdtemp
+
+    def mkdtemp(prefix: str) -> str:
+        made.append(Path(real(prefix=prefix, dir=tmp_path)))
+        return str(made[-1])
+
+    monkeypatch.setattr(coldstart.tempfile, "mkdtemp", mkdtemp)
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "users-own"))
+    return made
+
+
+def test_cold_then_warm_in_one_fresh_directory(monkeypatch, tmp_path, capsys):
+    made = _fake(monkeypatch, tmp_path)
+    out = tmp_path / "bench.json"
+    argv = ["bench", "--device", "cpu", "--backend", "torch_native", "--section", "coldstart"]
+    assert cli.main(argv + ["--json", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    cold, warm = doc["coldstart"]
+    assert set(cold) == FIELDS and (cold["run"], warm["run"]) == ("cold", "warm")
+    assert (cold["compiled"], warm["compiled"]) == (2, 0)
+    assert cold["exit"] == warm["exit"] == 0 and cold["warmup_failed"] == warm["warmup_failed"] == 0
+    assert cold["warmup_seconds"] == 3.0 and cold["seconds"] > 0
+    assert cold["cache_bytes"] == warm["cache_bytes"] == {"fake": 2000}
+    assert cold["profile"] == "ci" and cold["backends"] == ["torch_native"]
+    assert cold["warmup_summary"] == ["library  variants  compiled", "fake  2  2"]
+    (tmp,) = made
+    assert not tmp.exists()  # the temporary cache is removed
+    text = capsys.readouterr().out
+    assert "coldstart: check --profile ci (torch_native)" in text
+    assert f"floor s ({os.cpu_count()} cores)" in text
+    assert "cache by library: fake 0 MiB" in text
+
+
+def test_a_runs_cpu_counts_the_processes_its_check_started(monkeypatch, tmp_path):
+    """Each run's CPU includes what the check's own children burned (the fake's "compile" child), and
+    no more than the machine could give it in its wall time."""
+    made = _fake(monkeypatch, tmp_path)
+    monkeypatch.setattr(coldstart.shutil, "rmtree", lambda p, ignore_errors: None)
+    rows = coldstart.coldstart("cpu", ["torch_native"], 60.0)
+    (tmp,) = made
+    burned = [float(x) for x in (tmp / "cpu.log").read_text().split()]
+    assert len(burned) == 2
+    for row, child in zip(rows, burned):
+        assert child >= 0.3 and row.cpu_seconds >= child, (row.run, row.cpu_seconds, child)
+        assert row.cpu_seconds <= row.seconds * row.cores and row.cores == os.cpu_count()
+
+
+def test_the_children_get_only_the_cache_dir_and_run_in_order(monkeypatch, tmp_path):
+    made = _fake(monkeypatch, tmp_path)
+    seen: list[str] = []
+    monkeypatch.setattr(coldstart.shutil, "rmtree", lambda p, ignore_errors: seen.append(str(p)))
+    rows = coldstart.coldstart("cpu", None, 60.0)
+    (tmp,) = made
+    calls = (tmp / "calls.log").read_text().splitlines()
+    assert [c.split()[0] for c in calls] == ["check", "check"]  # one command each, as make check
+    assert all(c.endswith("leaked=") for c in calls), calls  # no cache variable from the parent
+    assert all(f"--cache-dir {tmp / 'cache'} --profile ci" in c for c in calls)
+    assert "--device cpu" in calls[1] and "--backend" not in calls[1]
+    assert [r.exit for r in rows] == [0, 0] and seen == [str(tmp)]
+
+
+def test_a_failed_compile_or_check_is_a_row_with_its_reason_and_fails_the_bench(monkeypatch, tmp_path):
+    _fake(monkeypatch, tmp_path)
+    monkeypatch.setenv("FAKE_WARMUP_FAILED", "1")
+    rows = coldstart.coldstart("cpu", ["torch_native"], 60.0)
+    assert [r.warmup_failed for r in rows] == [1, 1] and [r.exit for r in rows] == [0, 0]
+    assert rows[0].reason.startswith("check exit 0, 1 variants failed to compile:")
+    doc = {"coldstart": [vars(r) for r in rows]}
+    assert bench.passed(doc) is False
+    assert "  cold: check exit 0, 1 variants failed to compile:" in render(doc)
+    monkeypatch.setenv("FAKE_WARMUP_FAILED", "0")
+    monkeypatch.setenv("FAKE_CHECK_EXIT", "1")
+    rows = coldstart.coldstart("cpu", ["torch_native"], 60.0)
+    assert [r.exit for r in rows] == [1, 1] and bench.passed({"coldstart": [vars(r) for r in rows]}) is False
+
+
+def test_coldstart_runs_only_when_asked_for():
+    assert "coldstart" in bench.SECTIONS and "coldstart" not in bench.DEFAULT_SECTIONS

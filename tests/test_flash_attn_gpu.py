@@ -1,4 +1,5 @@
-"""On the GPU: fa4's injected glue bugs are caught on the real kernel, and fa4 is batch-invariant.
+"""On the GPU: fa4's injected glue bugs are caught on the real kernel, fa4 is batch-invariant, and the
+known issue of vLLM's FA3 under graphs confirms where the suite failed.
 
 Each fa4 mutant is hunted with the suite's own strategies under the `gpu` profile (bf16,
 head_dim 128). One case per FA4 code path (the verify-tree mask_mod and the hybrid-pool
@@ -6,23 +7,34 @@ translation among them) must pass, and prints what its first call cost (JIT comp
 from FA4's disk cache). Cases run in the harness's isolated worker, so a device fault is a
 result. Skipped, with the reason, without CUDA or without flash-attn-4 (setup.sh prints whether
 its CuTe DSL libraries were unpacked).
-"""
+
+On a Hopper GPU with vLLM's CUDA build the FA3 graph window entry confirms on the graphs the suite failed
+and not where FA3 plans the capture and the replays alike. vllm-fa3-graph-window-metadata: a replay whose
+requests all fit the window is planned by FA3 without it (and, at one query per request and a head size
+of 64 or less, without the causal mask), the capture at max_model_len with it. The suite's failing graphs
+on an H200 (vllm 0.26.0) were window 0, 4 heads of 32, one request of one key (next_token-swa; spec-swa
+the same as a verify of one draft). Skipped, with the reason, without CUDA or vLLM's FA3."""
 
 from __future__ import annotations
 
 import time
 
 import pytest
+import torch
 
 from harness.backends.flash_attn_fa4 import FA4
+from harness.checks import library
+from harness.checks.engine_confirm import vllm_fa3_graph_window_metadata as confirm
 from harness.core.case import Case, Request
+from harness.core.graph_case import GraphCase
 from harness.mutants import hunt
 from harness.mutants.flash_attn import MUTANTS
 from harness.run import isolation
 from harness.search import profiles
 
 SKIP = FA4().available("cuda")
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(SKIP is not None, reason=f"fa4 unavailable: {SKIP}")]
+pytestmark = pytest.mark.gpu
+ON_FA4 = pytest.mark.skipif(SKIP is not None, reason=f"fa4 unavailable: {SKIP}")
 
 GPU = dict(head_dim=128, num_q_heads=8, num_kv_heads=2)
 TREE = (-1, 0, 0, 1, 2)
@@ -64,6 +76,7 @@ HUNTS = [(m, f) for m in MUTANTS for f in m.families]
 SHRINK_RUNS = 40  # each new shrink candidate may compile a kernel variant: bound the GPU time
 
 
+@ON_FA4
 @pytest.mark.parametrize("label", list(PATHS))
 def test_each_path_passes_and_its_first_call_pays_the_jit(label):
     fa4, c = FA4(), PATHS[label]
@@ -79,6 +92,7 @@ def test_each_path_passes_and_its_first_call_pays_the_jit(label):
     assert first.status == "pass" and again.status == "pass", first.failure_text() + again.failure_text()
 
 
+@ON_FA4
 @pytest.mark.parametrize("label", sorted(INVARIANT))
 def test_fa4_is_batch_invariant(label):
     res = isolation.check_invariant(FA4(), INVARIANT[label], "cuda", 4096, 512)
@@ -86,6 +100,7 @@ def test_fa4_is_batch_invariant(label):
     assert res.status == "pass", res.reason
 
 
+@ON_FA4
 @pytest.mark.parametrize("mutant,family", HUNTS, ids=[f"{m.name.split('~')[1]}@{f}" for m, f in HUNTS])
 def test_fa4_mutant_is_caught(mutant, family):
     profiles.load("gpu")
@@ -103,3 +118,40 @@ def test_fa4_mutant_is_caught(mutant, family):
     assert d.caught, f"mutant {mutant.name} ({mutant.bug}) survived {d.examples} examples of {family}"
     if "untranslated" in mutant.name:  # a poison read or a crash, never a numeric near-miss
         assert d.status == "crash" or "NaN" in d.reason, d.reason
+
+
+NO_VLLM_FA3 = (
+    "no CUDA device: torch.cuda.is_available() is False"
+    if not torch.cuda.is_available()
+    else None
+    if library("vllm.vllm_flash_attn") is not None
+    else "vLLM's CUDA build (vllm.vllm_flash_attn) is not installed"
+)
+ON_VLLM_FA3 = pytest.mark.skipif(NO_VLLM_FA3 is not None, reason=str(NO_VLLM_FA3))
+
+LAYER = dict(num_q_heads=4, num_kv_heads=4, head_dim=32, dtype="bfloat16", window_left=0)
+
+
+def decode(*prefixes: int, **fields) -> Case:
+    return Case(mode="DECODE", requests=tuple(Request(p, 1) for p in prefixes), **{**LAYER, **fields})
+
+
+@ON_VLLM_FA3
+def test_the_fa3_graph_window_issue_confirms_on_the_suites_failing_graphs():
+    assert confirm(GraphCase((decode(0), decode(0)), 1, 1), "cuda")  # next_token-swa
+    verify = Case(mode="TARGET_VERIFY", requests=(Request(0, 1, tree=(-1,)),), **LAYER)
+    assert confirm(GraphCase((verify, verify), 1, 2), "cuda")  # spec-swa
+
+
+@ON_VLLM_FA3
+@pytest.mark.parametrize(
+    "g",
+    [
+        GraphCase((decode(0, head_dim=128), decode(0, head_dim=128)), 1, 1),  # FA3 keeps causal at 128
+        GraphCase((decode(1), decode(3, 5)), 2, 40),  # every replay past the window
+        GraphCase((decode(0, window_left=-1),), 1, 1),  # no window
+    ],
+    ids=["head_dim_128", "past_the_window", "no_window"],
+)
+def test_the_fa3_graph_window_issue_does_not_confirm_where_the_plans_agree(g):
+    assert not confirm(g, "cuda")

@@ -6,12 +6,27 @@ prefix pass reads from the first query's window and masks by global position; ev
 in deterministic mode, the split parameters reach plan() on every path; the SWA pool is read
 through translated page ids; LSE comes back in natural log. The fake (tests/flashinfer_fake.py)
 records the calls; the GPU run checks the real library.
-"""
+
+The FlashInfer adapters end to end on the CPU, with the computing fake standing in for the kernels.
+
+Each adapter must pass the numeric check on the cases that stress its glue (windows binding in
+prefix and extend, empty and page-aligned prefixes, the hybrid pool, HND pages, trees, sinks,
+cross-attention in both phases), and each numeric mutant must be caught by the suite's search.
+This shows the glue is right under FlashInfer's semantics as the fake models them; the GPU run
+(tests/test_flashinfer_gpu.py, the suite) shows it against the kernels themselves.
+
+The warm-up's probes: every JIT variant the gpu profile and the pinned cases need, one module each.
+
+Phase 1 of `python -m harness.run.speed.warmup.flashinfer` learns which module a probe needs by stopping it
+at its first module load, so each probe must need exactly one module and must be a case its
+adapter runs. Checked here on the recording fake; the device run builds them."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import sys
+from types import ModuleType, SimpleNamespace
 
 import pytest
 import torch
@@ -19,9 +34,15 @@ import torch
 from harness import backends
 from harness.backends import flashinfer_glue as glue
 from harness.backends.flashinfer_glue import paged_kv_table
+from harness.checks.numeric import check_case
 from harness.core.batch import build_batch, make_inputs
 from harness.core.case import Case, Request, case_traits
-from harness.mutants import by_name
+from harness.mutants import by_name, hunt
+from harness.mutants.flashinfer import MUTANTS
+from harness.run.speed.warmup import flashinfer as flashinfer_warmup
+from harness.run.speed.warmup.flashinfer import GPU_VARIANT, coverage_cases, module_probes, pinned_cases
+from harness.run.speed.warmup.ninja import Module
+from harness.search import profiles
 from tests import flashinfer_fake as fake
 
 NAMES = ["flashinfer_ragged", "flashinfer_paged", "flashinfer_dec_cc", "flashinfer_dec_tc", "flashinfer_enc"]
@@ -373,3 +394,315 @@ def test_the_ln_merge_mutant_is_a_correct_merge_fed_the_wrong_base(fi):
     )
     wrong, _ = mutant.merge(o_a, s_a, o_b, s_b)
     assert (wrong.float() - right.float()).abs().max() > 0.1
+
+
+H = dict(head_dim=64)
+E4M3 = dict(kv_dtype="float8_e4m3fn", k_scale=0.0173, v_scale=3.7)
+E5M2 = dict(kv_dtype="float8_e5m2", k_scale=0.5, v_scale=0.0173)
+
+
+CASES = [
+    (
+        "flashinfer_ragged",
+        Case(mode="EXTEND", requests=(Request(40, 30), Request(3, 20), Request(0, 5)), window_left=7, **H),
+    ),
+    ("flashinfer_ragged", Case(mode="EXTEND", requests=(Request(64, 3),), window_left=0, **H)),
+    (
+        "flashinfer_ragged",
+        Case(mode="EXTEND", requests=(Request(0, 30),), window_left=3, soft_cap=5.0, q_amplitude=8.0, **H),
+    ),
+    (
+        "flashinfer_ragged",
+        Case(
+            mode="EXTEND",
+            requests=(Request(70, 30), Request(33, 20)),
+            window_left=9,
+            hybrid_swa_pool=True,
+            kv_layout="HND",
+            **H,
+        ),
+    ),
+    (
+        "flashinfer_paged",
+        Case(mode="EXTEND", requests=(Request(40, 30), Request(3, 20)), window_left=7, sinks=True, **H),
+    ),
+    (
+        "flashinfer_paged",
+        Case(mode="DRAFT_EXTEND_V2", requests=(Request(33, 4), Request(16, 4)), page_size=1, **H),
+    ),
+    (
+        "flashinfer_paged",
+        Case(
+            mode="TARGET_VERIFY",
+            requests=(Request(50, 5, tree=(-1, 0, 0, 1, 2)),),
+            window_left=9,
+            hybrid_swa_pool=True,
+            **H,
+        ),
+    ),
+    (
+        "flashinfer_paged",
+        Case(
+            mode="TARGET_VERIFY",
+            requests=(Request(50, 5, tree=(-1, 0, 0, 1, 2)), Request(7, 5, tree=(-1, 0, 1, 1, 0))),
+            window_left=2,
+            kv_layout="HND",
+            **H,
+        ),
+    ),
+    (
+        "flashinfer_dec_cc",
+        Case(mode="DECODE", requests=(Request(50, 1), Request(3, 1)), window_left=9, soft_cap=30.0, **H),
+    ),
+    (
+        "flashinfer_dec_tc",
+        Case(
+            mode="DECODE",
+            requests=(Request(50, 1), Request(3, 1)),
+            window_left=9,
+            hybrid_swa_pool=True,
+            deterministic=True,
+            **H,
+        ),
+    ),
+    (
+        "flashinfer_dec_tc",
+        Case(mode="TARGET_VERIFY", requests=(Request(50, 4, tree=(-1, 0, 1, 2)),), window_left=2, **H),
+    ),
+    (
+        "flashinfer_dec_tc",
+        Case(
+            mode="DRAFT_EXTEND_V2",
+            requests=(Request(33, 4), Request(16, 4)),
+            window_left=5,
+            page_size=32,
+            **H,
+        ),
+    ),
+    (
+        "flashinfer_enc",
+        Case(mode="CROSS", requests=(Request(0, 5, 30), Request(0, 3, 17)), soft_cap=5.0, **H),
+    ),
+    (
+        "flashinfer_enc",
+        Case(mode="CROSS", requests=(Request(9, 1, 30), Request(4, 1, 17)), deterministic=True, **H),
+    ),
+    (
+        "flashinfer_ragged",
+        Case(mode="ENCODER_ONLY", requests=(Request(0, 30), Request(0, 7), Request(0, 1)), **H),
+    ),
+    (
+        "flashinfer_ragged",
+        Case(
+            mode="ENCODER_ONLY",
+            requests=(Request(0, 40), Request(0, 9)),
+            window_left=5,
+            hybrid_swa_pool=True,
+            kv_layout="HND",
+            **H,
+        ),
+    ),
+    (
+        "flashinfer_paged",
+        Case(
+            mode="ENCODER_ONLY", requests=(Request(0, 33), Request(0, 16)), window_left=4, soft_cap=5.0, **H
+        ),
+    ),
+    (
+        "flashinfer_paged",
+        Case(mode="ENCODER_ONLY", requests=(Request(0, 20), Request(0, 3)), sinks=True, page_size=1, **H),
+    ),
+    (
+        "flashinfer_ragged",
+        Case(
+            mode="EXTEND",
+            requests=(Request(70, 30), Request(33, 20)),
+            window_left=9,
+            hybrid_swa_pool=True,
+            **H,
+            **E4M3,
+        ),
+    ),
+    (
+        "flashinfer_paged",
+        Case(mode="EXTEND", requests=(Request(40, 30), Request(3, 20)), sinks=True, **H, **E5M2),
+    ),
+    (
+        "flashinfer_paged",
+        Case(
+            mode="TARGET_VERIFY",
+            requests=(Request(50, 5, tree=(-1, 0, 0, 1, 2)),),
+            window_left=9,
+            **H,
+            **E4M3,
+        ),
+    ),
+    (
+        "flashinfer_dec_cc",
+        Case(mode="DECODE", requests=(Request(50, 1), Request(3, 1)), soft_cap=30.0, **H, **E5M2),
+    ),
+    (
+        "flashinfer_dec_tc",
+        Case(mode="DRAFT_EXTEND_V2", requests=(Request(33, 4), Request(16, 4)), kv_layout="HND", **H, **E4M3),
+    ),
+    ("flashinfer_enc", Case(mode="CROSS", requests=(Request(0, 5, 30), Request(9, 3, 17)), **H, **E5M2)),
+]
+
+
+@pytest.mark.parametrize("release", ["0.7.2.post1", "0.6.18.post1"])
+@pytest.mark.parametrize("name,case", CASES, ids=[f"{n}-{c.mode}-{i}" for i, (n, c) in enumerate(CASES)])
+def test_adapter_passes_under_the_fake(fi, monkeypatch, name, case, release):
+    """On both tested releases: the fake posing as 0.6.18.post1 refuses the keywords 0.6 lacks."""
+    fake.install(monkeypatch, release)
+    res = check_case(fake.on_cpu(backends.load(name)), case, "cpu")
+    assert res.status == "pass", res.failure_text()
+    assert res.verdict.lse_err is not None or case.sinks  # LSE checked wherever there are no sinks
+
+
+def test_encoder_prefill_is_planned_non_causal_with_the_left_window(fi):
+    """ENCODER_ONLY as an engine plans it: causal=False, window_left on a windowed layer; the ragged
+    path has no cached prefix to read or merge; the paged path writes the K/V to the pool first."""
+    c = Case(mode="ENCODER_ONLY", requests=(Request(0, 30), Request(0, 7)), window_left=5, **H)
+    assert check_case(fake.on_cpu(backends.load("flashinfer_ragged")), c, "cpu").status == "pass"
+    (plan,) = fake.calls("ragged.plan")
+    assert plan["causal"] is False and plan["window_left"] == 5
+    assert not fake.calls("paged.plan") and not fake.calls("merge_state")
+    fake.reset()
+    paged = fake.on_cpu(backends.load("flashinfer_paged"))
+    assert check_case(paged, c.replace(window_left=-1), "cpu").status == "pass"
+    (plan,) = fake.calls("paged.plan")
+    assert plan["causal"] is False and plan["window_left"] == -1
+    assert plan["seq_lens"].tolist() == [30, 7]
+
+
+def test_a_two_sided_window_is_a_skip_with_the_reason(fi):
+    c = Case(mode="ENCODER_ONLY", requests=(Request(0, 30),), window_left=5, window_right=2, **H)
+    for name in ("flashinfer_ragged", "flashinfer_paged"):
+        why = backends.load(name).supports(c)
+        assert why and "window_left only" in why, (name, why)
+        assert backends.load(name).supports(c.replace(window_right=-1)) is None
+
+
+NUMERIC = [m for m in MUTANTS if m.check == "numeric"]
+
+
+def _cpu(make):
+    return lambda: fake.on_cpu(make())
+
+
+@pytest.mark.parametrize("mutant", NUMERIC, ids=[m.name.split("~")[1] for m in NUMERIC])
+def test_numeric_mutant_is_caught_under_the_fake(fi, mutant):
+    profiles.load("ci")
+    d = hunt(dataclasses.replace(mutant, device="cpu", make=_cpu(mutant.make)), mutant.families[0])
+    assert d.caught, f"{mutant.name} survived {d.examples} examples: {mutant.bug}"
+    print(f"{mutant.name}: {d.examples} examples, {d.seconds:.1f}s, shrunk to {d.shrunk.to_json()}")
+
+
+def test_sink_variants_sharing_flashinfers_module_name_each_run_their_own_kernel(fi):
+    """FlashInfer names the AttentionSink module without the KV dtype or head dims (known issue
+    flashinfer-sink-module-name; the fake, as the library, runs the first-loaded variant for another
+    of the same name). The adapter's wrapper adds them to the name, so a bf16 then an FP8 sink case,
+    and a head_dim 64 then 128 one, all pass in one process."""
+    from harness.backends.flashinfer_glue import sink_wrapper_class
+
+    first = fake.BatchAttentionWithAttentionSinkWrapper(None, kv_data_type=fake.torch.bfloat16)
+    second = fake.BatchAttentionWithAttentionSinkWrapper(None, kv_data_type=fake.torch.float8_e4m3fn)
+    assert not first._wrong_module and second._wrong_module  # the library's collision, modelled
+    fake.reset()
+    backend = fake.on_cpu(backends.load("flashinfer_paged"))
+    bf16 = Case(mode="EXTEND", requests=(Request(3, 1), Request(0, 2)), sinks=True, **H)
+    for case in (bf16, bf16.replace(**E4M3), bf16.replace(**E5M2), bf16.replace(head_dim=128)):
+        res = check_case(backend, case, "cpu")
+        assert res.status == "pass", (case.kv_dtype, case.head_dim, res.reason)
+    assert len(fake.MODULES) == 4 and all("_kv_" in name for name in fake.MODULES)
+    assert issubclass(sink_wrapper_class(fake), fake.BatchAttentionWithAttentionSinkWrapper)
+
+
+PROBES = [p for p in module_probes() if p.backend]
+
+
+def test_the_gpu_profile_variants_are_all_probed():
+    labels = {p.label for p in module_probes()}
+    tag = ",".join(map(str, GPU_VARIANT))
+    for swa in (False, True):
+        assert f"sink[{tag},swa={swa}]" in labels
+        for cap in (False, True):
+            assert {f"prefill[{tag},swa={swa},cap={cap}]", f"decode_cc[{tag},swa={swa},cap={cap}]"} <= labels
+    assert {"cascade", "packbits"} <= labels
+    for kv in ("float8_e4m3fn", "float8_e5m2"):  # an FP8 cache: the same variants over FP8 K/V
+        fp8 = f"{tag},kv={kv}"
+        assert {f"sink[{fp8},swa=True]", f"prefill[{fp8},swa=True,cap=True]"} <= labels
+        assert f"decode_cc[{fp8},swa=False,cap=True]" in labels
+
+
+def test_pinned_cases_get_probes_for_their_own_dtype_and_head_dim():
+    pins = pinned_cases()
+    assert pins, "harness/search/pinned.py pins cases that the FlashInfer adapters run"
+    for _, case in pins:
+        assert any(p.case.head_dim == case.head_dim and p.case.dtype == case.dtype for p in PROBES), case
+
+
+@pytest.mark.parametrize("probe", PROBES, ids=[p.label for p in PROBES])
+def test_each_probe_runs_and_needs_one_module(monkeypatch, probe):
+    fake.install(monkeypatch)
+    backend = fake.on_cpu(backends.load(probe.backend))
+    assert backend.supports(probe.case) is None
+    backend.run(build_batch(probe.case, make_inputs(probe.case), "cpu"))
+    inits = [(w, a) for w, a in fake.CALLS if w.endswith(".init")]
+    plans = [(w, a) for w, a in fake.CALLS if w.endswith(".plan")]
+    assert len(inits) == len(plans) == 1 and not fake.calls("merge_state"), fake.CALLS
+    (what, args), (_, plan) = inits[0], plans[0]
+    assert plan.get("custom_mask") is None  # no mask: the mask packer is a module of its own
+    if probe.label.startswith("decode_cc"):
+        assert what == "decode.init" and not args["use_tensor_cores"]
+    elif probe.label.startswith("sink"):
+        assert "head_dim_qk" in args  # the AttentionSink wrapper
+    else:
+        assert what == "paged.init" and "head_dim_qk" not in args
+    assert plan["kv_data_type"] == getattr(torch, probe.case.kv_dtype or probe.case.dtype)
+
+
+def test_coverage_runs_only_supported_cases_and_every_mode():
+    cases = coverage_cases()
+    assert all(backends.load(n).supports(c) is None for n, c in cases)
+    assert {(n, str(c.mode)) for n, c in cases} >= {
+        ("flashinfer_ragged", "EXTEND"),
+        ("flashinfer_paged", "TARGET_VERIFY"),
+        ("flashinfer_dec_cc", "DECODE"),
+        ("flashinfer_dec_tc", "DRAFT_EXTEND_V2"),
+        ("flashinfer_enc", "CROSS"),
+    }
+
+
+def test_the_plan_writes_each_modules_build_file_and_leaves_prebuilt_ones(monkeypatch, tmp_path):
+    """ninja_plan (run in the warm-up's worker): each module found gets its build.ninja written and
+    its paths resolved (its outputs are resolved paths); a prebuilt one is left to FlashInfer; a
+    module that ninja does not build is an error naming it."""
+    written: list[str] = []
+    jit = tmp_path / "jit"
+    (tmp_path / "link").symlink_to(tmp_path)
+
+    def spec(name, is_aot=False):  # FlashInfer's JitSpecNvcc, as far as the plan reads it
+        build_dir = tmp_path / "link" / "jit" / name
+        return SimpleNamespace(
+            name=name,
+            is_aot=is_aot,
+            write_ninja=lambda: written.append(name),
+            ninja_path=build_dir / "build.ninja",
+            build_dir=build_dir,
+            jit_library_path=build_dir / f"{name}.so",
+        )
+
+    specs = {"b": spec("b"), "a": spec("a"), "pre": spec("pre", is_aot=True)}
+    monkeypatch.setattr(flashinfer_warmup, "discover_specs", lambda probes: specs)
+    monkeypatch.setitem(sys.modules, "flashinfer", ModuleType("flashinfer"))
+    jit_env = SimpleNamespace(FLASHINFER_JIT_DIR=tmp_path / "link" / "jit")
+    monkeypatch.setitem(sys.modules, "flashinfer.jit", SimpleNamespace(env=jit_env))
+    plan = flashinfer_warmup.ninja_plan([])
+    assert written == ["a", "b"] and plan.prebuilt == ("pre",)
+    a = jit.resolve() / "a"
+    assert plan.root == str(jit.resolve())
+    assert plan.modules[0] == Module("a", str(a / "build.ninja"), str(a), str(a / "a.so"))
+    specs["cute"] = SimpleNamespace(name="cute")
+    with pytest.raises(TypeError, match="module cute is a SimpleNamespace, not built by ninja"):
+        flashinfer_warmup.ninja_plan([])

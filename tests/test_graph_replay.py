@@ -378,7 +378,7 @@ def test_flashinfer_paged_refuses_deterministic_mode_under_a_graph_with_the_meas
 
 def graph_library_confirms(monkeypatch, wrong: bool = True) -> None:
     """The graph entry's confirmation stubbed: FlashInfer called directly on the GraphCase is `wrong`
-    (the fake does not model the library's bug; tests/test_known_issues_gpu.py runs the real one)."""
+    (the fake does not model the library's bug; tests/test_flashinfer_gpu.py runs the real one)."""
     stand_in = [
         dataclasses.replace(i, confirm=lambda g, device: wrong) if i.on_replay else i
         for i in known_issues.KNOWN_ISSUES

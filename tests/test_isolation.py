@@ -16,6 +16,7 @@ import torch
 from harness import backends
 from harness.backends.torch_native import TorchNative
 from harness.checks.numeric import check_case
+from harness.core.results import CaseResult
 from harness.mutants import by_name, hunt
 from harness.run import isolation
 from harness.run.speed import settings
@@ -87,14 +88,8 @@ def runner():
 
 def test_crash_and_hang_are_results_and_the_run_goes_on(runner):
     seq = [
-        (TorchNative(), "pass"),
-        (Aborts(), "crash"),
-        (TorchNative(), "pass"),
-        (Sleeps(), "pass"),
-        (Sleeps(), "hang"),
-        (TorchNative(), "pass"),
-        (Segfaults(), "crash"),
-        (RaisesCudaError(), "crash"),
+        (TorchNative(), "pass"), (Aborts(), "crash"), (TorchNative(), "pass"), (Sleeps(), "pass"),
+        (Sleeps(), "hang"), (TorchNative(), "pass"), (Segfaults(), "crash"), (RaisesCudaError(), "crash"),
         (TorchNative(), "pass"),
     ]
     results = [
@@ -137,14 +132,8 @@ def test_a_crash_keeps_its_fatal_line_after_a_long_extension_module_list(runner)
 
 def excused_crash(backend, case, device):
     """What a check returns when a known library issue excuses a crash: xfail, keeping the traceback."""
-    from harness.core.results import CaseResult
-
     return CaseResult(
-        status="xfail",
-        backend=backend.name,
-        device=device,
-        case=case,
-        reason="known issue x",
+        status="xfail", backend=backend.name, device=device, case=case, reason="known issue x",
         extra={"traceback": "T"},
     )
 
@@ -163,15 +152,10 @@ def test_a_crash_a_known_issue_excuses_still_retires_its_worker(runner):
 def case_process(backend, case, device):
     """A check that reports the process it ran in and when that process started, in seconds since
     boot (/proc/self/stat's start time, as /proc/uptime counts)."""
-    from harness.core.results import CaseResult
-
     ticks = int(open("/proc/self/stat").read().rsplit(")", 1)[1].split()[19])
     started = ticks / os.sysconf("SC_CLK_TCK")
     return CaseResult(
-        status="pass",
-        backend=backend.name,
-        device=device,
-        case=case,
+        status="pass", backend=backend.name, device=device, case=case,
         extra={"pid": os.getpid(), "started": started},
     )
 
@@ -275,11 +259,7 @@ def test_gpu_exact_pool_untranslated_read_is_a_crash_and_the_run_continues():
     mutant = by_name("torch_native~swa_untranslated_exact").make()
     runner = isolation.IsolatedRunner()
     try:
-        res = [
-            runner.run(check_case, TorchNative(), EXACT, "cuda"),
-            runner.run(check_case, mutant, EXACT, "cuda"),
-            runner.run(check_case, TorchNative(), EXACT, "cuda"),
-        ]
+        res = [runner.run(check_case, b, EXACT, "cuda") for b in (TorchNative(), mutant, TorchNative())]
     finally:
         runner.close()
     print("\n".join(f"{r.backend}: {r.status.upper()}: {r.reason[:300]}" for r in res))

@@ -15,7 +15,6 @@ from harness.core.case import Case, Request
 from harness.core.graph_case import GraphCase
 from harness.mutants import by_name
 from harness.report import results_json, trend
-from harness.report import trend as draws
 from harness.run import check
 from harness.run.suite import Target, run_family
 from harness.search import kept, profiles
@@ -85,7 +84,7 @@ def test_the_drawn_set_has_a_fingerprint_and_the_trend_says_when_two_runs_differ
     assert a["run"]["draws"] != c["run"]["draws"]
     assert "the same 2 cases drawn" in trend.compare(a, b).line()
     assert "another set of cases drawn: 1" in trend.compare(c, a).line()
-    assert draws.fingerprint([]) == {"fingerprint": draws.fingerprint([])["fingerprint"], "cases": 0}
+    assert trend.fingerprint([]) == {"fingerprint": trend.fingerprint([])["fingerprint"], "cases": 0}
 
 
 @pytest.fixture

@@ -1,9 +1,10 @@
 """The model-level check: the engine's cache and metadata, the scenario, the rule, and that it fails.
-
-The passing runs live in the suite (cases/test_model.py); here each part is shown able to fail.
-"""
+The passing runs live in the suite (cases/test_model.py); here each part is shown able to fail. Its
+table (python -m harness.checks.model.table): a worker that dies is a crash row, and the rest still runs."""
 
 import math
+import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -12,6 +13,7 @@ from harness.backends import load
 from harness.backends.base import BackendOutput, Capabilities
 from harness.backends.torch_native import TorchNative
 from harness.checks.model import check as M
+from harness.checks.model import table as model_table
 from harness.checks.model.engine import PagedKVCache, Work
 from harness.checks.model.serving import ATTN_NAME, register, serve, together
 from harness.core import pool
@@ -19,6 +21,7 @@ from harness.core.batch import Inputs
 from harness.core.case import Case
 from harness.core.modes import Mode
 from harness.mutants import by_name, catalogue
+from harness.run.workers import Worker
 from references.torch_ref import reference
 from tests.helpers import AttendsOverACopy
 
@@ -285,3 +288,48 @@ def test_experts_fall_back_to_the_loop_where_transformers_lacks_batched_mm():
                 raise ValueError(f"Specified `experts_implementation={name!r}` is not supported")
 
     assert M.set_experts(Old()) == "eager" and calls == ["batched_mm", "eager"]
+
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+class _Dies(TorchNative):
+    name = "dies"
+
+    def run(self, batch):
+        if batch.mode == Mode.DECODE:
+            os._exit(7)  # as a process killed by an illegal memory access would vanish
+        return super().run(batch)
+
+
+def test_a_dying_worker_becomes_a_crash_row_and_the_next_job_runs(monkeypatch):
+    monkeypatch.chdir(ROOT)
+    jobs = [("tests.test_model:_Dies", "mistral"), ("torch_native", "mistral")]
+    rows = model_table.run_jobs(jobs, "cpu", timeout=300)
+    assert [(r.backend, r.status) for r in rows] == [
+        ("tests.test_model:_Dies", "crash"),
+        ("torch_native", "pass"),
+    ]
+    assert "worker exited with status 7" in rows[0].reason
+    assert "bitwise equal" in rows[1].deterministic
+
+
+def test_jobs_run_in_the_callers_worker_which_stays_running(monkeypatch):
+    """The suite passes its isolation worker: the jobs run in that process (the dying job ends it,
+    the next job starts it again) and it is left running for the suite's next case."""
+    monkeypatch.chdir(ROOT)
+    worker = Worker("model-table-test")
+    try:
+        worker.start()
+        jobs = [("tests.test_model:_Dies", "mistral"), ("torch_native", "mistral")]
+        rows = model_table.run_jobs(jobs, "cpu", timeout=300, worker=worker)
+        assert [r.status for r in rows] == ["crash", "pass"]
+        assert worker.started == 2  # its first process died in the first job; the second ran the next
+        assert worker.proc is not None and worker.proc.is_alive()
+    finally:
+        worker.stop()
+
+
+def test_fallback_summary_groups_steps_by_reason():
+    text = M.fallback_summary({"decode 1": "no DECODE", "decode 2": "no DECODE", "verify tree": "no trees"})
+    assert text == "decode 1, decode 2: no DECODE; verify tree: no trees"

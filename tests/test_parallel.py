@@ -245,7 +245,7 @@ def test_check_asks_each_unmeasured_backend_whether_it_runs_here(monkeypatch, tm
         ]
 
     monkeypatch.setattr(parallel, "run", fake_run)
-    names = ["fa2", "tests.variant_keyed:native"]
+    names = ["fa2", "tests.test_variant_shards:native"]
     job = check.Prepared(cmd=["pytest"], env={}, names=names, jobs=2, gpus=[], run_dir=tmp_path / "run",
                          profile="gpu", results=None, selection="sel", cwd=tmp_path, command_line="check")
     assert check.run_parallel(job) == 0

@@ -1,5 +1,6 @@
 """The reference against a naive float64 loop, its chunking, and its memory bound."""
 
+import dataclasses
 import math
 import subprocess
 import sys
@@ -9,14 +10,15 @@ import torch
 from hypothesis import given, settings
 
 from harness.backends import load
-from harness.core.batch import make_inputs
+from harness.core.batch import Inputs, make_inputs
 from harness.core.modes import FAMILIES
 from harness.search.profiles import SIZES
 from harness.search.strategies import cases
 from harness.tools.bench.cases import mix
 from references import torch_ref
+from references.masks import RequestMask, case_masks
 from references.torch_ref import reference
-from tests.helpers import case
+from tests.helpers import batch_of, case
 
 
 def naive(c, inputs):
@@ -79,20 +81,17 @@ def naive(c, inputs):
 CAPS = load("torch_native").capabilities
 
 
+def fixed(examples: int) -> settings:
+    """Same draws every run."""
+    return settings(max_examples=examples, derandomize=True, database=None, deadline=None)
+
+
 @pytest.mark.parametrize("family", FAMILIES)
 def test_reference_matches_the_naive_loop(family):
-    tiny = SIZES["ci"].__class__(
-        **{
-            **SIZES["ci"].__dict__,
-            "max_prefix": 24,
-            "max_extend": 8,
-            "max_encoder": 10,
-            "max_batch": 2,
-            "max_window": 6,
-        }
-    )
+    small = dict(max_prefix=24, max_extend=8, max_encoder=10, max_batch=2, max_window=6)
+    tiny = dataclasses.replace(SIZES["ci"], **small)
 
-    @settings(max_examples=8, derandomize=True, database=None, deadline=None)
+    @fixed(8)
     @given(cases(family, family != "cross", CAPS, tiny))
     def check(drawn):
         variants = [drawn]
@@ -133,7 +132,7 @@ def test_the_padded_batch_agrees_with_the_loop_in_both_precisions(family):
     rounding to the case dtype (a score, a probability or an output element), which moves the
     output by a fraction of the dtype's eps at its scale (at most 0.28 eps over 300 ci and dev cases)."""
 
-    @settings(max_examples=10, derandomize=True, database=None, deadline=None)
+    @fixed(10)
     @given(cases(family, family != "cross", CAPS, SIZES["ci"]))
     def check(c):
         inputs = make_inputs(c)
@@ -145,7 +144,7 @@ def test_the_padded_batch_agrees_with_the_loop_in_both_precisions(family):
             if precision == "exact":
                 assert torch.allclose(loop.out, pad.out, atol=1e-12, rtol=0)
                 assert torch.allclose(loop.lse[fin], pad.lse[fin], atol=1e-12, rtol=0)
-            else:  # a rounding flip moves the output within one eps of its scale (measured: 0.28 eps)
+            else:
                 eps = torch.finfo(getattr(torch, c.dtype)).eps
                 assert (loop.out - pad.out).abs().max() <= eps * max(1.0, float(loop.out.abs().max()))
                 assert ((loop.lse - pad.lse)[fin].abs() <= eps * (loop.lse[fin].abs() + 1)).all()
@@ -158,7 +157,7 @@ def test_both_precisions_in_one_call_equal_two_calls(padded):
     """A check asks for exact and native in one call, which shares the padded mask and inputs: the
     sharing must not change either result (bit for bit)."""
 
-    @settings(max_examples=6, derandomize=True, database=None, deadline=None)
+    @fixed(6)
     @given(cases("verify" if padded else "prefix", True, CAPS, SIZES["ci"]))
     def check(c):
         inputs = make_inputs(c)
@@ -173,9 +172,7 @@ def test_both_precisions_in_one_call_equal_two_calls(padded):
 def test_precisions_sharing_one_accumulation_dtype_share_inputs_without_changing_results():
     """On a GPU exact and native both accumulate in float32 and share the converted inputs; neither
     may write into them (native scales its own copy of q): together == apart, bit for bit."""
-    from references.masks import case_masks
-
-    @settings(max_examples=6, derandomize=True, database=None, deadline=None)
+    @fixed(6)
     @given(cases("prefix", True, CAPS, SIZES["ci"]))
     def check(c):
         inputs = make_inputs(c)
@@ -190,8 +187,6 @@ def test_precisions_sharing_one_accumulation_dtype_share_inputs_without_changing
 
 
 def test_padded_elements_counts_the_padded_score_tensor():
-    from references.masks import case_masks
-
     c = case("EXTEND", ((10, 3), (0, 7)), num_q_heads=4, num_kv_heads=2)
     assert torch_ref.padded_elements(case_masks(c), 4) == 2 * 4 * 7 * 13
 
@@ -217,16 +212,14 @@ def test_chunking_gives_the_same_answer(monkeypatch):
 
 def test_blocks_stay_bounded_and_windowed_blocks_are_skipped(monkeypatch):
     """No score block is larger than the block size, and a window limits the keys visited."""
-    from references import masks
-
     seen = []
-    orig = masks.RequestMask.block
+    orig = RequestMask.block
 
     def spy(self, q0, q1, k0, k1):
         seen.append((q1 - q0, k1 - k0, k0))
         return orig(self, q0, q1, k0, k1)
 
-    monkeypatch.setattr(masks.RequestMask, "block", spy)
+    monkeypatch.setattr(RequestMask, "block", spy)
     monkeypatch.setattr(torch_ref, "block_sizes", lambda device: (64, 128))
     c = case("EXTEND", ((0, 2048),), window_left=100, num_q_heads=2, num_kv_heads=1)
     reference(c, make_inputs(c))
@@ -269,14 +262,8 @@ def test_rounding_held_past_the_range_rounds_within_it_as_a_cast_does():
 
 
 def test_a_row_with_no_visible_key_is_zero_with_lse_minus_inf():
-    from references.masks import RequestMask
-
     m = RequestMask(
-        query_pos=torch.tensor([0]),
-        key_pos=torch.tensor([1, 2]),
-        window_left=-1,
-        causal=True,
-        num_prefix=2,
+        query_pos=torch.tensor([0]), key_pos=torch.tensor([1, 2]), window_left=-1, causal=True, num_prefix=2,
         draft_visible=None,
     )
     q = torch.randn(1, 2, 8)
@@ -294,7 +281,6 @@ def test_unknown_precision_is_rejected():
 MEMORY_PROBE = """
 import resource, sys, time, torch
 from harness.core.batch import make_inputs
-from harness.core.modes import FAMILIES
 from tests.helpers import case
 from references.torch_ref import reference
 c = case("EXTEND", ((0, 32768),), window_left=1023, num_q_heads=4, num_kv_heads=1, head_dim=64)
@@ -319,9 +305,6 @@ FP8 = dict(kv_dtype="float8_e4m3fn", k_scale=0.0173, v_scale=3.7)
 
 @pytest.mark.parametrize("mode,reqs", [("EXTEND", ((30, 20), (3, 7))), ("CROSS", ((0, 4, 25),))])
 def test_with_an_fp8_cache_the_references_attend_over_exactly_what_the_pool_holds(mode, reqs):
-    from harness.core.batch import Inputs
-    from tests.helpers import batch_of
-
     c = case(mode, reqs, window_left=5 if mode == "EXTEND" else -1, **FP8)
     b = batch_of(c)
     if mode != "CROSS":  # the engine's write of this forward's K/V (CROSS has none)
@@ -346,16 +329,11 @@ def test_with_an_fp8_cache_the_references_attend_over_exactly_what_the_pool_hold
 def test_rounded_kv_is_exact_attention_over_kv_rounded_into_the_case_dtype(padded):
     """The FP8 budget's second term: an FP8 cache's values rounded into the case dtype (what a fallback
     that dequantizes into it holds), attended exactly; native and exact attend over them unrounded."""
-    from harness.core.batch import Inputs
-
     c = case("EXTEND", ((40, 12), (5, 9)), window_left=7, dtype="float16", **FP8)
     inputs = make_inputs(c)
     rounded = Inputs(
-        q_all=inputs.q_all,
-        kv_all=inputs.kv_all.to(torch.float16),
-        q_lens=inputs.q_lens,
-        kv_lens=inputs.kv_lens,
-        sinks=None,
+        q_all=inputs.q_all, kv_all=inputs.kv_all.to(torch.float16), q_lens=inputs.q_lens,
+        kv_lens=inputs.kv_lens, sinks=None,
     )
     plain = c.replace(kv_dtype=None, k_scale=1.0, v_scale=1.0)
     exact, native, ours = torch_ref.references(c, inputs, ("exact", "native", "rounded_kv"), padded=padded)

@@ -1,6 +1,8 @@
 """Variant shards (harness/run/speed/variant_shards.py): the shards of a backend with variant keys run every
 search test, draw the same cases, and between them check each case exactly once; in a profile whose
-draws depend on what was measured they split the tests instead."""
+draws depend on what was measured they split the tests instead.
+KeyedNative is torch_native keyed by dtype and batch size (both vary in every profile), so its shards
+split by variant as flex_compiled's do on a GPU; `tests.test_variant_shards:native` is its spec."""
 
 from __future__ import annotations
 
@@ -15,6 +17,8 @@ from hypothesis import settings
 
 from harness import backends
 from harness.backends.torch_native import TorchNative
+from harness.core.case import Case
+from harness.core.graph_case import GraphCase
 from harness.core.results import CaseResult
 from harness.run import cache_dir, check, isolation, parallel, suite
 from harness.run.speed import variant_shards
@@ -23,10 +27,19 @@ from harness.run.suite import Target, judge, run_family
 from harness.search import profiles
 from harness.search.refusals import TooManyRefusals
 from tests.helpers import case
-from tests.variant_keyed import KeyedNative
 
 ROOT = Path(__file__).resolve().parent.parent
-KEYED = "tests.variant_keyed:native"
+KEYED = "tests.test_variant_shards:native"
+
+
+class KeyedNative(TorchNative):
+    def variant_key(self, case: Case | GraphCase) -> tuple:
+        layer = case.layer if isinstance(case, GraphCase) else case
+        return (layer.dtype, len(layer.requests))
+
+
+def native() -> KeyedNative:
+    return KeyedNative()
 
 
 @pytest.fixture

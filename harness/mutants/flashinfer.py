@@ -1,6 +1,6 @@
 """FlashInfer mutants: each adapter with one glue decision broken the way engines have shipped it.
 
-Every mutant runs on the GPU only (device "cuda"); tests/test_flashinfer_fake_runs.py hunts the
+Every mutant runs on the GPU only (device "cuda"); tests/test_flashinfer_glue.py hunts the
 numeric ones on the CPU against a fake of the library. The two split mutants change no single
 output, only whether it depends on the rest of the batch (check "invariance"); besides hunting,
 `CAUGHT_BY_INVARIANCE` pins a long-KV case on which the batch-invariance check catches each.
