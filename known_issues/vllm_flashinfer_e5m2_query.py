@@ -5,14 +5,13 @@ vLLM prefills with FP8 queries of the cache's dtype: `FlashInferMetadataBuilder.
 returns float8_e5m2 for an fp8_e5m2 cache, and the builder plans the prefill wrapper with it. The
 forward then quantizes the queries with `FlashInferImpl.maybe_quant_query`, whose
 `custom_ops.scaled_fp8_quant` always writes the platform's FP8 dtype, float8_e4m3fn. FlashInfer
-refuses the run: "The dtype of q torch.float8_e4m3fn does not match the q_data_type
-torch.float8_e5m2 specified in plan function". The backend lists fp8_e5m2 among its
-supported_kv_cache_dtypes.
+refuses the run ("The dtype of q torch.float8_e4m3fn does not match the q_data_type
+torch.float8_e5m2"), though the backend lists fp8_e5m2 among its supported_kv_cache_dtypes.
 
 Calls vLLM's own two methods (the builder's with a stand-in holding only the fields it reads) and
 then FlashInfer's paged prefill as the builder plans it, for an fp8_e5m2 cache and, as the control,
 an fp8_e4m3 one. Exits 1 while e5m2 fails and e4m3 runs, 0 when e5m2 runs, 2 when the control fails
-or the GPU is not a Hopper (nothing is then shown). See docs/known-issues.md.
+or the GPU is not a Hopper. See docs/known-issues.md.
 """
 
 import sys

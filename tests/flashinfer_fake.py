@@ -19,7 +19,8 @@ sources, independently of the adapters and of references/):
 - plain wrappers accept `sinks=` and drop it; the AttentionSink variant adds the sink to the
   denominator, has no soft cap, and ignores custom masks.
 - dtypes: plan's `q_data_type` and `kv_data_type` (None: the query's) must match what run() gets,
-  or run() raises ValueError, as `_check_cached_qkv_data_type` does. An FP8 cache is read as its
+  or run() raises ValueError, as `_check_cached_qkv_data_type` does; the paged prefill's output is
+  its `o_data_type` (None: the query's). An FP8 cache is read as its
   codes: run's `k_scale` multiplies the softmax scale, `v_scale` the output after the kernel
   (`out *= v_scale`, in the output's dtype).
 - releases: `install(monkeypatch, version)` poses as another release. A keyword that release's
@@ -56,7 +57,7 @@ KEYWORDS_SINCE = {
 # The dense attention both library fakes compute with (this one and tests/flash_attn_fakes.py):
 # explicit visibility, soft cap, a sink, GQA. Each fake decides what it loads and which keys are
 # visible, as its library does; this only does the arithmetic.
-def attend(q, k, v, visible, scale, softcap, sink):
+def attend(q, k, v, visible, scale, softcap, sink, out_dtype=None):
     """q [E, Hq, D], loaded k/v [n, Hkv, D], visible [E, n] -> out [E, Hq, D], lse [Hq, E] (fp32)."""
     e, hq, d = q.shape
     g = hq // k.shape[1]
@@ -76,7 +77,7 @@ def attend(q, k, v, visible, scale, softcap, sink):
         denom = denom + torch.exp(sink.float().view(hq, 1, 1) - base)
     out = torch.matmul(p, vf) / torch.where(denom > 0, denom, torch.ones_like(denom))
     lse = torch.where(denom > 0, base + torch.log(denom), torch.tensor(-math.inf)).squeeze(-1)
-    return out.transpose(0, 1).to(q.dtype), lse
+    return out.transpose(0, 1).to(out_dtype or q.dtype), lse
 
 
 CALLS: list[tuple[str, dict]] = []  # (what, arguments by name), in call order
@@ -101,10 +102,10 @@ def reset() -> None:
     MODULES.clear()
 
 
-def _attend(q, keys, vals, visible, scale, cap, sink):
-    """q [E, Hq, D], keys/vals [L, Hkv, D], visible [E, L] -> out [E, Hq, D] (q dtype), lse2 [E, Hq]:
-    FlashInfer's LSE is base 2."""
-    out, lse = attend(q, keys, vals, visible, scale, cap, sink)
+def _attend(q, keys, vals, visible, scale, cap, sink, out_dtype=None):
+    """q [E, Hq, D], keys/vals [L, Hkv, D], visible [E, L] -> out [E, Hq, D] (out_dtype, else q's),
+    lse2 [E, Hq]: FlashInfer's LSE is base 2."""
+    out, lse = attend(q, keys, vals, visible, scale, cap, sink, out_dtype)
     return out, (lse / math.log(2.0)).transpose(0, 1)
 
 
@@ -371,6 +372,7 @@ class BatchPrefillWithPagedKVCacheWrapper(_Variant):
             self._mask = [flat[offs[b] : offs[b + 1]].view(qo[b + 1] - qo[b], -1) for b in range(len(seg))]
         self._causal = causal
         self._plan_common(window_left, logits_soft_cap, sm_scale, head_dim_qk, q_data_type, kv_data_type)
+        self._o_dtype = None if o_data_type is None else _dtype(o_data_type)
         if self._use_cuda_graph:
             self._plan_graph_buffers(
                 qo_indptr, paged_kv_indptr, paged_kv_indices, paged_kv_last_page_len, custom_mask, self._lens
@@ -412,7 +414,7 @@ class BatchPrefillWithPagedKVCacheWrapper(_Variant):
             else:
                 causal = self._causal and self._mask is None
                 vis = _bottom_right(len(qb), n, causal, window)
-            o, lse = _attend(qb, kb, vb, vis, self._scaled(k_scale), self._run_cap(), sink)
+            o, lse = _attend(qb, kb, vb, vis, self._scaled(k_scale), self._run_cap(), sink, self._o_dtype)
             outs.append(o)
             lses.append(lse)
         out, lse = self._v_scaled(torch.cat(outs), v_scale), torch.cat(lses)

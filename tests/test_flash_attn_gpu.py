@@ -25,12 +25,14 @@ import torch
 from harness.backends.flash_attn_fa4 import FA4
 from harness.checks import library
 from harness.checks.engine_confirm import vllm_fa3_graph_window_metadata as confirm
+from harness.checks.engine_confirm import vllm_flashinfer_e5m2_query
 from harness.core.case import Case, Request
 from harness.core.graph_case import GraphCase
 from harness.mutants import hunt
 from harness.mutants.flash_attn import MUTANTS
 from harness.run import isolation
 from harness.search import profiles
+from tests.test_known_issues import E5M2_PREFIX
 
 SKIP = FA4().available("cuda")
 pytestmark = pytest.mark.gpu
@@ -155,3 +157,18 @@ def test_the_fa3_graph_window_issue_confirms_on_the_suites_failing_graphs():
 )
 def test_the_fa3_graph_window_issue_does_not_confirm_where_the_plans_agree(g):
     assert not confirm(g, "cuda")
+
+
+NO_VLLM_FLASHINFER = (
+    "no Hopper GPU: vLLM casts FlashInfer's prefill queries to the cache's dtype on 9.x (and 10.x) only"
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9
+    else None
+    if library("vllm.v1.attention.backends.flashinfer") is not None
+    else "vLLM's CUDA build with FlashInfer (vllm.v1.attention.backends.flashinfer) is not installed"
+)
+
+
+@pytest.mark.skipif(NO_VLLM_FLASHINFER is not None, reason=str(NO_VLLM_FLASHINFER))
+def test_the_e5m2_entry_confirms_on_the_crashed_prefix_case_and_not_on_its_e4m3_twin():
+    assert vllm_flashinfer_e5m2_query(E5M2_PREFIX, "cuda")
+    assert not vllm_flashinfer_e5m2_query(E5M2_PREFIX.replace(kv_dtype="float8_e4m3fn"), "cuda")

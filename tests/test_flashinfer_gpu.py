@@ -37,7 +37,12 @@ from harness.checks.engine_confirm import (
     sglang_flashinfer_ragged_window,
     sglang_flashinfer_soft_cap,
 )
-from harness.checks.flashinfer_confirm import far_negative_logits, far_negative_logits_auto, noncausal_window
+from harness.checks.flashinfer_confirm import (
+    fa3_fp8_prefill_soft_cap,
+    far_negative_logits,
+    far_negative_logits_auto,
+    noncausal_window,
+)
 from harness.checks.flashinfer_graph_confirm import graph_unsplit_plan
 from harness.checks.invariance import check_invariance, compositions
 from harness.checks.numeric import check_case
@@ -46,7 +51,7 @@ from harness.core.graph_case import GraphCase
 from harness.mutants import by_name, catalogue, hunt
 from harness.mutants.flashinfer import CAUGHT_BY_INVARIANCE
 from harness.search import profiles
-from tests.test_known_issues import CAPPED_DECODE, CHUNK_OVER_WINDOW, FP8_PREFIX
+from tests.test_known_issues import CAPPED_DECODE, CHUNK_OVER_WINDOW, FP8_CAPPED, FP8_PREFIX
 
 SKIP = (
     "no CUDA device: torch.cuda.is_available() is False"
@@ -298,6 +303,15 @@ def test_the_far_negative_entries_confirm_on_the_sentinel_case_and_not_near_zero
     assert not confirm(sentinel.replace(logit_offset=-120.0), "cuda")
 
 
+@pytest.mark.skipif(
+    distribution_version("flashinfer-python") != "0.6.18.post1"
+    or not torch.cuda.is_available()
+    or torch.cuda.get_device_capability()[0] != 9,
+    reason="flashinfer-python 0.6.18.post1 on a Hopper GPU only",
+)
+def test_the_fp8_soft_cap_entry_confirms_on_the_failed_prefill_and_not_under_a_cap_far_above_it():
+    assert fa3_fp8_prefill_soft_cap(FP8_CAPPED, "cuda")
+    assert not fa3_fp8_prefill_soft_cap(FP8_CAPPED.replace(soft_cap=1e5), "cuda")
 
 
 def reaches(issue_id: str, case: Case) -> bool:

@@ -4,9 +4,8 @@ FA3 scheduler, sglang).
 Each function calls the engine as the entry's script in known_issues/ does, on what the harness
 draws for the case, never through the adapter's forward: True when the engine is wrong there, False
 when it is right or cannot be imported (then a failure the entry reaches is the adapter's own).
-sglang's FA3 plan is the one read through the adapter's construction: FlashAttentionBackend needs a
-serving process's parts to exist (the stand-ins, harness/backends/engines/sglang/gpu.py), and what
-is judged is sglang's own init_forward_metadata over the pools it is given.
+sglang's FA3 plan is built through the adapter's stand-ins (FlashAttentionBackend needs a serving
+process's parts); what is judged is sglang's own init_forward_metadata over its pools.
 """
 
 from __future__ import annotations
@@ -182,12 +181,10 @@ def vllm_fa3_graph_window_metadata(g: GraphCase, device: str) -> bool:
 
 
 def vllm_flashinfer_e5m2_query(case: Case, device: str) -> bool:
-    """Known issue vllm-flashinfer-e5m2-query: for the case's FP8 cache and dtype on this device, the
-    query dtype vLLM's FlashInferMetadataBuilder plans its prefill with (its own get_q_data_type, on a
-    stand-in holding the fields it reads) is not the dtype FlashInferImpl's own maybe_quant_query gives
-    the prefill queries, so FlashInfer refuses the run, as known_issues/vllm_flashinfer_e5m2_query.py
-    shows. False where vLLM's FlashInfer backend cannot be imported (vLLM's CPU build has no FlashInfer)
-    and where both are the model dtype (a device where vLLM prefills unquantized queries)."""
+    """Known issue vllm-flashinfer-e5m2-query: the prefill query dtype vLLM's builder plans for the
+    case's cache and dtype here (its get_q_data_type, on a stand-in of the fields it reads) is not the
+    one the layer's maybe_quant_query gives, which FlashInfer refuses (as
+    known_issues/vllm_flashinfer_e5m2_query.py calls them). False without vLLM's FlashInfer backend."""
     fib = library("vllm.v1.attention.backends.flashinfer")
     if fib is None or case.kv_dtype is None:
         return False
@@ -233,9 +230,8 @@ def sglang_fa3_cross_text_table(case: Case, device: str) -> bool:
     """Known issue sglang-fa3-cross-text-table: sglang's FlashAttentionBackend, built over the case as
     sglang_fa3 builds it, raises an IndexError in its own init_forward_metadata, gathering the text
     page table past the ReqToTokenPool's row. Planned on the CPU whatever `device` is: the plan is
-    metadata only (no kernel runs), and on CUDA the same gather is a device-side assert that leaves the
-    process's CUDA context unusable, which a confirmation must not do to the worker asking it. As
-    known_issues/sglang_fa3_cross_text_table.py plans it."""
+    metadata only, and on CUDA the gather is a device-side assert that would leave the asking worker's
+    CUDA context unusable. As known_issues/sglang_fa3_cross_text_table.py plans it."""
     if case.mode != Mode.CROSS:
         return False
     declare_torchvision_schemas()  # what sglang's import needs on a CPU torch, as the adapter declares
@@ -323,9 +319,8 @@ def vllm_softcap_nan(case: Case, device: str) -> bool:
     return bool(vllm_one_key(ops, q, k, v, isa, softcap=case.soft_cap).isnan().any())
 
 
-# The FlashInfer backend of the wrappers sglang's FlashInferAttnBackend runs each mode through (0.5.17 ..
-# 0.5.23, off sm100): its ragged prefill wrapper is built with "auto" (FA3's module on Hopper), its
-# decode and paged (verify) wrappers with "fa2".
+# The kernel backend of sglang's FlashInfer wrappers (0.5.17 .. 0.5.23, off sm100): "auto" for the
+# ragged prefill (FA3's module on Hopper), "fa2" for decode and the paged (verify) wrappers.
 SGLANG_KERNEL_BACKEND = {Mode.DECODE: "fa2", Mode.TARGET_VERIFY: "fa2"}
 SGLANG_RAGGED_BACKEND = "auto"
 SGLANG_WORKSPACE_BYTES = 128 << 20
