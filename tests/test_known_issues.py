@@ -1099,26 +1099,21 @@ E5M2_PREFIX = Case(
 )
 
 
-def entry(issue_id: str) -> known_issues.KnownIssue:
-    (issue,) = [i for i in known_issues.KNOWN_ISSUES if i.id == issue_id]
-    return issue
-
-
 def test_the_vllm_fp8_prefill_entries_reach_the_requests_vllm_prefills_over_their_cache():
     """vLLM casts only its prefill requests' queries (one new token each is a decode, in the batch's
     order), so a batch of decodes reaches neither entry; the cap entry needs a cap, the e5m2 one e5m2."""
-    cap, e5m2 = entry("flashinfer-fa3-fp8-prefill-soft-cap"), entry("vllm-flashinfer-e5m2-query")
+    cap, e5m2 = issue("flashinfer-fa3-fp8-prefill-soft-cap"), issue("vllm-flashinfer-e5m2-query")
     assert cap.reaches(FP8_CAPPED) and not cap.reaches(FP8_CAPPED.replace(soft_cap=0.0))
     assert not cap.reaches(FP8_CAPPED.replace(kv_dtype=None, k_scale=1.0, v_scale=1.0))
     assert e5m2.reaches(E5M2_PREFIX) and not e5m2.reaches(E5M2_PREFIX.replace(kv_dtype="float8_e4m3fn"))
     decodes = (Request(5, 1), Request(9, 1))
-    for issue, case in ((cap, FP8_CAPPED), (e5m2, E5M2_PREFIX)):
-        assert not issue.reaches(case.replace(mode="DECODE", requests=decodes))
-        assert not issue.reaches(case.replace(requests=decodes))  # an EXTEND of one-token requests
-        assert issue.reaches(case.replace(requests=(Request(5, 1), Request(9, 3))))  # 9 + 3 is a prefill
+    for entry, case in ((cap, FP8_CAPPED), (e5m2, E5M2_PREFIX)):
+        assert not entry.reaches(case.replace(mode="DECODE", requests=decodes))
+        assert not entry.reaches(case.replace(requests=decodes))  # an EXTEND of one-token requests
+        assert entry.reaches(case.replace(requests=(Request(5, 1), Request(9, 3))))  # 9 + 3 is a prefill
         chain, tree = (-1, 0, 1), (-1, 0, 0)
-        assert issue.reaches(case.replace(mode="TARGET_VERIFY", requests=(Request(5, 3, tree=chain),)))
-        assert not issue.reaches(case.replace(mode="TARGET_VERIFY", requests=(Request(5, 3, tree=tree),)))
+        assert entry.reaches(case.replace(mode="TARGET_VERIFY", requests=(Request(5, 3, tree=chain),)))
+        assert not entry.reaches(case.replace(mode="TARGET_VERIFY", requests=(Request(5, 3, tree=tree),)))
 
 
 def fp8_cap_dropped(monkeypatch) -> None:
