@@ -6,26 +6,24 @@ decoder's text table of a batch with `encoder_lens` as
     page_table = req_to_token[req_pool_indices[i], encoder_lens[i] + arange(max_seq_len_k)]
 
 and, on pages above one token, reduces it to pages with `[:, strided_indices] // page_size`. sglang
-allocates a request's row as one sequence, encoder then text, from a page boundary (the paged allocator
-keeps row position p at offset p % page_size of its page), so the text's first token sits at offset
-encoder_lens[i] % page_size of its page. FA3 reads text key j from page `page_table[j // page_size]`,
-offset `j % page_size`: unless the encoder fills whole pages, a self-attention layer reads other slots
-(encoder tokens, the text shifted, or another page's) in place of its own keys.
+allocates a request's row, encoder then text, from a page boundary (row position p at offset
+p % page_size of its page), so the text's first token sits at offset encoder_lens[i] % page_size.
+FA3 reads text key j from page `page_table[j // page_size]`, offset `j % page_size`: unless the encoder
+fills whole pages, a self-attention layer reads other slots (encoder tokens, the text shifted, or
+another page's) in place of its own keys.
 
-One EXTEND of a decoder self-attention layer (RadixAttention, not cross) planned through sglang's own
-pools, ForwardBatch (with encoder_lens, as ScheduleBatch.prepare_encoder_info_extend leaves it: the
-text alone in seq_lens and out_cache_loc) and FlashAttentionBackend: two requests, encoders of 5 and
-20 tokens with texts of 7 and 12, on shuffled pages. Per layout it prints how many text keys the
-page table, read as the forward views the pool (pages of the backend's page_size), addresses: pages of
-1 right, pages of 16 wrong, and pages of 16 with encoders of 16 and 32 tokens (whole pages: the
-control) right. It stops after init_forward_metadata: no kernel runs. The serving process's parts the
-backend reads are stand-ins, as the harness's sglang_fa3 builds them: a model runner over the real
-pools, a model config, sglang's ServerArgs for a one-layer model directory (config.json only)
-published as a scheduler publishes them, and a one-rank parallel state.
+One EXTEND of a decoder self-attention layer (not cross) planned through sglang's own pools,
+ForwardBatch (with encoder_lens, as ScheduleBatch.prepare_encoder_info_extend leaves it: the text alone
+in seq_lens and out_cache_loc) and FlashAttentionBackend: two requests, encoders of 5 and 20 tokens
+with texts of 7 and 12, on shuffled pages. Per layout it prints how many text keys the page table
+addresses, read as the forward views the pool: pages of 1 right, pages of 16 wrong, and pages of 16
+with encoders of 16 and 32 tokens (whole pages: the control) right. It stops after
+init_forward_metadata: no kernel runs. What the backend reads of a serving process are stand-ins, as
+the harness's sglang_fa3 builds them.
 
-Runs on a GPU (sglang with sgl_kernel) and on a CPU: where sgl_kernel does not import, its module is
-replaced by one whose kernels raise, which the plan never calls. Prints the versions; exits 1 while
-the bug is there, 0 once every layout addresses the text's keys.
+Runs on a GPU and on a CPU, where sgl_kernel's module is replaced by one whose kernels raise (the plan
+calls none). Prints the versions; exits 1 while the bug is there, 0 once every layout addresses the
+text's keys.
 """
 
 from __future__ import annotations
@@ -161,9 +159,8 @@ def serving(args: ServerArgs) -> Iterator[None]:
 
 
 def layout(page_size: int, encoder: tuple[int, ...]) -> list[list[int]]:
-    """Each request's req_to_token row, encoder then text, as sglang's paged allocator places a first
-    extend: from a page boundary, row position p at offset p % page_size of its page, on shuffled pages
-    from page 1 on (page 0 is sglang's padding)."""
+    """Each request's req_to_token row as sglang's paged allocator places a first extend (see above),
+    on shuffled pages from page 1 on (page 0 is sglang's padding)."""
     lengths = [e + t for e, t in zip(encoder, TEXT)]
     needed = sum(-(-n // page_size) for n in lengths)
     shuffled = torch.randperm(needed + 3, generator=torch.Generator().manual_seed(1))[:needed] + 1
@@ -175,8 +172,7 @@ def layout(page_size: int, encoder: tuple[int, ...]) -> list[list[int]]:
 
 
 def addressed(page_size: int, encoder: tuple[int, ...], device: str) -> tuple[int, int]:
-    """Plan the decoder self-attention EXTEND: (text keys the page table addresses, text keys), the
-    table read as the forward views the pool, pages of the backend's page_size."""
+    """Plan the decoder self-attention EXTEND: (text keys the page table addresses, text keys)."""
     rows = layout(page_size, encoder)
     width = max(len(r) for r in rows)
     new_slots = [s for r, e in zip(rows, encoder) for s in r[e:]]

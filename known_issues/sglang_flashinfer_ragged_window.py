@@ -1,22 +1,18 @@
 """sglang: FlashInferAttnBackend's windowed extend lets new tokens attend to each other past the window.
 
-An extend runs its new tokens through the ragged prefill wrapper (unless deterministic inference or
-SGLANG_FLASHINFER_USE_PAGED). FlashInfer (0.2 on) compiles a window's per-element mask into the
-kernel that plan() picks (`use_sliding_window = window_left >= 0`); sglang plans that wrapper without
-window_left (FlashInferIndicesUpdaterPrefill.call_begin_forward: `wrapper_ragged.begin_forward(
-qo_indptr, qo_indptr, heads, head_dim, q_data_type)`), then forward_extend runs it through the
-deprecated forward_return_lse() with `window_left=layer.sliding_window_size` after a cached prefix
-(the kernel then only skips whole key tiles before the window) and through forward() with no
-window at all without one. The cached prefix goes through a paged wrapper with a window mask of
-its own, which is right.
+An extend's new tokens go through the ragged prefill wrapper (unless deterministic inference or
+SGLANG_FLASHINFER_USE_PAGED). FlashInfer (0.2 on) compiles a window's mask into the kernel plan()
+picks (`use_sliding_window = window_left >= 0`); sglang plans that wrapper without window_left
+(FlashInferIndicesUpdaterPrefill.call_begin_forward), then runs it through the deprecated
+forward_return_lse() with `window_left=layer.sliding_window_size` after a cached prefix (the kernel
+then only skips whole key tiles before the window) and through forward() with no window without one.
+The prefix's paged pass is windowed, and right.
 
-This script (1) reads sglang's installed flashinfer_backend.py: whether the ragged wrapper is
-planned with window_left and whether the no-prefix forward() passes one; (2) runs one request of
-64 new tokens with a window of 7 (sglang's sliding_window_size: a query sees itself and the 7 keys
-before it) through the ragged wrapper as sglang drives it, both ways, and compares each with the
-windowed float32 attention. Prints the versions; exits 1 while sglang plans the ragged wrapper
-without the window and its output is wrong, 0 once either is gone.
-Needs a CUDA GPU, sglang (its flashinfer_backend.py) and flashinfer-python; torch only besides.
+It (1) reads sglang's installed flashinfer_backend.py: whether the ragged wrapper's plan and no-prefix
+forward() pass window_left; (2) runs one request of 64 new tokens with a window of 7 (a query sees
+itself and the 7 keys before it) as sglang drives the ragged wrapper, both ways, and compares each
+with the windowed float32 attention. Prints the versions; exits 1 while the plan lacks the window and
+the output is wrong, 0 once either is gone. Needs a CUDA GPU, sglang and flashinfer-python.
 """
 
 import ast
@@ -31,10 +27,9 @@ import torch
 print(f"sglang {version('sglang')}, flashinfer-python {flashinfer.__version__}, torch {torch.__version__}")
 
 
-# (1) sglang's ragged wrapper: its plan and its no-prefix forward
+# (1) sglang's ragged wrapper calls
 def ragged_calls(module_source: str) -> list[tuple[int, str, bool]]:
-    """(line, call, whether it passes window_left) of the ragged wrapper's begin_forward / plan calls
-    and of prefill_wrapper_ragged.forward (the no-prefix extend)."""
+    """(line, call, whether it passes window_left) of the ragged wrapper's plan and no-prefix forward."""
     found = []
     for node in ast.walk(ast.parse(module_source)):
         if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
@@ -51,7 +46,7 @@ for line, call, windowed in calls:
     print(f"flashinfer_backend.py:{line}: {call}(...) {'with' if windowed else 'WITHOUT'} window_left")
 unwindowed = any(not windowed for _, _, windowed in calls)
 
-# (2) one request of 64 new tokens, window 7, through the ragged wrapper as sglang drives it
+# (2) the ragged wrapper as sglang drives it
 N, HQ, HKV, D, W = 64, 8, 2, 64, 7
 SCALE = D**-0.5
 dev, dt = "cuda", torch.bfloat16

@@ -1,13 +1,11 @@
 """What every engine adapter shares: the engine's release and supported range, its stand-ins, the
-window translation, and the registration of engine adapters into the harness's backend registry.
+window translation, and their registration into the backend registry.
 
 An engine adapter is a Backend whose `run()` builds the engine's own objects (pools, tables, forward
-batch, layer) from the harness's Batch and calls the engine's attention backend unmodified, with
-the engine's own KV-cache write. Only what a serving process builds around attention may be a
-stand-in (a model runner, server args, a model config made locally); each adapter lists its
-stand-ins with why (`StandIn`), and docs/engines.md shows them. The engine is imported lazily, in
-`available` and `run`: the registry, `list` and the core harness never import it, so a machine
-without the engine lists its adapters as unavailable, with the reason.
+batch, layer) from the Batch and calls the engine's attention backend unmodified, with its own
+KV-cache write; only what a serving process builds around attention may be a `StandIn`
+(docs/engines.md). The engine is imported lazily, in `available` and `run`, never by the registry or
+`list`, so a machine without it lists its adapters as unavailable, with the reason.
 """
 
 from __future__ import annotations
@@ -31,8 +29,8 @@ from harness.core.pool import translate_slots
 
 @dataclass(frozen=True)
 class StandIn:
-    """Something a serving process builds around attention that the adapter makes itself: what it
-    is (e.g. 'model runner'), what it holds, and why a stand-in is enough there."""
+    """What a serving process builds around attention, made by the adapter: what it is (e.g. 'model
+    runner'), what it holds, and why a stand-in is enough there."""
 
     what: str
     holds: str
@@ -51,8 +49,8 @@ class Engine:
         return distribution_version(self.supported.distribution)
 
     def refusal(self) -> str | None:
-        """None when the installed release is inside the supported range; else one line naming the
-        release and why the adapters cannot drive it. Not installed is not a refusal (None)."""
+        """None if the installed release is in range or none is installed; else one line: the release
+        and why the adapters cannot drive it."""
         release = self.release()
         if release is None:
             return None
@@ -61,10 +59,9 @@ class Engine:
 
 @cache
 def model_dir(num_q_heads: int, num_kv_heads: int, head_dim: int) -> str:
-    """A local model directory whose config.json is a one-layer Llama of the case's attention geometry:
-    what an engine's model config reads (heads, head size) where a served model's would come from the hub.
-    One directory per geometry under the temp dir, shared by every process and run (written by rename,
-    so two writers never leave half a file), so a long run leaves a few small files, not one per process."""
+    """A local model directory whose config.json is a one-layer Llama of this attention geometry,
+    read by an engine's model config in place of a hub model's. One per geometry under the temp dir,
+    shared by every process and run (written by rename, so no writer leaves half a file)."""
     name = f"llama-{num_q_heads}-{num_kv_heads}-{head_dim}"
     path = Path(tempfile.gettempdir()) / "attn-harness-models" / name
     config = {
@@ -93,9 +90,8 @@ class EngineAdapter(Backend):
     """A harness Backend over one of an engine's own attention backends.
 
     Subclasses set `engine`, `engine_backend` (the engine's class, as module:Class), `stand_ins`,
-    `capabilities` (what the engine's code says it supports in the supported releases, each feature
-    it lacks with the engine's reason in why_not), implement `import_engine` and `run`, and override
-    `engine_window` where the engine counts a window differently from the harness.
+    `capabilities` (what the engine's code supports; each missing feature with the engine's reason in
+    why_not), implement `import_engine` and `run`, and override `engine_window` where needed.
     """
 
     engine: Engine
@@ -117,9 +113,8 @@ class EngineAdapter(Backend):
         return self.engine.release()
 
     def available(self, device: str) -> str | None:
-        """Why not here: the device, or the engine or a distribution it requires not installed (a
-        reason); an installed release outside the range or an engine that fails to import raises
-        BackendBroken (an error)."""
+        """Why not here (device, engine or required distribution); BackendBroken for an installed
+        release out of range or an engine that fails to import."""
         why = super().available(device)
         if why is not None:
             return why
@@ -155,24 +150,20 @@ class EngineAdapter(Backend):
 
     def engine_window(self, window_left: int) -> int:
         """The engine's layer parameter for the harness's window W (a query at p keeps keys p - W .. p,
-        W + 1 keys; -1 none). Identity by default; an engine that counts differently overrides it,
-        and a test pins that engine's convention from the engine's own code."""
+        W + 1 keys; -1 none). Identity unless an engine counts differently (a test pins its convention)."""
         return window_left
 
     def keep_kv(self, batch: Batch) -> None:
-        """This forward's K/V into the harness's pool at the slots the engine wrote them to (this
-        layer's pool: through `full_to_swa` on a hybrid pool's window layer; CROSS has none). The
-        engine's own cache lives for one `run`, filled from the pool; the pool is the cache a later
-        forward reads (the model check's next step), so it must hold what this forward wrote, as the
-        Backend contract asks of every backend (docs/backends.md)."""
+        """This forward's K/V into the harness's pool at the slots the engine wrote them to (through
+        `full_to_swa` on a hybrid pool's window layer; CROSS has none): the engine's cache lives for one
+        `run`, a later forward reads the pool (the Backend contract, docs/backends.md)."""
         if batch.k_new.shape[0]:
             slots = translate_slots(batch.out_cache_loc, batch.full_to_swa)
             batch.pool.write(slots, batch.k_new, batch.v_new)
 
 
 def _adapter_modules() -> list[str]:
-    """Every module of every engine subpackage of harness.backends.engines (its sglang.torch_native,
-    ...), without importing any engine."""
+    """Every module of every engine subpackage here (e.g. sglang.torch_native), importing no engine."""
     import harness.backends.engines as package
 
     found = []
@@ -187,8 +178,7 @@ def _adapter_modules() -> list[str]:
 @cache
 def engine_backends() -> dict[str, Callable[[], Backend]]:
     """name -> factory of every engine adapter: the `BACKENDS` dict of each module under an engine's
-    subpackage (modules without one, e.g. shared helpers, add nothing). harness.backends registers
-    them beside its built-in adapters."""
+    subpackage. harness.backends registers them beside its built-in adapters."""
     found: dict[str, Callable[[], Backend]] = {}
     for module_name in _adapter_modules():
         module = importlib.import_module(module_name)

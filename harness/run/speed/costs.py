@@ -1,18 +1,10 @@
-"""Each backend's expected cost for the check's schedule (harness/run/speed/schedule.py), in seconds as one
-pytest process, and what each of its processes pays whatever its share (its fixed cost): measured by
-the last `check --jobs` runs of the same selection, else a default.
+"""Each backend's expected cost for the check's schedule (harness/run/speed/schedule.py), in seconds as
+one pytest process, and the fixed cost each of its processes pays: measured by the last `check
+--jobs` runs of the same selection, else a default (docs/gpu.md, "Costs").
 
-Every parallel check saves what each backend's parts took into `timings.json` in the cache
-directory (harness/run/cache_dir.py: a CI job that restores its compile caches restores these),
-under a key naming the selection (profile, markers, -k), so a `--family decode` run does not set
-the costs of a full one; a run whose warm-up compiled beside it saves none (harness/run/check.py). A
-backend never measured for the selection gets DEFAULT_SECONDS or, when not in that table,
-UNKNOWN_SECONDS.
-
-A process's fixed cost is DEFAULT_FIXED's (else STARTUP_S) until the backend has run at two shard
-counts: a part's mean seconds at N shards is then fitted to fixed + work / N (`fit`), and the backend
-costs fixed + work. It matters for flex_compiled, which traces its compiled variants again in
-every process whatever its share.
+Every parallel check saves its parts' seconds into `timings.json` in the cache directory under a key
+naming the selection (profile, markers, -k), so a `--family decode` run does not set the costs of a
+full one; a run whose warm-up compiled beside it saves none (harness/run/check.py).
 """
 
 from __future__ import annotations
@@ -27,9 +19,8 @@ from harness.run.speed.schedule import STARTUP_S
 TIMINGS = "timings.json"  # in the cache directory (harness/run/cache_dir.py)
 FORMAT = "attn-harness-timings"
 # Each backend's seconds as one process in a restored `make check` on an H100 (gpu profile, 8
-# processes at once): what the first check of a runner plans with, until it has measured its own.
-# fa2/fa3 are not in the table: where they are not installed every test skips, and where they are
-# they check; `expected` asks whether each can run here.
+# processes at once): what a runner's first check plans with, until it has measured its own.
+# fa2/fa3 are not in the table: `expected` asks whether each can run here.
 DEFAULT_SECONDS = {
     "flex_compiled": 77.0,
     "flashinfer_dec_tc": 45.0,
@@ -45,18 +36,17 @@ DEFAULT_SECONDS = {
 UNKNOWN_SECONDS = 60.0
 # A process's fixed cost before a fit, where it is far above STARTUP_S: flex_compiled traces its
 # compiled variants again in every process (fitted on 2 x H200 from parts at 1, 5 and 6 shards).
-# Read with STARTUP_S instead, the sum of its shards would pass for several times its one-process
-# cost and the next plan would split it too little.
+# With STARTUP_S its shards would sum to several times its one-process cost, and it would be split
+# too little.
 DEFAULT_FIXED = {"flex_compiled": 22.0}
-# The most of a part's mean seconds that `measured` takes for the fixed cost each extra shard paid.
-# Whatever a fixed cost is assumed, n shards of mean m then read as at least (n + 1) / 2 x m of one
-# process: an assumed fixed cost close to a shard's mean would make the shards' sum read as about one
-# shard, and the backend would be planned unsplit. An overestimate costs a shard's start, an
-# underestimate the wall.
+# The most of a part's mean seconds that `measured` takes for the fixed cost each extra shard paid:
+# n shards of mean m then read as at least (n + 1) / 2 x m of one process whatever fixed cost is
+# assumed; one close to a shard's mean would make their sum read as one shard, the backend unsplit.
+# An overestimate costs a shard's start, an underestimate the wall.
 FIXED_SHARE = 0.5
 # How many times the smallest shard count the largest must be for a fit: between close counts the
-# parts' run-to-run noise is the slope (parts at 5 and 6 shards of nearly equal means would fit a
-# fixed cost of nearly all of it, and a backend planned unsplit).
+# parts' run-to-run noise is the slope (5 and 6 shards of nearly equal means fit a fixed cost of
+# nearly all of it, and the backend is planned unsplit).
 FIT_SPAN = 2
 MEASURED_CODES = (0, 1, 5)  # a part that ran to its end (1: it found failures); not interrupted
 Parts = list[tuple[str, int, float]]  # each part's backend, exit code and seconds
@@ -65,7 +55,7 @@ Parts = list[tuple[str, int, float]]  # each part's backend, exit code and secon
 def _read(path: Path) -> dict[str, dict[str, dict]]:
     """The timings file's `selections` (backend -> seconds as one process) and `shards` (backend ->
     shard count -> a part's mean seconds), each by selection; an absent or unreadable file is no
-    measurement (never an error: the schedule then falls back to the defaults)."""
+    measurement, not an error."""
     empty: dict[str, dict[str, dict]] = {"selections": {}, "shards": {}}
     try:
         doc = json.loads(path.read_text())
@@ -80,8 +70,7 @@ def _read(path: Path) -> dict[str, dict[str, dict]]:
 def fit(means: dict[int, float]) -> tuple[float, float] | None:
     """(fixed, work) seconds of a backend's process from a part's mean seconds at each shard count,
     least squares over mean = fixed + work / shards; None from shard counts less than FIT_SPAN apart,
-    or where the fit is not a fixed cost >= 0 and work > 0 (the parts did not get shorter with more
-    shards)."""
+    or where fixed < 0 or work <= 0 (the parts did not get shorter with more shards)."""
     if len(means) < 2 or max(means) < FIT_SPAN * min(means):
         return None
     xs, ys = [1 / n for n in means], list(means.values())
@@ -110,10 +99,9 @@ def expected(
 ) -> tuple[dict[str, float], dict[str, str], dict[str, float]]:
     """Each backend's expected seconds as one process, where they came from (`measured`, `fitted: F s
     fixed`, `default`, `skips`, `unknown`), and its process's fixed cost (fitted, else DEFAULT_FIXED's,
-    else STARTUP_S). A backend neither measured nor in the default table is asked about: where
-    `unavailable(name)` gives a reason (its library is not here), its part skips every test and costs
-    its start, STARTUP_S; else UNKNOWN_SECONDS (which would plan a part that only skips as a long one,
-    and keep another backend from being split)."""
+    else STARTUP_S). A backend neither measured nor in the default table costs STARTUP_S where
+    `unavailable(name)` gives a reason (its part only skips: UNKNOWN_SECONDS would plan it as a long
+    one, keeping another backend from being split), else UNKNOWN_SECONDS."""
     timings = _read(where / TIMINGS)
     measured, shards = timings["selections"].get(selection, {}), timings["shards"].get(selection, {})
     costs, sources, startups = {}, {}, {}
@@ -135,8 +123,7 @@ def expected(
 
 
 def _finished(parts: Parts) -> dict[str, list[float]]:
-    """Each backend's parts' seconds, leaving out a backend with a part that did not run to its end
-    (an interrupt, an internal error, a signal)."""
+    """Each backend's parts' seconds, leaving out a backend with a part that did not run to its end."""
     by_backend: dict[str, list[float]] = {}
     broken = set()
     for backend, code, seconds in parts:
@@ -148,8 +135,7 @@ def _finished(parts: Parts) -> dict[str, list[float]]:
 
 def measured(parts: Parts, startups: dict[str, float] | None = None) -> dict[str, float]:
     """Each backend's cost as one process from its parts: the sum, less the fixed cost its extra
-    shards paid (`startups`, STARTUP_S for a backend it lacks), taken as at most FIXED_SHARE of a
-    part's mean seconds."""
+    shards paid (`startups`, else STARTUP_S), at most FIXED_SHARE of a part's mean seconds."""
     fixed = startups or {}
     out = {}
     for b, s in _finished(parts).items():
@@ -167,7 +153,7 @@ def save(
     where: Path, selection: str, costs: dict[str, float], means: dict[str, dict[str, float]] | None = None
 ) -> None:
     """Merge `costs` and each backend's `means` (shard_means) into the selection's entries of the
-    timings file (written whole, then renamed)."""
+    timings file."""
     if not costs and not means:
         return
     timings = _read(where / TIMINGS)

@@ -3,9 +3,9 @@
 Every sglang adapter drives one of sglang's `AttentionBackend`s the way its model runner does: a
 `ReqToTokenPool` and an `MHATokenToKVPool` hold the batch's table and cache, a `ForwardBatch`
 carries the metadata, a `RadixAttention` describes the layer, `init_forward_metadata` plans and
-`forward` writes this forward's K/V through the pool's own `set_kv_buffer` and attends. The table
-(docs/engines.md) says which Batch field becomes which sglang field. Each translation step is one
-method, so that a mutant (harness/mutants/sglang.py) can change exactly one engine decision.
+`forward` writes this forward's K/V through the pool's own `set_kv_buffer` and attends. docs/engines.md
+maps each Batch field to its sglang field. Each translation step is one method, so that a mutant
+(harness/mutants/sglang.py) can change exactly one engine decision.
 """
 
 from __future__ import annotations
@@ -62,8 +62,8 @@ MODULES = {
     "layer": "sglang.srt.layers.radix_attention",
 }
 
-# torchvision's operators whose fake kernels its import registers without checking that its C++
-# library loaded (torchvision/_meta_registrations.py), with their schemas.
+# torchvision's operators whose fake kernels its import registers even when its C++ library did not
+# load (torchvision/_meta_registrations.py).
 TORCHVISION_SCHEMAS = (
     "nms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor",
     "qnms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor",
@@ -72,8 +72,8 @@ _schemas: list[torch.library.Library] = []  # kept alive: a Library's definition
 
 
 def declare_torchvision_schemas() -> None:
-    """On a CPU torch with torchvision installed, declare the operators above if nothing has (the
-    TORCHVISION_OPS stand-in); with a CUDA torch torchvision's own library declares them."""
+    """The TORCHVISION_OPS stand-in: on a CPU torch with torchvision, declare the schemas above if
+    nothing has."""
     if _schemas or torch.version.cuda is not None or importlib.util.find_spec("torchvision") is None:
         return
     lib = torch.library.Library("torchvision", "FRAGMENT")
@@ -108,12 +108,11 @@ class SglangAdapter(EngineAdapter):
         return self._sg.backend
 
     def __getstate__(self) -> dict:
-        """Sent to an isolation worker without sglang's modules (modules do not pickle); the worker
-        imports its own on first use."""
+        """Pickled without sglang's modules (modules do not pickle); a worker imports its own."""
         return {k: v for k, v in self.__dict__.items() if k != "_sg"}
 
     def sg(self) -> SimpleNamespace:
-        """sglang's modules (imported on first use)."""
+        """sglang's modules, imported on first use."""
         self.engine_modules()
         assert self._sg is not None
         return self._sg
@@ -125,8 +124,8 @@ class SglangAdapter(EngineAdapter):
     # --- the translation: one engine decision per method ------------------------------------------
 
     def forward_mode(self, batch: Batch) -> Any:
-        """sglang's ForwardMode: DECODE, else EXTEND (a cross or encoder layer runs in an extend batch;
-        sglang tells them apart by the layer, not the mode)."""
+        """sglang's ForwardMode: DECODE, else EXTEND (sglang tells cross and encoder layers apart by the
+        layer)."""
         fm = self.sg().batch.ForwardMode
         return fm.DECODE if batch.mode == Mode.DECODE else fm.EXTEND
 
@@ -145,8 +144,7 @@ class SglangAdapter(EngineAdapter):
         return pool
 
     def token_to_kv_pool(self, batch: Batch) -> Any:
-        """sglang's MHATokenToKVPool over the layer's cache: the harness's pages (cached K/V written,
-        every other slot poison) copied into its buffers; slot s is the same slot in both."""
+        """sglang's MHATokenToKVPool holding a copy of the harness's pages, poison included (same slots)."""
         case, hp = batch.case, batch.pool
         pool = self.sg().pools.MHATokenToKVPool(
             size=hp.num_slots - hp.page_size,  # sglang adds one page of padding slots to `size`
@@ -216,8 +214,8 @@ class SglangAdapter(EngineAdapter):
         )
 
     def new_kv(self, batch: Batch) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-        """This forward's K/V as RadixAttention hands them to the backend ([T, Hkv, D]); a cross layer
-        has none (the encoder's K/V are in the cache already)."""
+        """This forward's K/V as RadixAttention hands them to the backend ([T, Hkv, D]); none for a
+        cross layer (the encoder's are cached)."""
         if batch.mode == Mode.CROSS:
             return None, None
         return batch.k_new, batch.v_new
@@ -229,8 +227,8 @@ class SglangAdapter(EngineAdapter):
         return SimpleNamespace(device=str(batch.device), req_to_token_pool=r2t, token_to_kv_pool=kv)
 
     def serving_context(self, batch: Batch) -> AbstractContextManager[Any]:
-        """What a serving process holds while its attention runs (published server args, parallel
-        state); the CPU backends read none of it."""
+        """What a serving process holds around attention (published server args, parallel state); the
+        CPU backends read none of it."""
         return contextlib.nullcontext()
 
     def attention_backend(self, batch: Batch, r2t: Any, kv: Any) -> Any:
@@ -238,16 +236,16 @@ class SglangAdapter(EngineAdapter):
         return self.backend_class()(self.model_runner(batch, r2t, kv))
 
     def bind_forward_batch(self, backend: Any, fb: Any) -> None:
-        """What ForwardBatch.init_new gives a batch through the model runner beyond its fields (a KV
-        location plan, in the releases that have one); the CPU backends read none of it."""
+        """What ForwardBatch.init_new adds through the model runner (a KV location plan, where a release
+        has one); the CPU backends read none of it."""
 
     def forward_kwargs(self, batch: Batch) -> dict[str, Any]:
         """Keyword arguments of the backend's forward beyond q, k, v, layer and the batch."""
         return {}
 
     def planned(self, batch: Batch) -> tuple[Any, Any, Any]:
-        """sglang's backend, ForwardBatch and layer over the batch, its metadata planned by
-        init_forward_metadata as a serving process plans a forward (inside serving_context)."""
+        """sglang's backend, ForwardBatch and layer over the batch, planned by init_forward_metadata
+        inside serving_context."""
         rows = self.req_pool_indices(batch)
         r2t = self.req_to_token_pool(batch, rows)
         kv = self.token_to_kv_pool(batch)

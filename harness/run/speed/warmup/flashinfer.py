@@ -2,10 +2,8 @@
 
     python -m harness.run.speed.warmup.flashinfer [--jobs N]
 
-A diagnostic beside `python -m harness warmup` (which builds the same way): phase 1 finds each
-module with one small probe per variant and builds them all in one ninja run (`ninja_plan`,
-harness/run/speed/warmup/ninja.py), so each variant compiles once; phase 2 runs every adapter over the
-profile's feature combinations and flags a probe that still compiled. docs/flashinfer.md.
+A diagnostic beside `python -m harness warmup`, in two phases (build, check_coverage); docs/flashinfer.md,
+"JIT variants".
 """
 
 from __future__ import annotations
@@ -23,9 +21,9 @@ from harness.run.speed.warmup import ninja
 
 GPU_SHAPE = dict(num_q_heads=8, num_kv_heads=2, page_size=16)
 GPU_VARIANT = ("bfloat16", 128)  # the gpu profile's only dtype and head_dim
-# The KV caches the gpu profile draws: the model's dtype, and each FP8 dtype (its own JIT modules).
+# The gpu profile's KV caches: the model's dtype and each FP8 dtype (with JIT modules of its own).
 KV_CACHES = (None, "float8_e4m3fn", "float8_e5m2")
-FP8_SCALES = dict(k_scale=0.5, v_scale=2.0)  # any: scales are run-time arguments, not module variants
+FP8_SCALES = dict(k_scale=0.5, v_scale=2.0)  # any: run-time arguments, not module variants
 SLOW_LOAD_S = 15.0  # a phase-2 probe slower than this compiled a module
 
 
@@ -40,11 +38,11 @@ class Probe:
 
     @property
     def users(self) -> tuple[str, ...]:
-        """The backends whose cases load this probe's module (its kind is the label's head)."""
+        """The backends that load this probe's module (its kind: the label's head)."""
         return MODULE_USERS[self.label.split("[")[0]]
 
 
-# Which backends load each kind of module: the fa2 prefill module also runs tensor-core decode and
+# The backends of each kind of module: the fa2 prefill module also runs tensor-core decode and
 # cross-attention; merge_state is ragged's cascade; plan() packs a custom (tree) mask with packbits.
 MODULE_USERS = {
     "prefill": ("flashinfer_paged", "flashinfer_ragged", "flashinfer_dec_tc", "flashinfer_enc"),
@@ -87,9 +85,8 @@ def variant_probes(
     sinks: bool,
     kv_dtype: str | None = None,
 ) -> list[Probe]:
-    """Probes for the fa2 prefill module (also serving tensor-core decode) of each window x cap,
-    the CUDA-core decode module of each (if `decode`) and the AttentionSink module (if `sinks`),
-    over a cache of `kv_dtype` (None: the model's dtype)."""
+    """Probes for the fa2 prefill module of each window x cap, the CUDA-core decode module of each
+    (if `decode`) and the AttentionSink module (if `sinks`), over a `kv_dtype` cache (None: the model's)."""
     out = []
     tag = f"{dtype},{head_dim}" + (f",kv={kv_dtype}" if kv_dtype else "")
     for w in sorted(windows):
@@ -118,8 +115,8 @@ def flashinfer_backends() -> list[str]:
 
 
 def pinned_cases() -> list[tuple[str, Case]]:
-    """(backend, case) for every case pinned in harness/search/pinned.py that a FlashInfer adapter runs: the
-    suite runs them in every profile, at their own dtype and head_dim."""
+    """(backend, case) of every pinned case a FlashInfer adapter runs (in every profile, at its own
+    dtype and head_dim)."""
     from harness import backends
     from harness.core.modes import FAMILIES
     from harness.run.suite import pinned_examples
@@ -142,7 +139,7 @@ def profile_variants(profile: str) -> list[tuple[str, int]]:
 
 def module_probes(profile: str = "gpu") -> list[Probe]:
     """Every variant the profile draws (each KV cache dtype), the variants the pinned cases need,
-    and the two helper modules (merge_state's cascade, plan's custom-mask packer)."""
+    and the two helper modules."""
     out = []
     for (dtype, head_dim), kv_dtype in itertools.product(profile_variants(profile), KV_CACHES):
         out += variant_probes(dtype, head_dim, {-1, 8}, {0.0, 30.0}, True, True, kv_dtype)
@@ -191,7 +188,7 @@ def discover_specs(probes: list[Probe]) -> dict:
             try:
                 if p.call:
                     _call(p.call)
-                else:  # check_case reports the raise as a CRASH result; the spec is recorded
+                else:  # check_case reports the raise as a CRASH; the spec is recorded
                     check_case(backends.load(p.backend), p.case, "cuda")
             except _Recorded:
                 pass
@@ -201,8 +198,8 @@ def discover_specs(probes: list[Probe]) -> dict:
 
 
 def coverage_cases() -> list[tuple[str, Case]]:
-    """(backend, case) for every mode x window x soft cap x sinks x determinism x KV cache dtype an
-    adapter supports in the gpu profile, and the pinned cases."""
+    """(backend, case) for every mode x window x cap x sinks x determinism x KV dtype an adapter
+    supports in the gpu profile, and the pinned cases."""
     from harness import backends
 
     shapes = {
@@ -231,7 +228,7 @@ def coverage_cases() -> list[tuple[str, Case]]:
 
 
 def list_modules() -> list[str]:
-    """Names of the compiled FlashInfer modules: the JIT cache and the restored prebuilt ones."""
+    """Names of the compiled FlashInfer modules: JIT-cached and restored prebuilt ones."""
     from flashinfer.jit import env
 
     names = set()
@@ -242,9 +239,8 @@ def list_modules() -> list[str]:
 
 
 def ninja_plan(probes: list[Probe]) -> ninja.Plan:
-    """Find the module of every probe (a GPU run up to its first module load) and write each
-    module's build.ninja: what `ninja.build` then builds in one run. Modules FlashInfer has prebuilt
-    (an AOT package) are left to it; a module that ninja does not build (none today) is an error."""
+    """Write each probe module's build.ninja, for `ninja.build` to build in one run. Modules FlashInfer
+    has prebuilt (an AOT package) are left to it; one ninja does not build (none today) is an error."""
     from flashinfer.jit import env as jit_env
 
     modules, prebuilt = [], []
@@ -261,7 +257,7 @@ def ninja_plan(probes: list[Probe]) -> ninja.Plan:
 
 
 def build(jobs: int) -> bool:
-    """Phase 1: find every module, then build them in one ninja. True if the build succeeded."""
+    """Phase 1: find every module, then build them in one ninja run. True if it succeeded."""
     plan = ninja_plan(module_probes())
     print(f"phase 1: {len(plan.modules)} modules to build or load ({len(plan.prebuilt)} prebuilt):")
     for m in plan.modules:
@@ -274,7 +270,7 @@ def build(jobs: int) -> bool:
 
 
 def check_coverage() -> int:
-    """Phase 2: every adapter over its feature combinations; returns how many probes were slow."""
+    """Phase 2: every adapter over its feature combinations; how many probes still compiled."""
     from harness import backends
     from harness.checks.numeric import check_case
 
