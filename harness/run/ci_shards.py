@@ -1,11 +1,8 @@
-"""Which CI runner checks which test: `check --shard I/N` deals the selected tests into N shares.
+"""`check --shard I/N`: deal the selected tests into N shares, one per CI runner.
 
-The deal depends only on what every runner of one CI matrix shares: the collected test ids (the
-same selection, profile and source collect the same ids), the cost table the repository ships
-(per backend, harness/run/costs.py) or one passed in with `--costs FILE`, and N. It never reads a
-machine's local timing cache, so runners that restored different caches still agree. Each test
-lands in exactly one share. The key, a digest of the profile and the collected ids, is written
-into each share's results so the merge can refuse shares of different checks.
+The deal reads only what all runners share (the collected ids, the costs in harness/run/speed/costs.py
+or `--costs FILE`, N), never a local timing cache, so runners agree. A digest of profile and ids
+keys each share's results, so the merge refuses shares of different checks.
 """
 
 from __future__ import annotations
@@ -21,7 +18,7 @@ ENV = "ATTN_HARNESS_SHARD"
 
 
 class ShareError(ValueError):
-    """A malformed share or cost table; one line naming it."""
+    """A bad share or cost table; one line naming it."""
 
 
 def parse(text: str) -> tuple[int, int]:
@@ -37,8 +34,7 @@ def parse(text: str) -> tuple[int, int]:
 
 
 def load_costs(path: str | Path) -> dict[str, float]:
-    """A measured cost table: a results.json (its `run.test_s`, seconds per test id) or a JSON object
-    of test id or backend name -> seconds."""
+    """A results.json (its `run.test_s`) or a JSON object of test id or backend -> seconds."""
     try:
         data = json.loads(Path(path).read_text())
     except (OSError, ValueError) as e:
@@ -55,8 +51,8 @@ def load_costs(path: str | Path) -> dict[str, float]:
 def item_costs(
     tests: list[tuple[str, str | None]], table: dict[str, float] | None = None
 ) -> dict[str, float]:
-    """Seconds per test id: the table's own entry for the test, else its backend's seconds (the table's,
-    else the shipped default) spread evenly over that backend's tests; a test of no backend costs 1 s."""
+    """Seconds per test: its entry, else its backend's (the table's, else the shipped default) split
+    over that backend's tests, else 1 s."""
     table = table or {}
     per_backend: dict[str, int] = {}
     for _, backend in tests:
@@ -75,8 +71,7 @@ def item_costs(
 
 
 def deal(costs: dict[str, float], count: int) -> dict[str, int]:
-    """Test id -> share (1..count): the costliest first, each to the least loaded share (ties: the
-    lower share, then the test id), so the result depends on the costs and ids alone."""
+    """Test id -> share (1..count): costliest first, each to the least loaded (ties: lower share, id)."""
     loads = [0.0] * count
     dealt = {}
     for test_id in sorted(costs, key=lambda t: (-costs[t], t)):
@@ -87,7 +82,6 @@ def deal(costs: dict[str, float], count: int) -> dict[str, int]:
 
 
 def key(test_ids: Iterable[str], profile: str) -> str:
-    """What was split: the profile and the sorted collected ids, as a short digest."""
     digest = hashlib.sha256(profile.encode())
     for test_id in sorted(test_ids):
         digest.update(b"\0" + test_id.encode())
@@ -95,7 +89,6 @@ def key(test_ids: Iterable[str], profile: str) -> str:
 
 
 def write_collected(path: str | Path, tests: list[tuple[str, str | None]]) -> None:
-    """The collected tests as [test id, backend] pairs: what the check deals its shares from."""
     Path(path).write_text(json.dumps([list(t) for t in tests]))
 
 
@@ -104,11 +97,10 @@ def read_collected(path: str | Path) -> list[tuple[str, str | None]]:
 
 
 def write_share(path: str | Path, index: int, count: int, split_key: str, tests: list[str]) -> None:
-    """One share for its pytest processes: its place in the split and the test ids it checks."""
     Path(path).write_text(json.dumps({"index": index, "count": count, "key": split_key, "tests": tests}))
 
 
 def read_share(path: str | Path) -> tuple[dict, frozenset[str]]:
-    """A share written by `write_share`: (its `run.shard` object, the ids of its tests)."""
+    """(the `run.shard` object, the test ids) of a `write_share` file."""
     data = json.loads(Path(path).read_text())
     return {k: data[k] for k in ("index", "count", "key")}, frozenset(data["tests"])
