@@ -35,11 +35,15 @@ def one_line_error(capsys, argv, *needles):
     return err
 
 
+THIS = "tests.test_bad_input"  # this module in a --backend spec
+RETURNS = "BackendOutput(out=[sum E, Hq, D] tensor, lse=None or [sum E, Hq] tensor)"
+
+
 def broken_factory():
     raise RuntimeError("no such driver\nsecond line")
 
 
-# --- the Case: numbers of the wrong kind ----------------------------------------------------------
+# --- the Case: numbers of the wrong kind ---
 
 
 @pytest.mark.parametrize(("value", "shown"), [(16.0, "16.0"), (True, "True")])
@@ -73,7 +77,7 @@ def test_a_json_integer_too_long_to_read_is_malformed_json(capsys):
     one_line_error(capsys, ["repro", '{"mode": "EXTEND", "seed": 1' + "0" * 5000 + "}"], "malformed JSON")
 
 
-# --- files that are not UTF-8 -----------------------------------------------------------------------
+# --- files that are not UTF-8 ---
 
 
 def test_a_case_file_that_is_not_utf8(capsys, tmp_path):
@@ -90,7 +94,7 @@ def test_a_results_file_that_is_not_utf8_replaces_no_report(capsys, tmp_path):
     assert (tmp_path / "index.html").read_text() == "the old report"
 
 
-# --- size: requests and memory ------------------------------------------------------------------------
+# --- size: requests and memory ---
 
 
 def test_too_many_requests_is_refused_before_anything_runs(capsys, tmp_path):
@@ -101,19 +105,20 @@ def test_too_many_requests_is_refused_before_anything_runs(capsys, tmp_path):
 
 
 def test_a_case_larger_than_free_memory_names_the_estimate_and_the_limit(capsys, monkeypatch):
-    """10^9 keys need terabytes on any machine; 10^7 need well over 100 GiB, here against 16 GiB free."""
-    huge = json.dumps({"mode": "EXTEND", "requests": [{"prefix_len": 10**9, "extend_len": 8}]})
-    err = one_line_error(capsys, ["repro", huge, "--device", "cpu"], "too large for cpu", "1000000008 keys")
+    """10^9 keys need terabytes on any machine; 10^7 well over 100 GiB, here against 16 GiB free."""
+
+    def keys(prefix: int) -> list[str]:
+        case = {**EXTEND, "requests": [{"prefix_len": prefix, "extend_len": 8}]}
+        return ["repro", json.dumps(case), "--device", "cpu"]
+
+    err = one_line_error(capsys, keys(10**9), "too large for cpu", "1000000008 keys")
     assert "GiB (pool" in err and "reference" in err and "free" in err
     monkeypatch.setattr(footprint, "available", lambda device: 16 * GIB)
-    large = json.dumps({"mode": "EXTEND", "requests": [{"prefix_len": 10**7, "extend_len": 8}]})
-    one_line_error(capsys, ["repro", large, "--device", "cpu"], "10000008 keys", "than the 16.0 GiB free")
+    one_line_error(capsys, keys(10**7), "10000008 keys", "than the 16.0 GiB free")
     assert main(["repro", json.dumps(EXTEND), "--device", "cpu"]) == 0  # a small case still runs
 
 
 def test_the_limit_is_the_devices_free_memory(monkeypatch):
-    import torch
-
     assert 0 < footprint.available("cpu") < 1 << 50  # the host's available RAM
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda *a: (3 * GIB, 80 * GIB))
@@ -151,7 +156,7 @@ def size(field):
 backend = load("torch_native")
 check_case(backend, Case(mode="EXTEND", requests=(Request(40, 8),)), "cpu")  # imports and first-use costs
 with open("/proc/self/clear_refs", "w") as f:
-    f.write("5")  # the peak (VmHWM) starts again at the resident size: an earlier peak hides nothing
+    f.write("5")  # the peak (VmHWM) restarts at the resident size: an earlier peak hides nothing
 before = size("VmRSS")
 case = Case(mode="EXTEND", requests=(Request(30000, 8), Request(500, 40)), num_q_heads=8, num_kv_heads=2)
 assert check_case(backend, case, "cpu").status == "pass"
@@ -161,8 +166,8 @@ print(size("VmHWM") - before, sum(estimate(case, "cpu").values()))
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc/self/status and clear_refs: Linux")
 def test_the_estimate_is_not_below_what_a_check_takes():
-    """Measured: the peak memory a CPU check of a long request adds (its own process) is at most the
-    estimate, and the estimate is not so high that it would refuse cases that fit several times over."""
+    """Measured in its own process: the peak memory a CPU check of a long request adds is at most the
+    estimate, and the estimate is not so high it refuses cases that fit several times over."""
     argv = [sys.executable, "-c", RSS_PROBE]
     out = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
@@ -170,20 +175,20 @@ def test_the_estimate_is_not_below_what_a_check_takes():
     assert grew <= estimated <= 4 * grew, (grew, estimated)
 
 
-# --- backends -----------------------------------------------------------------------------------------
+# --- backends ---
 
 
 @pytest.mark.parametrize("command", [["list"], ["repro", json.dumps(EXTEND)], ["check"]])
 def test_a_factory_that_raises_is_one_line_naming_the_spec(capsys, command):
-    spec = "tests.test_bad_input:broken_factory"
+    spec = f"{THIS}:broken_factory"
     one_line_error(capsys, [*command, "--backend", spec], f"backend {spec!r}", "RuntimeError: no such driver")
 
 
-# --- report: a results file of the right header with wrongly typed records ----------------------------
+# --- report: a results file of the right header with wrongly typed records ---
 
 
-def _first(doc, status):
-    return next(r for r in doc["results"] if r["status"] == status and r.get("probe"))
+def _failed(doc):
+    return next(r for r in doc["results"] if r["status"] == "fail" and r.get("probe"))
 
 
 WRONG_RECORDS = [
@@ -194,12 +199,12 @@ WRONG_RECORDS = [
     (lambda d: d["results"][0].update(reason=["x"]), "results[0].reason=['x'] must be a string or null"),
     (lambda d: d["results"][0]["verdict"].update(ratio="x"), "verdict.ratio='x' must be a number or null"),
     (lambda d: d["results"][0]["verdict"].update(worst=[0, "a", 1]), "verdict.worst=[0, 'a', 1] must be"),
-    (lambda d: _first(d, "fail")["error_map"].update(token_bin=0), "token_bin=0 and heads=8 must be >= 1"),
-    (lambda d: _first(d, "fail")["error_map"]["values"].append([1.0]), "must be a list of heads=8 values"),
-    (lambda d: _first(d, "fail")["error_map"].pop("heads"), "error_map lacks field 'heads'"),
-    (lambda d: _first(d, "fail")["probe"].update(lines="x"), "probe.lines='x' must be a list"),
-    (lambda d: _first(d, "fail")["probe"]["requests"][0]["grid"].append("ab"), "grid must be rows of one"),
-    (lambda d: _first(d, "fail")["probe"]["requests"][0].update(row_bin="1"), "row_bin='1' must be an int"),
+    (lambda d: _failed(d)["error_map"].update(token_bin=0), "token_bin=0 and heads=8 must be >= 1"),
+    (lambda d: _failed(d)["error_map"]["values"].append([1.0]), "must be a list of heads=8 values"),
+    (lambda d: _failed(d)["error_map"].pop("heads"), "error_map lacks field 'heads'"),
+    (lambda d: _failed(d)["probe"].update(lines="x"), "probe.lines='x' must be a list"),
+    (lambda d: _failed(d)["probe"]["requests"][0]["grid"].append("ab"), "grid must be rows of one"),
+    (lambda d: _failed(d)["probe"]["requests"][0].update(row_bin="1"), "row_bin='1' must be an int"),
     (lambda d: d["run"].update(elapsed_s="x"), "run.elapsed_s='x' must be a number or null"),
 ]
 
@@ -218,13 +223,13 @@ def test_report_of_wrongly_typed_records_replaces_no_report(capsys, tmp_path, sp
 
 
 def test_the_sample_document_itself_renders(capsys, tmp_path):
-    """The checks above refuse only what they spoil: the real document they start from is accepted."""
+    """The checks above refuse only what they spoil: the document they start from is accepted."""
     path = tmp_path / "results.json"
     path.write_text(results_json.dumps(sample_document()))
     assert main(["report", str(path)]) == 0
 
 
-# --- check and mutants: refused before any run --------------------------------------------------------
+# --- check and mutants: refused before any run ---
 
 
 @pytest.fixture
@@ -246,6 +251,10 @@ def reports(tmp_path):
     (root / "earlier").mkdir(parents=True)
     (root / "latest").symlink_to("earlier")
     return root
+
+
+def _prepare(**request) -> check.Prepared:
+    return check.prepare(check.CheckRequest(device="cpu", **request), lambda line: None)
 
 
 def _untouched(root):
@@ -286,7 +295,7 @@ def test_mutants_max_examples_is_checked_as_it_is_parsed(capsys, no_run, value):
     one_line_error(capsys, argv, "argument --max-examples", value)
 
 
-# --- the Case: integers past the engines' range -------------------------------------------------------
+# --- the Case: integers past the engines' range ---
 
 INT32_MAX = 2**31 - 1
 INT32_FIELDS = {  # every integer a Case carries into a kernel, and a case where it can take its largest
@@ -301,7 +310,7 @@ REQUEST_INT32_FIELDS = ("prefix_len", "extend_len")
 @pytest.mark.parametrize("field", [*INT32_FIELDS, *REQUEST_INT32_FIELDS, "encoder_len", "window_right"])
 def test_an_integer_past_int32_is_one_line_naming_the_field_and_the_range(capsys, field, value):
     """Engines pass lengths, windows and head counts as int32: past it a kernel wraps or overflows, so
-    the Case refuses it (exit 2) before any backend can be blamed."""
+    the Case refuses it (exit 2) before a backend is blamed."""
     mode = {"encoder_len": "CROSS", "window_right": "ENCODER_ONLY"}.get(field, "EXTEND")
     d = {"mode": mode, "requests": [{"prefix_len": 0 if mode == "ENCODER_ONLY" else 3, "extend_len": 4}]}
     if mode == "CROSS":
@@ -340,10 +349,9 @@ def test_the_batchs_token_count_is_an_int32_index():
 def test_a_float_where_an_integer_is_wanted_is_refused(value):
     with pytest.raises(CaseError, match="window_left=.* must be an integer"):
         Case.from_dict({**EXTEND, "window_left": value})
+    tree = {"mode": "TARGET_VERIFY", "requests": [{"prefix_len": 3, "extend_len": 2, "tree": [-1, value]}]}
     with pytest.raises(CaseError, match=r"requests\[0\].tree\[1\]=.* must be -1 or the index"):
-        Case.from_dict(
-            {"mode": "TARGET_VERIFY", "requests": [{"prefix_len": 3, "extend_len": 2, "tree": [-1, value]}]}
-        )
+        Case.from_dict(tree)
 
 
 def test_graph_case_sizes_are_int32():
@@ -354,7 +362,7 @@ def test_graph_case_sizes_are_int32():
         GraphCase.from_dict({"batches": [batch], "max_batch": 4, "max_kv": 2**40})
 
 
-# --- the Case's JSON: duplicate keys, long values ---------------------------------------------------
+# --- the Case's JSON: duplicate keys, long values ---
 
 
 @pytest.mark.parametrize(
@@ -382,20 +390,18 @@ def test_a_graph_case_with_a_key_given_twice_is_refused(capsys):
 def test_a_huge_value_is_cut_in_the_error_line(capsys, field):
     """A 50 MB field is named by its start and its length, not echoed whole into the one line."""
     huge = "x" * 50_000_000
-    err = one_line_error(
-        capsys, ["repro", json.dumps({**EXTEND, field: huge})], f"{field}='xxxx", "(50000002 characters)"
-    )
+    argv = ["repro", json.dumps({**EXTEND, field: huge})]
+    err = one_line_error(capsys, argv, f"{field}='xxxx", "(50000002 characters)")
     assert len(err) < 500
 
 
 def test_a_huge_unknown_field_name_is_cut_too(capsys):
-    err = one_line_error(
-        capsys, ["repro", json.dumps({**EXTEND, "y" * 1_000_000: 1})], "unknown Case field", "characters)"
-    )
+    argv = ["repro", json.dumps({**EXTEND, "y" * 1_000_000: 1})]
+    err = one_line_error(capsys, argv, "unknown Case field", "characters)")
     assert len(err) < 500
 
 
-# --- a plugin backend that breaks the contract ----------------------------------------------------------
+# --- a plugin backend that breaks the contract ---
 
 
 class NoCapabilities(Backend):
@@ -435,13 +441,13 @@ CONTRACT = [
 def test_a_plugin_that_breaks_the_contract_is_one_line_naming_what_it_wants(
     capsys, no_run, command, plugin, message
 ):
-    spec = f"tests.test_bad_input:{plugin}"
+    spec = f"{THIS}:{plugin}"
     one_line_error(capsys, [*command, "--backend", spec], f"backend {spec!r}", message, "docs/backends.md")
 
 
 def install_plugin(monkeypatch, tmp_path, value: str) -> None:
     """A distribution myattn-engine 2.3.1 on sys.path whose entry point `myattn` in the backends'
-    group is `value`; beside it a module, raises_on_import, whose import raises."""
+    group is `value`; beside it raises_on_import, a module whose import raises."""
     info = tmp_path / "myattn_engine-2.3.1.dist-info"
     info.mkdir()
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: myattn-engine\nVersion: 2.3.1\n")
@@ -463,10 +469,9 @@ BROKEN_PLUGINS = [
         "returns a harness Backend",
     ),
     (
-        "tests.test_bad_input:NoRun",
-        ENTRY.format("tests.test_bad_input:NoRun") + ": class NoRun does not implement run(batch)",
-        "which must return a BackendOutput(out=[sum E, Hq, D] tensor, lse=None or [sum E, Hq] tensor) "
-        '(docs/backends.md, "The contract")',
+        f"{THIS}:NoRun",
+        ENTRY.format(f"{THIS}:NoRun") + ": class NoRun does not implement run(batch)",
+        f'which must return a {RETURNS} (docs/backends.md, "The contract")',
     ),
 ]
 
@@ -477,9 +482,8 @@ def test_a_broken_entry_point_plugin_stops_a_check_that_does_not_name_it_in_one_
     capsys, monkeypatch, tmp_path, no_run, command, value, named, wants
 ):
     """A plain check (no --backend) checks every registered backend: an installed plugin whose import
-    raises or that breaks the contract stops it before running, exit 2, in the same line as naming
-    it with --backend and as `list` gives: the plugin, its entry point and what the contract wants
-    (not a traceback from pytest's collection)."""
+    raises or that breaks the contract stops it before running, exit 2, in the line --backend and `list`
+    give (the plugin, its entry point, what the contract wants), not a traceback from the collection."""
     install_plugin(monkeypatch, tmp_path, value)
     monkeypatch.chdir(tmp_path)  # a check's reports/ would be made here
     one_line_error(capsys, command, named, wants)
@@ -490,13 +494,12 @@ def test_a_broken_entry_point_plugin_stops_a_check_that_does_not_name_it_in_one_
 def test_a_broken_entry_point_plugin_stops_pytest_cases_in_one_line(
     monkeypatch, tmp_path, value, named, wants
 ):
-    """`pytest cases` without `check` collects every registered backend too: a broken plugin is
-    pytest's usage error (exit 4) in the same line, not a traceback from the collection."""
+    """`pytest cases` without `check` collects every registered backend too: a broken plugin is a
+    usage error (exit 4) in the same line, not a collection traceback."""
     install_plugin(monkeypatch, tmp_path, value)
-    root = Path(__file__).resolve().parent.parent
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(root)])}
-    argv = [sys.executable, "-m", "pytest", str(root / "cases"), "--collect-only", "-q"]
-    argv += ["-p", "no:cacheprovider", "-p", "harness.run.pytest_plugin", f"--rootdir={root}"]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)])}
+    argv = [sys.executable, "-m", "pytest", str(ROOT / "cases"), "--collect-only", "-q"]
+    argv += ["-p", "no:cacheprovider", "-p", "harness.run.pytest_plugin", f"--rootdir={ROOT}"]
     proc = subprocess.run(argv, capture_output=True, text=True, cwd=tmp_path, env=env, timeout=300)
     out = proc.stdout + proc.stderr
     assert proc.returncode == pytest.ExitCode.USAGE_ERROR, out[-3000:]
@@ -505,8 +508,8 @@ def test_a_broken_entry_point_plugin_stops_pytest_cases_in_one_line(
 
 def test_a_plugin_that_loads_is_checked_by_a_plain_check(monkeypatch, tmp_path, no_run):
     """The other side: a plugin that meets the contract is among the backends a plain check runs."""
-    install_plugin(monkeypatch, tmp_path, "tests.test_bad_input:Zeros")
-    job = check.prepare(check.CheckRequest(device="cpu", reports=tmp_path), lambda line: None)
+    install_plugin(monkeypatch, tmp_path, f"{THIS}:Zeros")
+    job = _prepare(reports=tmp_path)
     assert "myattn" in job.names and "torch_native" in job.names
 
 
@@ -514,16 +517,16 @@ def test_a_plugin_that_loads_is_checked_by_a_plain_check(monkeypatch, tmp_path, 
     ("plugin", "got"), [("BareTensor", "a Tensor"), ("TensorPair", "BackendOutput(out=tuple")]
 )
 def test_a_run_that_returns_the_wrong_thing_is_a_crash_saying_what_run_must_return(capsys, plugin, got):
-    spec = f"tests.test_bad_input:{plugin}"
+    spec = f"{THIS}:{plugin}"
     assert main(["repro", json.dumps(EXTEND), "--backend", spec, "--device", "cpu"]) == 1
     out = capsys.readouterr().out
     line = next(line for line in out.splitlines() if "run() returned" in line)
     assert f"backend {spec!r}: run() returned {got}" in line
-    assert "it must return a BackendOutput(out=[sum E, Hq, D] tensor, lse=None or [sum E, Hq] tensor)" in line
+    assert f"it must return a {RETURNS}" in line
 
 
 def test_an_unimplemented_run_called_directly_says_what_it_must_return():
-    """The base class's run() (a backend built without the registry) names the class and the contract."""
+    """The base class's run() (a backend built outside the registry) names the class and contract."""
     with pytest.raises(
         NotImplementedError, match="NoRun.run\\(batch\\) is not implemented: it must return a BackendOutput"
     ):
@@ -537,18 +540,18 @@ class Zeros(NoRun):
 
 def test_a_plugin_that_meets_the_contract_loads_and_is_judged(capsys):
     """The contract checks refuse only broken plugins: one that meets it runs and gets a verdict."""
-    spec = "tests.test_bad_input:Zeros"
+    spec = f"{THIS}:Zeros"
     assert main(["list", "--backend", spec]) == 0
     assert main(["repro", json.dumps(EXTEND), "--backend", spec, "--device", "cpu"]) == 1
     assert "FAIL" in capsys.readouterr().out
 
 
-# --- settings: flags and ATTN_HARNESS_* variables ----------------------------------------------------
+# --- settings: flags and ATTN_HARNESS_* variables ---
 
 
 @pytest.fixture
 def env_profile(monkeypatch):
-    """Set $ATTN_HARNESS_PROFILE for this test; the settings are read again, before and after."""
+    """Set $ATTN_HARNESS_PROFILE for this test; the settings are read anew, before and after."""
 
     def setting(value):
         monkeypatch.setenv(settings.PROFILE_ENV, value)
@@ -566,23 +569,16 @@ def test_check_honours_the_profile_variable_and_the_flag_beats_it(
     env_profile, tmp_path, flag, variable, used
 ):
     env_profile(variable)
-    job = check.prepare(check.CheckRequest(device="cpu", profile=flag, reports=tmp_path), lambda line: None)
+    job = _prepare(profile=flag, reports=tmp_path)
     assert job.profile == used
     assert job.env[settings.PROFILE_ENV] == used
 
 
 def test_check_refuses_an_unknown_profile_variable_in_one_line(capsys, env_profile, no_run, reports):
     env_profile("nonsense")
-    one_line_error(
-        capsys,
-        ["check", "--device", "cpu", "--reports", str(reports)],
-        "unknown profile 'nonsense' ($ATTN_HARNESS_PROFILE); known: ci",
-    )
-    one_line_error(
-        capsys,
-        ["check", "--device", "cpu", "--profile", "nope", "--reports", str(reports)],
-        "unknown profile 'nope' (--profile)",
-    )
+    argv = ["check", "--device", "cpu", "--reports", str(reports)]
+    one_line_error(capsys, argv, "unknown profile 'nonsense' ($ATTN_HARNESS_PROFILE); known: ci")
+    one_line_error(capsys, [*argv, "--profile", "nope"], "unknown profile 'nope' (--profile)")
     _untouched(reports)
 
 
@@ -602,10 +598,8 @@ def requests_made(monkeypatch):
 def test_a_backend_named_twice_is_checked_once(requests_made, monkeypatch):
     from harness.backends import BACKENDS_ENV, selected
 
-    assert (
-        main(["check", "--backend", "torch_native", "--backend", "flex_eager", "--backend", "torch_native"])
-        == 0
-    )
+    twice = ["--backend", "torch_native", "--backend", "flex_eager", "--backend", "torch_native"]
+    assert main(["check", *twice]) == 0
     assert requests_made[0].backends == ("torch_native", "flex_eager")
     monkeypatch.setenv(BACKENDS_ENV, "torch_native,flex_eager,torch_native")
     assert selected() == ["torch_native", "flex_eager"]  # what the suite parametrizes over
@@ -613,23 +607,11 @@ def test_a_backend_named_twice_is_checked_once(requests_made, monkeypatch):
 
 def test_the_graph_family_selects_the_replay_tests(tmp_path):
     assert check.families(["graph", "decode", "graph"], []) == ["graph", "decode"]
-    job = check.prepare(
-        check.CheckRequest(device="cpu", families=("graph",), reports=tmp_path), lambda line: None
-    )
+    job = _prepare(families=("graph",), reports=tmp_path)
     marker = job.cmd[len(job.cmd) - 1 - job.cmd[::-1].index("-m") + 1]  # pytest's -m, not python's
     assert marker.startswith("(graph)"), marker
-    argv = [
-        sys.executable,
-        "-m",
-        "pytest",
-        "--collect-only",
-        "-q",
-        "-p",
-        "no:cacheprovider",
-        "cases",
-        "-m",
-        marker,
-    ]
+    argv = [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", "cases"]
+    argv += ["-m", marker]
     out = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=300)
     selected = [line for line in out.stdout.splitlines() if "::" in line]
     assert selected and all(line.startswith("cases/test_graph.py::") for line in selected), out.stdout[-2000:]
@@ -640,45 +622,25 @@ def test_the_graph_family_selects_the_replay_tests(tmp_path):
 def pytest_run(*args, env=None):
     """pytest in a fresh process on one small test file: (exit status, stdout + stderr)."""
     clean = {k: v for k, v in os.environ.items() if not k.startswith("ATTN_HARNESS")}
-    argv = [
-        sys.executable,
-        "-m",
-        "pytest",
-        "-q",
-        "-p",
-        "no:cacheprovider",
-        *args,
-        "tests/test_modes.py",
-        "-k",
-        "family",
-    ]
-    out = subprocess.run(
-        argv, cwd=ROOT, env={**clean, **(env or {})}, capture_output=True, text=True, timeout=300
-    )
+    argv = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args, "tests/test_modes.py"]
+    argv += ["-k", "family"]
+    env = {**clean, **(env or {})}
+    out = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     return out.returncode, out.stdout + out.stderr
 
 
-@pytest.mark.parametrize(
-    ("args", "env", "message"),
-    [
-        (
-            ["--hypothesis-profile", "nonsense"],
-            {},
-            "ERROR: --hypothesis-profile 'nonsense' is not a registered profile",
-        ),
-        (
-            [],
-            {"ATTN_HARNESS_PROFILE": "nonsense"},
-            "ERROR: $ATTN_HARNESS_PROFILE='nonsense' is not a profile",
-        ),
-    ],
-    ids=["option", "variable"],
-)
+UNKNOWN_PROFILES = [
+    (["--hypothesis-profile", "nonsense"], {}, "--hypothesis-profile 'nonsense' is not a registered profile"),
+    ([], {"ATTN_HARNESS_PROFILE": "nonsense"}, "$ATTN_HARNESS_PROFILE='nonsense' is not a profile"),
+]
+
+
+@pytest.mark.parametrize(("args", "env", "message"), UNKNOWN_PROFILES, ids=["option", "variable"])
 def test_pytest_with_an_unknown_profile_is_a_usage_error_not_a_traceback(args, env, message):
     status, text = pytest_run(*args, env=env)
     assert status == 4, text
     lines = [line for line in text.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith(message), text
+    assert len(lines) == 1 and lines[0].startswith(f"ERROR: {message}"), text
 
 
 def test_pytest_with_a_known_profile_runs():
@@ -686,15 +648,15 @@ def test_pytest_with_a_known_profile_runs():
     assert status == 0, text
 
 
-# --- a check that cannot fail is refused, not passed ------------------------------------------------
+# --- a check that cannot fail is refused, not passed ---
 
 FP8 = {**EXTEND, "kv_dtype": "float8_e4m3fn"}
 
 
-@pytest.mark.parametrize("backend", ["torch_native", "tests.test_bad_input:Zeros"])
+@pytest.mark.parametrize("backend", ["torch_native", f"{THIS}:Zeros"])
 def test_scales_that_leave_the_reference_all_zero_are_refused_not_passed(capsys, backend):
     """k_scale = v_scale = 1e30 rounds every cached value to code 0: the reference is all 0, its budget
-    0, and an output of zeros (a backend that attends to nothing) met it: "err 0 <= budget 0"."""
+    0, and an output of zeros (attending to nothing) met it: "err 0 <= budget 0"."""
     vacuous = json.dumps({**FP8, "k_scale": 1e30, "v_scale": 1e30})
     assert main(["repro", vacuous, "--backend", backend, "--device", "cpu"]) == 3  # nothing checked
     out = capsys.readouterr().out
@@ -702,11 +664,11 @@ def test_scales_that_leave_the_reference_all_zero_are_refused_not_passed(capsys,
 
 
 def test_scales_that_keep_the_values_are_judged(capsys):
-    """The other side: an FP8 case whose scales keep the values is checked, a right backend passes and
-    one that attends to nothing fails."""
+    """The other side: FP8 scales that keep the values are judged: a right backend passes, one that
+    attends to nothing fails."""
     judged = json.dumps({**FP8, "k_scale": 0.5, "v_scale": 3.7})
     assert main(["repro", judged, "--backend", "torch_native", "--device", "cpu"]) == 0
-    assert main(["repro", judged, "--backend", "tests.test_bad_input:Zeros", "--device", "cpu"]) == 1
+    assert main(["repro", judged, "--backend", f"{THIS}:Zeros", "--device", "cpu"]) == 1
     assert "FAIL" in capsys.readouterr().out
 
 
@@ -726,7 +688,7 @@ def test_the_refusal_condition_at_its_edges():
     assert uninformative(torch.zeros(0, 2, 8)) is None  # no rows: nothing that could pass
 
 
-# --- every bound of a Case, on both sides -------------------------------------------------------------
+# --- every bound of a Case, on both sides ---
 
 LOGIT_LIMIT_SCALE = case_module.FLOAT32_MAX / 2 / (1000 * 64 * case_module.DRAW_BOUND**2)
 BOUNDS = [  # (fields, the last value accepted, the first refused, what the refusal names)
@@ -747,8 +709,8 @@ BOUNDS = [  # (fields, the last value accepted, the first refused, what the refu
 
 @pytest.mark.parametrize(("fields", "inside", "outside", "named"), BOUNDS, ids=[b[-1] for b in BOUNDS])
 def test_each_bound_accepts_its_edge_and_refuses_just_past_it(fields, inside, outside, named):
-    """A bound tested only far past its limit lets the limit move unseen: each is tested at its last
-    accepted value and the first refused one."""
+    """A bound tested only far past it could move unseen: each is tested at its last accepted value
+    and its first refused one."""
 
     def with_value(value):
         return {**EXTEND, **{k: (value if v == "{}" else v) for k, v in fields.items()}}
@@ -760,6 +722,9 @@ def test_each_bound_accepts_its_edge_and_refuses_just_past_it(fields, inside, ou
 
 @pytest.mark.parametrize(("field", "inside", "outside"), [("prefix_len", 0, -1), ("extend_len", 1, 0)])
 def test_each_request_bound_accepts_its_edge_and_refuses_just_past_it(field, inside, outside):
-    Case.from_dict({"mode": "EXTEND", "requests": [{"prefix_len": 3, "extend_len": 4, field: inside}]})
+    def with_value(value):
+        return {**EXTEND, "requests": [{**EXTEND["requests"][0], field: value}]}
+
+    Case.from_dict(with_value(inside))
     with pytest.raises(CaseError, match=f"{field}={outside} must be >= {inside}"):
-        Case.from_dict({"mode": "EXTEND", "requests": [{"prefix_len": 3, "extend_len": 4, field: outside}]})
+        Case.from_dict(with_value(outside))
