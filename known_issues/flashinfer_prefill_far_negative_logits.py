@@ -1,14 +1,12 @@
 """FlashInfer fa2 prefill on rows whose every logit lies far below zero: a wrong output.
 
-Standalone (torch + flashinfer only). One request of P cached and E new tokens, causal, in bfloat16.
-Component 0 of every query holds A and of every key C, so every logit gains scale * A * C = L (the
-offset); key 0 gains G more, so it carries every row that sees it (the other keys sit e^-20 or
-further below it). The output of such a row is key 0's value, whatever L is: a float32 reference
-over the same bf16 inputs says so. Prints, per offset L and head dimension, the ragged and the paged
-(page 16) prefill's largest error against the reference; exits 1 if any is over 0.05 (bf16 noise
-here is about 0.01). The kernel backend is fa2, or the one named: `--backend fa3` runs the Hopper
-kernel, which vLLM's FlashInfer prefill takes there ("auto"), and which shares the bug on 0.6.18.post1.
-See docs/known-issues.md.
+Standalone (torch + flashinfer). One causal bf16 request of P cached and E new tokens. Component 0
+of every query holds A and of every key C, so every logit gains scale * A * C = L (the offset); key 0
+gains G more and carries every row that sees it (the others sit e^-20 or further below), so a row's
+right output is key 0's value whatever L is. Prints, per offset and head dimension, the ragged and
+paged (page 16) prefill's largest error against float32 attention; exits 1 if any is over 0.05
+(bf16 noise: about 0.01). `--backend fa3` runs the Hopper kernel (vLLM's "auto" prefill there),
+which has the bug too on 0.6.18.post1.
 """
 
 import argparse
@@ -20,10 +18,11 @@ import torch
 
 HQ, HKV, P, E, PAGE = 8, 2, 10, 6, 16
 OFFSETS = (0.0, -120.0, -1000.0, -10000.0, -20000.0, -30000.0, -60000.0)
-BACKEND = "fa2"  # the kernel backend of both wrappers: --backend
+BACKEND = "fa2"  # both wrappers' kernel backend: --backend
+T = torch.Tensor
 
 
-def inputs(offset: float, dim: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, float]:
+def inputs(offset: float, dim: int) -> tuple[T, T, T, float]:
     gen = torch.Generator(device="cuda").manual_seed(0)
     q = torch.randn(E, HQ, dim, generator=gen, device="cuda")
     k, v = (torch.randn(P + E, HKV, dim, generator=gen, device="cuda") for _ in range(2))
@@ -36,15 +35,14 @@ def inputs(offset: float, dim: int) -> tuple[torch.Tensor, torch.Tensor, torch.T
     return q.bfloat16(), k.bfloat16(), v.bfloat16(), scale
 
 
-def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
-    rep = HQ // HKV
-    kf, vf = k.float().repeat_interleave(rep, 1), v.float().repeat_interleave(rep, 1)
+def reference(q: T, k: T, v: T, scale: float) -> T:
+    kf, vf = (x.float().repeat_interleave(HQ // HKV, 1) for x in (k, v))
     scores = torch.einsum("qhd,khd->hqk", q.float(), kf) * scale
     visible = torch.arange(P + E, device="cuda")[None, :] <= torch.arange(E, device="cuda")[:, None] + P
     return torch.einsum("hqk,khd->qhd", scores.masked_fill(~visible, float("-inf")).softmax(-1), vf)
 
 
-def ragged(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+def ragged(q: T, k: T, v: T, scale: float) -> T:
     ws = torch.zeros(128 << 20, dtype=torch.uint8, device="cuda")
     wrapper = flashinfer.BatchPrefillWithRaggedKVCacheWrapper(ws, "NHD", backend=BACKEND)
     qo, kv = torch.tensor([0, E], dtype=torch.int32), torch.tensor([0, P + E], dtype=torch.int32)
@@ -52,41 +50,23 @@ def ragged(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> t
     return wrapper.run(q, k, v)
 
 
-def paged(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+def paged(q: T, k: T, v: T, scale: float) -> T:
     ws = torch.zeros(128 << 20, dtype=torch.uint8, device="cuda")
     wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(ws, "NHD", backend=BACKEND)
-    cache = torch.zeros(2, 2, PAGE, HKV, q.shape[-1], dtype=torch.bfloat16, device="cuda")  # [page, K/V, ...]
-    cache[1, 0, : P + E], cache[1, 1, : P + E] = k, v  # the request's keys on page 1
-    wrapper.plan(
-        torch.tensor([0, E], dtype=torch.int32),
-        torch.tensor([0, 1], dtype=torch.int32),
-        torch.tensor([1], dtype=torch.int32),
-        torch.tensor([P + E], dtype=torch.int32),
-        HQ,
-        HKV,
-        q.shape[-1],
-        PAGE,
-        causal=True,
-        sm_scale=scale,
-        q_data_type=torch.bfloat16,
-    )
+    cache = torch.zeros(2, 2, PAGE, HKV, q.shape[-1], dtype=torch.bfloat16, device="cuda")
+    cache[1, 0, : P + E], cache[1, 1, : P + E] = k, v  # on page 1 of [page, K/V, ...]
+    qo, pages, page, last = (torch.tensor(x, dtype=torch.int32) for x in ([0, E], [0, 1], [1], [P + E]))
+    wrapper.plan(qo, pages, page, last, HQ, HKV, q.shape[-1], PAGE, causal=True, sm_scale=scale,
+                 q_data_type=torch.bfloat16)
     return wrapper.run(q, cache)
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument(
-        "--backend", choices=("fa2", "fa3"), default="fa2", help="FlashInfer's kernel backend"
-    )
+    parser.add_argument("--backend", choices=("fa2", "fa3"), default="fa2", help="the kernel backend")
     BACKEND = parser.parse_args().backend
-    print(
-        "flashinfer",
-        flashinfer.__version__,
-        "torch",
-        torch.__version__,
-        torch.cuda.get_device_name(),
-        BACKEND,
-    )
+    print("flashinfer", flashinfer.__version__, "torch", torch.__version__, torch.cuda.get_device_name())
+    print("kernel backend", BACKEND)
     bad = 0
     for dim in (64, 128):
         for offset in OFFSETS:
@@ -97,8 +77,6 @@ if __name__ == "__main__":
                 for name, run in (("ragged", ragged), ("paged", paged))
             }
             bad += any(e > 0.05 for e in errs.values())
-            print(
-                f"head_dim={dim:3d} offset={offset:8.0f}: "
-                + ", ".join(f"{n} err {e:.3g}" for n, e in errs.items())
-            )
+            shown = ", ".join(f"{n} err {e:.3g}" for n, e in errs.items())
+            print(f"head_dim={dim:3d} offset={offset:8.0f}: {shown}")
     sys.exit(1 if bad else 0)

@@ -1,1 +1,0 @@
-"""The model-level check: tiny HF models served step by step over a paged cache."""
