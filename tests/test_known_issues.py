@@ -9,6 +9,7 @@ tests/test_flashinfer_gpu.py judges them with FlashInfer itself."""
 
 import dataclasses
 import os
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -1166,7 +1167,7 @@ def vllm_flashinfer_module(cast: torch.dtype | None):
         def maybe_quant_query(self, query, q_data_type, scale):
             return query if query.dtype == q_data_type else query.to(cast or q_data_type)
 
-    return dataclasses.make_dataclass("Module", [])(), FlashInferMetadataBuilder, FlashInferImpl
+    return SimpleNamespace(FlashInferMetadataBuilder=FlashInferMetadataBuilder, FlashInferImpl=FlashInferImpl)
 
 
 @pytest.mark.parametrize("fixed", [False, True])
@@ -1175,8 +1176,7 @@ def test_an_e5m2_prefill_crash_is_excused_where_vllm_casts_its_queries_to_anothe
 ):
     """vLLM 0.26.0's cast (e4m3 whatever the plan) confirms on the e5m2 case and not on its e4m3 twin,
     and the crash it causes is an xfail; with the cast to the planned dtype it is a crash."""
-    module, builder, impl = vllm_flashinfer_module(None if fixed else torch.float8_e4m3fn)
-    module.FlashInferMetadataBuilder, module.FlashInferImpl = builder, impl
+    module = vllm_flashinfer_module(None if fixed else torch.float8_e4m3fn)
     monkeypatch.setattr(engine_confirm, "library", lambda name: module)
     assert engine_confirm.vllm_flashinfer_e5m2_query(E5M2_PREFIX, "cpu") is not fixed
     assert not engine_confirm.vllm_flashinfer_e5m2_query(E5M2_PREFIX.replace(kv_dtype="float8_e4m3fn"), "cpu")

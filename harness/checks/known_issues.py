@@ -61,6 +61,12 @@ def has_unsplit_plan(g: GraphCase, chunk: int) -> bool:
     return g.max_kv > chunk and any(max(kv_extents(c)) <= chunk for c in g.batches)
 
 
+def chain_trees(c: Case) -> bool:
+    """Whether every verify tree of the case is a chain (each draft the child of the one before), so
+    that a confirmation may attend causally over the drafts."""
+    return all(r.tree is None or list(r.tree) == list(range(-1, len(r.tree) - 1)) for r in c.requests)
+
+
 FAR_NEGATIVE_OFFSET = -10000.0  # the script's first wrong offset on 0.6.18.post1 (right at -1000)
 
 
@@ -69,7 +75,6 @@ def far_negative_prefill(c: Case) -> bool:
     where the entry's script sees the bug; the script sees 0.6.18.post1 right down to -1000) in a shape
     its confirmation calls the ragged kernel on alike: no FP8 cache, no sinks, no two-sided or encoder
     window, every verify tree a chain."""
-    chains = all(r.tree is None or list(r.tree) == list(range(-1, len(r.tree) - 1)) for r in c.requests)
     encoder_window = c.mode == Mode.ENCODER_ONLY and c.window_left >= 0
     return (
         c.logit_offset <= FAR_NEGATIVE_OFFSET
@@ -78,7 +83,7 @@ def far_negative_prefill(c: Case) -> bool:
         and not c.sinks
         and c.window_right < 0
         and not encoder_window
-        and chains
+        and chain_trees(c)
     )
 
 
@@ -127,8 +132,7 @@ SGLANG_FLASHINFER_CAPPED = (
 def sglang_capped(c: Case) -> bool:
     """Whether sglang_flashinfer runs a soft-capped case through a wrapper planned without its cap, in
     a shape its confirmation attends alike (every verify tree a chain: causal over the drafts)."""
-    chains = all(r.tree is None or list(r.tree) == list(range(-1, len(r.tree) - 1)) for r in c.requests)
-    return c.soft_cap > 0 and c.mode in SGLANG_FLASHINFER_CAPPED and chains
+    return c.soft_cap > 0 and c.mode in SGLANG_FLASHINFER_CAPPED and chain_trees(c)
 
 
 def sglang_ragged_windowed(c: Case) -> bool:
@@ -174,11 +178,10 @@ def vllm_fp8_prefill(c: Case) -> bool:
     split_decodes_and_prefills splits the batch (judged_inputs.prefill_requests): on Hopper those
     queries are cast to the cache's dtype and prefilled on FlashInfer's fa3. Causal modes only, every
     verify tree a chain, as the confirmations call the prefill."""
-    chains = all(r.tree is None or list(r.tree) == list(range(-1, len(r.tree) - 1)) for r in c.requests)
     return (
         c.kv_dtype is not None
         and c.mode in (Mode.EXTEND, Mode.DRAFT_EXTEND_V2, Mode.TARGET_VERIFY)
-        and chains
+        and chain_trees(c)
         and any(prefill_requests([r.extend_len for r in c.requests]))
     )
 
